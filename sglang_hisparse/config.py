@@ -1,0 +1,151 @@
+"""``HiSparseConfig``: the ``--hisparse-config`` JSON, validated once, frozen afterwards.
+
+Accepted keys are the ones existing SGLang launch commands already use, so a command that
+works with SGLang's in-tree HiSparse works unchanged with this plugin::
+
+    {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2, "swap_in_block_size": 512}
+
+Every rejection is a ``ValueError`` naming the key, the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FLAG = "--hisparse-config"
+
+#: LRU order is stored as int16 slot ids (``lru [L, R, B]``), so B slots need ids 0..B-1 < 2**15.
+MAX_DEVICE_BUFFER_SIZE = 2**15 - 1
+#: CUDA's per-block thread limit; the resolve kernel launches ``swap_in_block_size`` threads.
+MAX_BLOCK_SIZE = 1024
+WARP = 32
+
+DEFAULT_TOP_K = 2048
+DEFAULT_HOST_TO_DEVICE_RATIO = 2
+DEFAULT_SWAP_IN_BLOCK_SIZE = 512
+
+
+@dataclass(frozen=True)
+class HiSparseConfig:
+    """Effective HiSparse settings for one server.
+
+    top_k:                positions the indexer selects per layer per step (the model's ``index_topk``)
+    device_buffer_size:   B, hot slots per request per layer on the GPU (B >= top_k; default 2*top_k)
+    host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
+    swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024)
+    """
+
+    top_k: int = DEFAULT_TOP_K
+    device_buffer_size: int = 2 * DEFAULT_TOP_K
+    host_to_device_ratio: int = DEFAULT_HOST_TO_DEVICE_RATIO
+    swap_in_block_size: int = DEFAULT_SWAP_IN_BLOCK_SIZE
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(cls.__dataclass_fields__)
+
+    @classmethod
+    def from_json(cls, text: str | None, *, model_top_k: int | None = None) -> HiSparseConfig:
+        """Parse and validate ``--hisparse-config``.
+
+        ``model_top_k`` is the model's ``index_topk`` when known; it is the top-k used, and a
+        JSON ``top_k`` that disagrees with it is rejected (the buffer would be sized for the
+        wrong k).
+        """
+        raw = _parse_json(text)
+        return cls.from_dict(raw, model_top_k=model_top_k)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], *, model_top_k: int | None = None) -> HiSparseConfig:
+        unknown = sorted(set(raw) - set(cls.keys()))
+        if unknown:
+            raise ValueError(
+                f"{FLAG}: unknown key(s) {', '.join(repr(k) for k in unknown)}. "
+                f"Valid keys: {', '.join(cls.keys())}. Remove or rename them."
+            )
+        for key, value in raw.items():
+            _require_int(key, value)
+
+        top_k = raw.get("top_k")
+        if model_top_k is not None:
+            if top_k is not None and top_k != model_top_k:
+                raise ValueError(
+                    f"{FLAG}: 'top_k' = {top_k} disagrees with the model's index_topk = "
+                    f"{model_top_k}. HiSparse resolves exactly what the indexer selects; "
+                    f"remove 'top_k' or set it to {model_top_k}."
+                )
+            top_k = model_top_k
+        if top_k is None:
+            top_k = DEFAULT_TOP_K
+        if top_k < 1:
+            raise ValueError(f"{FLAG}: 'top_k' = {top_k} must be >= 1; use the model's index_topk (e.g. 2048).")
+
+        buffer = raw.get("device_buffer_size", 2 * top_k)
+        if buffer < top_k:
+            raise ValueError(
+                f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "
+                f"selected position needs a hot slot in the same step. Set it to at least "
+                f"{top_k} ({2 * top_k}, i.e. 2*top_k, is the usual choice)."
+            )
+        if buffer > MAX_DEVICE_BUFFER_SIZE:
+            raise ValueError(
+                f"{FLAG}: 'device_buffer_size' = {buffer} exceeds {MAX_DEVICE_BUFFER_SIZE}: the "
+                f"kernels store slot ids as int16. Use at most {MAX_DEVICE_BUFFER_SIZE} "
+                f"(2-4x top_k is typical)."
+            )
+
+        ratio = raw.get("host_to_device_ratio", DEFAULT_HOST_TO_DEVICE_RATIO)
+        if ratio < 1:
+            raise ValueError(
+                f"{FLAG}: 'host_to_device_ratio' = {ratio} must be >= 1: it is the logical KV "
+                f"capacity (host) divided by the device KV rows. Use 1 (no oversubscription) or more."
+            )
+
+        block = raw.get("swap_in_block_size", DEFAULT_SWAP_IN_BLOCK_SIZE)
+        if block < WARP or block % WARP or block > MAX_BLOCK_SIZE:
+            fixed = min(max(WARP, (block // WARP) * WARP), MAX_BLOCK_SIZE)
+            raise ValueError(
+                f"{FLAG}: 'swap_in_block_size' = {block} must be a positive multiple of {WARP} "
+                f"no larger than {MAX_BLOCK_SIZE} (it is the CUDA block size of the resolve "
+                f"kernel). Try {fixed}."
+            )
+        return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio, swap_in_block_size=block)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _parse_json(text: str | None) -> dict[str, Any]:
+    if text is None or not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        lo = max(0, e.pos - 20)
+        snippet = text[lo : e.pos + 20]
+        caret = " " * (e.pos - lo) + "^"
+        raise ValueError(
+            f"{FLAG}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno} (char {e.pos}):\n"
+            f"    {snippet}\n    {caret}\n"
+            f"Quote keys with double quotes, e.g. {FLAG} '{{\"device_buffer_size\": 4096}}'."
+        ) from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{FLAG}: expected a JSON object, got {type(raw).__name__} ({text.strip()[:40]!r}). "
+            f"Example: {FLAG} '{{\"device_buffer_size\": 4096}}'."
+        )
+    return raw
+
+
+def _require_int(key: str, value: Any) -> None:
+    # NOTE: bool is an int subclass in Python; `true` for a size is a typo, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f" Use {int(value)}." if isinstance(value, float) and value.is_integer() else ""
+        raise ValueError(
+            f"{FLAG}: {key!r} = {json.dumps(value)} must be an integer.{hint}"
+        )
