@@ -1,0 +1,10 @@
+"""Resolve (swap-in) and replay kernels: typed ops, pure-torch references, JIT build cache.
+
+``resolve``/``replay`` here are the ops of :mod:`.ops`: CUDA tensors run the fused kernels of
+``jit_kernels/resolve.cuh``, CPU tensors run :mod:`.reference`. See docs/kernels.md.
+"""
+
+from .contract import MissPlan, ResolveMode, validate_replay, validate_resolve
+from .ops import replay, resolve
+
+__all__ = ["MissPlan", "ResolveMode", "replay", "resolve", "validate_replay", "validate_resolve"]

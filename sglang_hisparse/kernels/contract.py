@@ -1,0 +1,212 @@
+"""Types and input checks shared by the resolve/replay reference and the CUDA ops.
+
+Shapes (per TP rank, one layer; see docs/architecture.md):
+
+    top_k          int32 [bs, k]       logical positions, -1 = padding entry
+    req_index      int32|int64 [bs]    request slot r of each batch row
+    seq_lens       int32|int64 [bs]    n, tokens of the request (newest is n-1)
+    num_real_reqs  int32 [1]           rows b >= it are padding (device tensor)
+    slot_tokens    int32 [R, B+1]      position held by each hot slot, -1 empty; slot B = newest
+    slot_rows      int32 [R, B+1]      device KV row behind each slot
+    lru            int16 [R, B]        slot ids oldest -> newest
+    host_rows      int64 [R, max_ctx]  host KV row of each position
+    host_cache     uint8 [H, I]        host KV (pinned when the op runs on CUDA)
+    device_cache   uint8 [D, I]        device KV of this layer
+    out_rows       int32 [bs, k]       result: device row of each top-k entry, -1 for padding
+    plan           MissPlan            optional record of the copies (src/dst rows, count)
+
+Validation is named and skippable: :func:`validate_resolve` and :func:`validate_replay` run
+when ``validate=True`` is passed to an op or ``SGLANG_HISPARSE_VALIDATE=1`` is set. The value
+checks read device tensors back (host syncs), so they never run while a CUDA graph is being
+captured; the cheap shape/dtype checks always run.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+#: Kernels copy rows with 16-byte loads; an item size must be a multiple of this.
+ROW_ALIGN = 16
+
+
+class ResolveMode(enum.Enum):
+    """What ``resolve`` does with the bytes of a miss."""
+
+    #: Bookkeeping plus the host -> device copy of every miss (production).
+    COPY = "copy"
+    #: All bookkeeping (state, out_rows, plan) but no bytes copied. Timing oracle only:
+    #: the device rows of misses then hold stale data.
+    NO_IO = "no_io"
+
+
+@dataclass
+class MissPlan:
+    """Per batch row, the copies a resolve made, replayable for another layer's KV arrays.
+
+    ``src`` int64 [bs, k]: host rows; ``dst`` int32 [bs, k]: device rows; ``count`` int32 [bs]:
+    copies of row b are ``src[b, :count[b]]`` -> ``dst[b, :count[b]]``, in top-k order of the
+    misses. Entries past ``count[b]`` are left untouched by resolve (stale).
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def empty(cls, bs: int, k: int, device: torch.device | str) -> MissPlan:
+        """Allocate a plan for ``bs`` rows of ``k`` copies (allocate once, before capture)."""
+        return cls(
+            src=torch.zeros(bs, k, dtype=torch.int64, device=device),
+            dst=torch.zeros(bs, k, dtype=torch.int32, device=device),
+            count=torch.zeros(bs, dtype=torch.int32, device=device),
+        )
+
+
+def validation_enabled(validate: bool | None) -> bool:
+    """``validate`` if given, else the SGLANG_HISPARSE_VALIDATE switch."""
+    if validate is not None:
+        return validate
+    from sglang_hisparse import envs
+
+    return bool(envs.get("SGLANG_HISPARSE_VALIDATE"))
+
+
+def _is_capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _need(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} has dtype {t.dtype}; it must be {want}. Cast it with .to().")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; it must have {ndim} dims.")
+
+
+def _same(name: str, got: int, want: int, rule: str) -> None:
+    if got != want:
+        raise ValueError(f"{name} = {got} but {rule} = {want}; they must match.")
+
+
+def check_resolve_shapes(
+    *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru,
+    host_rows, host_cache, device_cache, out_rows, plan,
+) -> tuple[int, int, int, int]:
+    """Shape/dtype checks that need no device read. Returns ``(bs, k, B, item_bytes)``."""
+    _need("top_k", top_k, (torch.int32,), 2)
+    _need("req_index", req_index, (torch.int32, torch.int64), 1)
+    _need("seq_lens", seq_lens, (torch.int32, torch.int64), 1)
+    _need("num_real_reqs", num_real_reqs, (torch.int32,), 1)
+    _need("slot_tokens", slot_tokens, (torch.int32,), 2)
+    _need("slot_rows", slot_rows, (torch.int32,), 2)
+    _need("lru", lru, (torch.int16,), 2)
+    _need("host_rows", host_rows, (torch.int64,), 2)
+    _need("host_cache", host_cache, (torch.uint8,), 2)
+    _need("device_cache", device_cache, (torch.uint8,), 2)
+    _need("out_rows", out_rows, (torch.int32,), 2)
+    bs, k = top_k.shape
+    R, B = lru.shape
+    _same("num_real_reqs.numel()", num_real_reqs.numel(), 1, "a one-element tensor")
+    _same("req_index.shape[0]", req_index.shape[0], bs, "top_k.shape[0] (batch)")
+    _same("seq_lens.shape[0]", seq_lens.shape[0], bs, "top_k.shape[0] (batch)")
+    _same("out_rows.shape", tuple(out_rows.shape), (bs, k), "top_k.shape")
+    _same("slot_tokens.shape", tuple(slot_tokens.shape), (R, B + 1), "(lru.shape[0], lru.shape[1]+1)")
+    _same("slot_rows.shape", tuple(slot_rows.shape), (R, B + 1), "(lru.shape[0], lru.shape[1]+1)")
+    _same("host_rows.shape[0]", host_rows.shape[0], R, "lru.shape[0] (request slots)")
+    if B < k:
+        raise ValueError(
+            f"lru has B = {B} slots but top_k has k = {k} columns: every selected position "
+            f"needs a hot slot, so B must be >= k (set device_buffer_size >= top_k)."
+        )
+    item = host_cache.shape[1]
+    _same("device_cache.shape[1] (item bytes)", device_cache.shape[1], item, "host_cache.shape[1]")
+    if item % ROW_ALIGN or item == 0:
+        raise ValueError(
+            f"item size {item} B is not a positive multiple of {ROW_ALIGN}: the kernels copy "
+            f"rows with 16-byte loads. Pad KV rows to a multiple of {ROW_ALIGN} bytes."
+        )
+    for name, t in (("top_k", top_k), ("out_rows", out_rows), ("slot_tokens", slot_tokens),
+                    ("slot_rows", slot_rows), ("lru", lru), ("host_rows", host_rows),
+                    ("host_cache", host_cache), ("device_cache", device_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride {t.stride()}).")
+    if plan is not None:
+        check_plan_shapes(plan, bs=bs, k=k)
+    return bs, k, B, item
+
+
+def check_plan_shapes(plan: MissPlan, *, bs: int | None = None, k: int | None = None) -> None:
+    """Dtypes and shapes of a :class:`MissPlan` (optionally against a batch of ``bs`` x ``k``)."""
+    _need("plan.src", plan.src, (torch.int64,), 2)
+    _need("plan.dst", plan.dst, (torch.int32,), 2)
+    _need("plan.count", plan.count, (torch.int32,), 1)
+    _same("plan.dst.shape", tuple(plan.dst.shape), tuple(plan.src.shape), "plan.src.shape")
+    _same("plan.count.shape[0]", plan.count.shape[0], plan.src.shape[0], "plan.src.shape[0]")
+    if bs is not None:
+        _same("plan.src.shape[0]", plan.src.shape[0], bs, "top_k.shape[0] (batch)")
+    if k is not None and plan.src.shape[1] < k:
+        raise ValueError(f"plan.src has {plan.src.shape[1]} columns, fewer than k = {k}.")
+
+
+def validate_resolve(**kw) -> None:
+    """Full check of resolve inputs: shapes/dtypes, then values (host syncs; skipped in capture).
+
+    Value rules: ``0 <= num_real_reqs <= bs``; real rows' ``req_index`` in ``[0, R)`` and unique;
+    ``seq_lens >= 1`` and ``<= host_rows.shape[1]``; every ``top_k`` entry is -1 or in
+    ``[0, seq_len)``.
+    """
+    bs, k, B, _ = check_resolve_shapes(**kw)
+    top_k = kw["top_k"]
+    if _is_capturing(top_k) or bs == 0:
+        return
+    R, max_ctx = kw["host_rows"].shape
+    nr = int(kw["num_real_reqs"].reshape(-1)[0])
+    if not 0 <= nr <= bs:
+        raise ValueError(f"num_real_reqs = {nr} is outside [0, batch={bs}].")
+    req = kw["req_index"][:nr].long().cpu()
+    lens = kw["seq_lens"][:nr].long().cpu()
+    if nr and (req.min() < 0 or req.max() >= R):
+        raise ValueError(f"req_index has {req.tolist()} outside [0, {R}) (request slots R).")
+    if req.unique().numel() != nr:
+        raise ValueError(f"req_index has duplicate request slots among real rows: {req.tolist()}.")
+    if nr and (lens.min() < 1 or lens.max() > max_ctx):
+        raise ValueError(f"seq_lens {lens.tolist()} outside [1, {max_ctx}] (host_rows.shape[1]).")
+    tk = top_k[:nr].long().cpu()
+    bad = (tk < -1) | (tk >= lens[:, None])
+    if bool(bad.any()):
+        b, i = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"top_k[{b}, {i}] = {int(tk[b, i])} is outside [0, seq_len={int(lens[b])}) and not -1 "
+            f"(padding). Positions must name existing tokens of request {int(req[b])}."
+        )
+
+
+def validate_replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache) -> None:
+    """Check replay inputs: plan shapes; values (counts, row bounds) unless capturing."""
+    check_plan_shapes(plan)
+    _need("num_real_reqs", num_real_reqs, (torch.int32,), 1)
+    _need("host_cache", host_cache, (torch.uint8,), 2)
+    _need("device_cache", device_cache, (torch.uint8,), 2)
+    _same("device_cache.shape[1]", device_cache.shape[1], host_cache.shape[1], "host_cache.shape[1]")
+    if host_cache.shape[1] % ROW_ALIGN:
+        raise ValueError(f"item size {host_cache.shape[1]} B is not a multiple of {ROW_ALIGN}.")
+    if _is_capturing(plan.count) or plan.src.shape[0] == 0:
+        return
+    bs, k = plan.src.shape
+    nr = int(num_real_reqs.reshape(-1)[0])
+    if not 0 <= nr <= bs:
+        raise ValueError(f"num_real_reqs = {nr} is outside [0, plan rows={bs}].")
+    cnt = plan.count[:nr].long().cpu()
+    if nr and (cnt.min() < 0 or cnt.max() > k):
+        raise ValueError(f"plan.count {cnt.tolist()} outside [0, {k}].")
+    cols = torch.arange(k)[None, :] < cnt[:, None]
+    src, dst = plan.src[:nr].cpu()[cols], plan.dst[:nr].long().cpu()[cols]
+    if src.numel() and (src.min() < 0 or src.max() >= host_cache.shape[0]):
+        raise ValueError(f"plan.src has rows outside [0, {host_cache.shape[0]}) (host_cache rows).")
+    if dst.numel() and (dst.min() < 0 or dst.max() >= device_cache.shape[0]):
+        raise ValueError(f"plan.dst has rows outside [0, {device_cache.shape[0]}) (device_cache rows).")
