@@ -1,0 +1,283 @@
+"""Capacity planner behind ``python -m sglang_hisparse plan``: pure arithmetic, no torch, no sglang.
+
+Per TP rank (every figure below is per GPU unless it says "node"):
+
+    KV row       I = (kv_lora_rank + qk_rope_head_dim) * 2               bf16   (1152 B for 512+64)
+                 I = kv_lora_rank + kv_lora_rank/128 * 4 + rope * 2      fp8    ( 656 B: 512 e4m3 latent,
+                                                                                  4 fp32 scales, bf16 rope)
+    index row    X = index_head_dim + index_head_dim/128 * 4                    ( 132 B: fp8 key + fp32 scale)
+    full KV      per request = L * I * n   +  L_idx * X * n
+    HiSparse     per request = L * I * min(n, B + 1)  +  L_idx * X * n
+                 (the indexer scores every position each step, so index-K stays on the GPU in full;
+                  B hot slots plus the reserved newest-token slot per layer)
+    host         per request = L * I * n          (pinned; authoritative copy of every KV row)
+    link         per request per step = L * k * m * I   host->device (m = miss rate, 0 while n <= B)
+
+``L_idx`` is the number of layers that keep an index-K cache: all layers, or only the anchors
+of an index-sharing model when the engine elides index-K for shared layers (SGLang 0.5.23 does
+so without HiSparse and keeps all of them with ``--enable-hisparse``). Every layer, shared or
+not, has its own KV rows and its own hot buffer, so ``L`` always counts all layers and shared
+layers still move their own misses (replayed from the anchor's plan on the prefetch stream).
+
+A request admitted with MLA keeps the same KV on every rank of its attention group: with plain
+TP (no DP attention) all ``tp`` ranks hold every request; with DP attention each rank holds its
+own. So the node serves ``per-rank batch * (tp if dp_attention else 1)`` requests and its host
+pools hold ``tp * per-rank batch`` request copies either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sglang_hisparse.presets import KV_DTYPES, ModelSpec
+
+GIB = 2**30
+GB = 10**9
+#: --mem-fraction-static of the published 8xH200 HiSparse commands: what weights + KV may take.
+MEM_FRACTION_STATIC = 0.85
+#: Used when the model's weight size is unknown (a --model-config without a preset).
+FALLBACK_KV_SHARE = 0.25
+#: HiSparse is recommended when it admits at least this many times the full-KV batch: below it
+#: the per-step host IO and the resolve kernel eat most of the gain (the blog notes a net loss
+#: at low concurrency).
+DEFAULT_MIN_GAIN = 1.5
+
+
+# ----------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything ``plan`` reads. Memory in GiB (2**30 B), bandwidth in GB/s (1e9 B/s).
+
+    ``kv_share``/``kv_budget_gib``: at most one; neither = derive the share from the model's
+    weight size (``MEM_FRACTION_STATIC - weights/(tp * hbm)``) or fall back to
+    ``FALLBACK_KV_SHARE``. ``buffer`` None = 2 * top_k (SGLang's default ``device_buffer_size``).
+    ``hisparse_index_layers``: ``"all"`` (SGLang 0.5.23 keeps index-K on every layer under
+    HiSparse) or ``"anchors"`` (an engine that elides shared layers' index-K).
+    """
+
+    model: ModelSpec
+    contexts: tuple[int, ...] = (128 * 1024,)
+    kv_dtype: str = "bf16"
+    gpu_hbm_gib: float = 140.0
+    kv_share: float | None = None
+    kv_budget_gib: float | None = None
+    tp: int = 8
+    dp_attention: bool = True
+    buffer: int | None = None
+    host_dram_gib: float = 2048.0
+    link_gbps: float = 50.0
+    miss_rate: float = 0.134
+    miss_rate_source: str = "default"
+    target_step_ms: float = 50.0
+    hisparse_index_layers: str = "all"
+    min_gain: float = DEFAULT_MIN_GAIN
+
+    @property
+    def top_k(self) -> int:
+        return self.model.index_topk
+
+    @property
+    def hot_slots(self) -> int:
+        return 2 * self.top_k if self.buffer is None else self.buffer
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the flag, the value, the rule and the fix."""
+        from sglang_hisparse.config import MAX_DEVICE_BUFFER_SIZE
+
+        k = self.top_k
+        positive = {"--gpu-hbm-gib": self.gpu_hbm_gib, "--host-dram-gib": self.host_dram_gib,
+                    "--link-gbps": self.link_gbps, "--target-step-ms": self.target_step_ms}
+        for flag, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{flag} {value} must be > 0.")
+        for n in self.contexts:
+            if n <= 0:
+                raise ValueError(f"--context {n} must be > 0 tokens; e.g. --context 128K.")
+        if not self.contexts:
+            raise ValueError("--context: give at least one context length, e.g. --context 128K.")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
+        if self.tp < 1:
+            raise ValueError(f"--tp {self.tp} must be >= 1 (GPUs in the tensor-parallel group).")
+        if self.hot_slots < k:
+            raise ValueError(
+                f"--buffer {self.hot_slots} must be >= the model's top-k {k}: every selected position "
+                f"needs a hot slot in the same step. Use --buffer {2 * k} (2*k, the default) or more.")
+        if self.hot_slots > MAX_DEVICE_BUFFER_SIZE:
+            raise ValueError(f"--buffer {self.hot_slots} exceeds {MAX_DEVICE_BUFFER_SIZE} (slot ids are "
+                             f"int16). Use 2-4x top-k, e.g. --buffer {2 * k}.")
+        if self.kv_share is not None and self.kv_budget_gib is not None:
+            raise ValueError("--kv-share and --kv-budget-gib both given; pass only one.")
+        if self.kv_share is not None and not 0 < self.kv_share <= 1:
+            raise ValueError(f"--kv-share {self.kv_share} must be in (0, 1] (fraction of GPU HBM for KV).")
+        if self.kv_budget_gib is not None and not 0 < self.kv_budget_gib <= self.gpu_hbm_gib:
+            raise ValueError(f"--kv-budget-gib {self.kv_budget_gib} must be in (0, --gpu-hbm-gib "
+                             f"{self.gpu_hbm_gib}].")
+        if not 0 <= self.miss_rate <= 1:
+            raise ValueError(f"--miss-rate {self.miss_rate} must be in [0, 1] (fraction of top-k "
+                             f"missing per step; 0.134 = 13.4 %).")
+        if self.hisparse_index_layers not in ("all", "anchors"):
+            raise ValueError(f"--hisparse-index-layers {self.hisparse_index_layers!r} must be all or anchors.")
+        if self.min_gain < 1:
+            raise ValueError(f"--min-gain {self.min_gain} must be >= 1 (batch ratio HiSparse/full).")
+
+    def kv_budget(self) -> tuple[float, float, str]:
+        """(KV bytes per GPU, share of HBM, where the share came from)."""
+        hbm = self.gpu_hbm_gib * GIB
+        if self.kv_budget_gib is not None:
+            return self.kv_budget_gib * GIB, self.kv_budget_gib / self.gpu_hbm_gib, "--kv-budget-gib"
+        if self.kv_share is not None:
+            return self.kv_share * hbm, self.kv_share, "--kv-share"
+        if self.model.weights_gib is None:
+            return FALLBACK_KV_SHARE * hbm, FALLBACK_KV_SHARE, "fallback (weights unknown)"
+        per_gpu = self.model.weights_gib / self.tp
+        share = MEM_FRACTION_STATIC - per_gpu / self.gpu_hbm_gib
+        if share <= 0.01:
+            raise ValueError(
+                f"--tp {self.tp}: {self.model.name} weights (~{per_gpu:.0f} GiB per GPU) leave no KV room "
+                f"in {MEM_FRACTION_STATIC:.2f} x {self.gpu_hbm_gib:g} GiB. Raise --tp or pass --kv-share.")
+        return share * hbm, share, f"{MEM_FRACTION_STATIC} static - weights {per_gpu:.1f} GiB/GPU"
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class ContextPlan:
+    """One context length. Bytes per GPU unless named ``node``; batches are request counts."""
+
+    context: int
+    full_bytes_per_request: int
+    hisparse_kv_bytes_per_request: int      # hot buffers, all layers
+    hisparse_index_bytes_per_request: int   # index-K for the whole context (stays on the GPU)
+    host_bytes_per_request: int
+    batch_full: int                         # per GPU, HBM-limited
+    batch_hisparse_hbm: int                 # per GPU, HBM-limited
+    batch_hisparse_host: int                # per GPU, host-DRAM-limited
+    batch_hisparse: int                     # per GPU, min of the two
+    limited_by: str                         # "hbm" | "host"
+    node_batch_full: int
+    node_batch_hisparse: int
+    host_dram_node_bytes: int               # pinned host KV at node_batch_hisparse
+    h2d_bytes_per_token: float              # per request per decode step (0 while context <= B)
+    io_ms_per_step: float                   # all layers, at batch_hisparse, one GPU's link
+    io_exposed_ms_per_step: float           # only anchors on the critical path (prefetch on)
+    io_fits: bool                           # io_ms_per_step <= target step
+    batch_io_fits: int | None               # largest per-GPU batch whose IO fits the step; None = no IO
+    gain: float                             # node_batch_hisparse / node_batch_full (inf if full is 0)
+    turn_on: bool
+    reason: str
+
+    @property
+    def hisparse_bytes_per_request(self) -> int:
+        return self.hisparse_kv_bytes_per_request + self.hisparse_index_bytes_per_request
+
+
+@dataclass(frozen=True)
+class Plan:
+    inputs: PlanInputs
+    kv_budget_bytes: float
+    kv_share: float
+    kv_share_source: str
+    contexts: tuple[ContextPlan, ...]
+    break_even_context: int | None          # smallest context where HBM alone gives >= min_gain
+    suggested_config: dict[str, int]
+    recommendation: str
+
+
+def _index_layers(inputs: PlanInputs, hisparse: bool) -> int:
+    model = inputs.model
+    # SGLang elides shared layers' index-K only without HiSparse (see module docstring).
+    if hisparse and inputs.hisparse_index_layers == "all":
+        return model.layers
+    return len(model.anchors)
+
+
+def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
+    m, B, k = inputs.model, inputs.hot_slots, inputs.top_k
+    row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
+    full = m.layers * row * n + _index_layers(inputs, False) * idx * n
+    hot_kv = m.layers * row * min(n, B + 1)
+    hot_idx = _index_layers(inputs, True) * idx * n
+    host = m.layers * row * n
+    ranks_serving = inputs.tp if inputs.dp_attention else 1
+    b_full = int(budget // full)
+    b_hbm = int(budget // (hot_kv + hot_idx))
+    b_host = int(inputs.host_dram_gib * GIB / inputs.tp // host)
+    b_hs = min(b_hbm, b_host)
+    per_token = m.layers * k * inputs.miss_rate * row if n > B else 0.0
+    link = inputs.link_gbps * GB
+    io_ms = b_hs * per_token / link * 1e3
+    b_io = int(inputs.target_step_ms / 1e3 * link // per_token) if per_token else None
+    node_full, node_hs = b_full * ranks_serving, b_hs * ranks_serving
+    gain = math.inf if node_full == 0 else node_hs / node_full
+    step = inputs.target_step_ms
+    io_note = (f"IO {io_ms:.1f} ms/step at {inputs.link_gbps:g} GB/s "
+               f"({100 * io_ms / step:.0f} % of a {step:g} ms step)")
+    if n <= B:
+        on, why = False, (f"context {n} <= B = {B}: the whole request fits in its hot buffer, "
+                          f"HiSparse only adds the host copy")
+    elif b_hs == 0:
+        short = "HBM" if b_hbm == 0 else "host DRAM"
+        on, why = False, f"not one request fits in {short} with HiSparse"
+    elif gain < inputs.min_gain:
+        on, why = False, (f"HiSparse admits only {gain:.2f}x the full-KV batch "
+                          f"({node_full} -> {node_hs}; below --min-gain {inputs.min_gain:g})")
+    else:
+        on, why = True, f"batch {node_full} -> {node_hs} per node ({gain:.1f}x); {io_note}"
+        if b_hs == b_host < b_hbm:
+            why += f"; host DRAM caps the batch (HBM alone allows {b_hbm * ranks_serving})"
+        if io_ms > step:
+            why += (f"; IO exceeds the step target: decode becomes link-bound "
+                    f"(<= {link / per_token:.0f} tok/s per GPU) unless the batch is <= {b_io * ranks_serving}")
+    return ContextPlan(
+        context=n, full_bytes_per_request=full, hisparse_kv_bytes_per_request=hot_kv,
+        hisparse_index_bytes_per_request=hot_idx, host_bytes_per_request=host,
+        batch_full=b_full, batch_hisparse_hbm=b_hbm, batch_hisparse_host=b_host, batch_hisparse=b_hs,
+        limited_by="host" if b_host < b_hbm else "hbm", node_batch_full=node_full,
+        node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * b_hs * host,
+        h2d_bytes_per_token=per_token, io_ms_per_step=io_ms,
+        io_exposed_ms_per_step=io_ms * len(m.anchors) / m.layers, io_fits=io_ms <= step,
+        batch_io_fits=b_io, gain=gain, turn_on=on, reason=why,
+    )
+
+
+def break_even_context(inputs: PlanInputs) -> int | None:
+    """Smallest context at which HiSparse's HBM per request is ``min_gain`` times smaller.
+
+    Past B the two footprints are linear in n: full = a*n, HiSparse = c + d*n with
+    a = L*I + L_idx_full*X, c = L*I*(B+1), d = L_idx_hisparse*X. a*n >= g*(c + d*n) gives
+    n >= g*c / (a - g*d); never when a <= g*d (the index cache alone is too large a share).
+    """
+    m, g = inputs.model, inputs.min_gain
+    row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
+    a = m.layers * row + _index_layers(inputs, False) * idx
+    c = m.layers * row * (inputs.hot_slots + 1)
+    d = _index_layers(inputs, True) * idx
+    if a <= g * d:
+        return None
+    return max(inputs.hot_slots + 1, math.ceil(g * c / (a - g * d)))
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """Validate ``inputs`` and compute every figure the ``plan`` command prints."""
+    inputs.validate()
+    budget, share, source = inputs.kv_budget()
+    rows = tuple(_plan_context(inputs, n, budget) for n in inputs.contexts)
+    longest = max(inputs.contexts)
+    ratio = max(1, math.ceil(longest / (inputs.hot_slots + 1)))
+    suggested = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots, "host_to_device_ratio": ratio}
+    even = break_even_context(inputs)
+    on = [r for r in rows if r.turn_on]
+    below = f"not worth it below ~{even} tokens of context" if even else "never worth it for this model"
+    if on:
+        best = max(on, key=lambda r: r.context)
+        text = f"turn it on for {best.context} tokens: {best.reason}; {below}"
+    else:
+        text = f"leave it off: {rows[-1].reason}; {below}"
+    return Plan(inputs=inputs, kv_budget_bytes=budget, kv_share=share, kv_share_source=source,
+                contexts=rows, break_even_context=even, suggested_config=suggested, recommendation=text)
+
+
+def published_kv_bytes(layers: int, row_bytes: int, tokens: int) -> int:
+    """The arithmetic behind the published GLM-5.1 figures (docs/planner.md): L * row * n."""
+    return layers * row_bytes * tokens

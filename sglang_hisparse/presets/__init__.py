@@ -1,0 +1,154 @@
+"""Model attention shapes for the planner: byte formulas, index sharing, and the shipped presets.
+
+The JSON files next to this module describe GLM-5.1, GLM-5.2 and DeepSeek-V3.2 with their
+sources; each states its byte counts, and loading checks them against the formulas here (so
+the documented numbers cannot drift from the arithmetic). Pure Python: no torch, no sglang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+FP8_SCALE_BLOCK = 128  # one fp32 scale per 128 fp8 values (KV latent and index key alike)
+KV_DTYPES = ("bf16", "fp8")
+_PRESET_PACKAGE = "sglang_hisparse.presets"
+
+
+def kv_row_bytes(kv_lora_rank: int, qk_rope_head_dim: int, kv_dtype: str) -> int:
+    """Bytes of one token's KV row in one layer (``I`` in docs/architecture.md)."""
+    if kv_dtype == "bf16":
+        return 2 * (kv_lora_rank + qk_rope_head_dim)
+    if kv_dtype == "fp8":
+        if kv_lora_rank % FP8_SCALE_BLOCK:
+            raise ValueError(
+                f"kv_lora_rank = {kv_lora_rank} is not a multiple of {FP8_SCALE_BLOCK}: the fp8 DSA "
+                f"row stores one fp32 scale per {FP8_SCALE_BLOCK} latent values. Use --kv-dtype bf16."
+            )
+        return kv_lora_rank + kv_lora_rank // FP8_SCALE_BLOCK * 4 + 2 * qk_rope_head_dim
+    raise ValueError(f"--kv-dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
+
+
+def index_row_bytes(index_head_dim: int) -> int:
+    """Bytes of one token's index-K entry in one layer: fp8 key plus fp32 scale(s)."""
+    return index_head_dim + math.ceil(index_head_dim / FP8_SCALE_BLOCK) * 4
+
+
+def anchor_layers(config: Mapping[str, Any], layers: int) -> tuple[int, ...]:
+    """Layers that run their own indexer, read from HF ``config.json`` keys.
+
+    Precedence (as SGLang 0.5.23 reads them): ``indexer_types`` (``"shared"`` marks a shared
+    layer) > ``cli_factor`` (fresh every k-th layer) > ``index_topk_pattern`` (``"S"`` =
+    shared) > ``index_topk_freq`` with optional ``index_skip_topk_offset``.
+    """
+    kinds = config.get("indexer_types")
+    if kinds is not None:
+        return tuple(i for i in range(layers) if i >= len(kinds) or kinds[i] != "shared")
+    factor = config.get("cli_factor") or 1
+    if factor > 1:
+        return tuple(i for i in range(layers) if i % factor == 0)
+    pattern = config.get("index_topk_pattern")
+    if pattern is not None:
+        return tuple(i for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
+    freq = config.get("index_topk_freq") or 1
+    if freq < 1:
+        raise ValueError(f"config: index_topk_freq = {freq} must be >= 1.")
+    offset = config.get("index_skip_topk_offset")
+    # Without an explicit offset layer 0 and 1 both run the indexer, then every freq-th layer.
+    shift = 1 if offset is None else offset - 1
+    return tuple(i for i in range(layers) if max(i - shift, 0) % freq == 0)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The attention shape the planner needs; ``anchors`` are the layers with their own indexer."""
+
+    name: str
+    layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    index_head_dim: int
+    index_topk: int
+    anchors: tuple[int, ...]
+    weights_gib: float | None = None
+
+    def kv_bytes(self, kv_dtype: str) -> int:
+        return kv_row_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype)
+
+    @property
+    def index_bytes(self) -> int:
+        return index_row_bytes(self.index_head_dim)
+
+
+_REQUIRED = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "index_topk")
+
+
+def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: float | None = None) -> ModelSpec:
+    """Build a :class:`ModelSpec` from an HF ``config.json`` dict (``text_config`` is looked into)."""
+    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), Mapping):
+        config = config["text_config"]
+    missing = [key for key in _REQUIRED if config.get(key) is None]
+    if missing:
+        raise ValueError(
+            f"--model-config {name}: missing {', '.join(missing)}. HiSparse needs a DSA model "
+            f"(DeepSeek-V3.2, GLM-5.x): its config.json has all of {', '.join(_REQUIRED)}. "
+            f"Check the file, or use --model with one of: {', '.join(preset_names())}."
+        )
+    for key in _REQUIRED:
+        if not isinstance(config[key], int) or config[key] < 1:
+            raise ValueError(f"--model-config {name}: {key} = {config[key]!r} must be a positive integer.")
+    layers = config["num_hidden_layers"]
+    return ModelSpec(
+        name=name,
+        layers=layers,
+        kv_lora_rank=config["kv_lora_rank"],
+        qk_rope_head_dim=config["qk_rope_head_dim"],
+        index_head_dim=config["index_head_dim"],
+        index_topk=config["index_topk"],
+        anchors=anchor_layers(config, layers),
+        weights_gib=weights_gib,
+    )
+
+
+def _preset_files() -> dict[str, Any]:
+    root = resources.files(_PRESET_PACKAGE)
+    return {p.name[: -len(".json")]: p for p in root.iterdir() if p.name.endswith(".json")}
+
+
+def preset_names() -> list[str]:
+    """Display names of the shipped presets (``GLM-5.1``, ...)."""
+    return sorted(load_preset_raw(key)["name"] for key in _preset_files())
+
+
+def load_preset_raw(name: str) -> dict[str, Any]:
+    """The preset JSON (case-insensitive name), checked against the formulas above."""
+    files = _preset_files()
+    key = name.strip().lower()
+    if key not in files:
+        valid = sorted(json.loads(p.read_text())["name"] for p in files.values())
+        raise ValueError(f"--model {name!r} is not a preset. Valid presets: {', '.join(valid)}; "
+                         f"or pass --model-config path/to/config.json.")
+    raw = json.loads(files[key].read_text())
+    model = model_from_config(
+        {**raw, "num_hidden_layers": raw["layers"]}, name=raw["name"], weights_gib=raw.get("weights_gib")
+    )
+    # The stated byte counts document the preset; they must agree with the formulas.
+    stated = {f"kv_bytes_per_token_per_layer.{d}": (b, model.kv_bytes(d))
+              for d, b in raw["kv_bytes_per_token_per_layer"].items()}
+    stated["index_bytes_per_token_per_layer"] = (raw["index_bytes_per_token_per_layer"], model.index_bytes)
+    stated["anchor_layer_count"] = (raw["anchor_layer_count"], len(model.anchors))
+    for field, (given, derived) in stated.items():
+        if given != derived:
+            raise RuntimeError(f"preset {files[key].name}: {field} = {given} but the shape gives {derived}; "
+                               f"fix the preset file.")
+    return raw
+
+
+def load_preset(name: str) -> ModelSpec:
+    raw = load_preset_raw(name)
+    return model_from_config({**raw, "num_hidden_layers": raw["layers"]}, name=raw["name"],
+                             weights_gib=raw.get("weights_gib"))
