@@ -1,0 +1,182 @@
+"""Server-argument validation under ``--enable-hisparse`` (replaces SGLang's ``validate_hisparse``).
+
+SGLang calls :func:`validate_hisparse` from its ``check_server_args`` post-process pass, after
+DSA backend defaults are resolved and before any process is spawned or memory pinned. Each
+rule raises ``ValueError`` naming the flag, the value, the rule and the fix. The decisions
+that pass are logged once, so an operator can see what HiSparse will run with.
+
+:func:`parse_hisparse_config` replaces SGLang's ``parse_hisparse_config`` so pool sizing in
+SGLang's configurators reads the same validated :class:`HiSparseConfig`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_hisparse import SUPPORTED_SGLANG
+from sglang_hisparse.config import FLAG, HiSparseConfig
+from sglang_hisparse.sysmem import available_host_bytes, gib
+
+logger = logging.getLogger(__name__)
+
+KV_DTYPES = ("bfloat16", "fp8_e4m3", "auto")
+#: DSA attention backends that read our resolved device rows, by KV cache dtype (CUDA).
+BACKENDS_BY_DTYPE = {
+    "bfloat16": frozenset({"flashmla_sparse"}),
+    "fp8_e4m3": frozenset({"flashmla_kv", "flashinfer_sparse_mla"}),
+}
+#: With ``auto`` the stored dtype follows the checkpoint, so any of the above may be right.
+BACKENDS_AUTO = frozenset().union(*BACKENDS_BY_DTYPE.values())
+A_B_HINT = "set SGLANG_PLUGINS to a list without 'hisparse' to run SGLang's in-tree HiSparse"
+
+
+def kv_row_bytes(kv_lora_rank: int, rope_dim: int, kv_dtype: str) -> int:
+    """Bytes of one token's MLA KV row in one layer.
+
+    fp8_e4m3 (DSA layout): ``kv_lora_rank`` fp8 values + one fp32 scale per 128 of them +
+    the rope part in bf16 (656 B for 512/64); bf16: ``(kv_lora_rank + rope_dim) * 2`` (1152 B).
+    """
+    if kv_dtype == "fp8_e4m3":
+        return kv_lora_rank + (kv_lora_rank // 128) * 4 + rope_dim * 2
+    return (kv_lora_rank + rope_dim) * 2
+
+
+def _hf_attr(hf_config: Any, name: str, default: Any = None) -> Any:
+    value = getattr(hf_config, name, None)
+    if value is None:
+        value = getattr(getattr(hf_config, "text_config", None), name, None)
+    return default if value is None else value
+
+
+def _model_label(view: Any, hf_config: Any) -> str:
+    archs = _hf_attr(hf_config, "architectures") or ["<no architectures>"]
+    return f"{view.model_path} ({', '.join(archs)})"
+
+
+def validate_hisparse(server_args: Any) -> None:
+    """Reject unsupported ``--enable-hisparse`` combinations; log what was decided."""
+    from sglang.srt.arg_groups.model_override_base import (
+        model_config_of,
+        resolved_view,
+        resolving_view,
+    )
+
+    cfg = resolving_view(server_args)
+    if not cfg.enable_hisparse:
+        return
+    view = resolved_view(server_args)
+    hf_config = model_config_of(server_args).hf_config
+    index_topk = _hf_attr(hf_config, "index_topk")
+    if index_topk is None:
+        raise ValueError(
+            f"--enable-hisparse: model {_model_label(cfg, hf_config)} is not a DSA model (its "
+            f"config has no 'index_topk'). sglang-hisparse resolves the top-k selections of a "
+            f"DSA indexer (DeepSeek-V3.2, GLM-5.x); drop --enable-hisparse for this model."
+        )
+    if not cfg.disable_radix_cache:
+        raise ValueError(
+            "--enable-hisparse requires the radix cache off: a shared prefix's KV would live "
+            "in one request's hot buffer. Add --disable-radix-cache."
+        )
+    if cfg.enable_mixed_chunk:
+        raise ValueError(
+            "--enable-hisparse does not support --enable-mixed-chunk: the HiSparse decode batch "
+            "is built from requests whose prompt is safe on host and cannot merge a prefill "
+            "chunk. Remove --enable-mixed-chunk."
+        )
+    spec = cfg.speculative_algorithm
+    if spec is not None and str(spec).upper() != "NONE":
+        raise ValueError(
+            f"--enable-hisparse with --speculative-algorithm {spec} is not yet supported by "
+            f"sglang-hisparse (verify steps need a multi-row resolve). Remove "
+            f"--speculative-algorithm, or {A_B_HINT}."
+        )
+    try:
+        from sglang.srt.runtime_context import get_platform
+
+        is_hip = bool(get_platform().is_hip)
+    except Exception:
+        is_hip = False
+    if is_hip:
+        raise ValueError(f"--enable-hisparse: sglang-hisparse's kernels are CUDA-only; {A_B_HINT}.")
+
+    kv_dtype = view.kv_cache_dtype
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(
+            f"--enable-hisparse: --kv-cache-dtype {kv_dtype} is not supported; the resolve "
+            f"kernel moves bf16 (1152 B) or fp8_e4m3 (656 B) MLA rows. Use "
+            f"--kv-cache-dtype fp8_e4m3, bfloat16 or auto."
+        )
+    allowed = BACKENDS_BY_DTYPE.get(kv_dtype, BACKENDS_AUTO)
+    for attr, label in (("dsa_prefill_backend", "prefill"), ("dsa_decode_backend", "decode")):
+        backend = getattr(view, attr, None)
+        if backend is not None and backend not in allowed:
+            raise ValueError(
+                f"--enable-hisparse with --kv-cache-dtype {kv_dtype}: --dsa-{label}-backend "
+                f"{backend} cannot read HiSparse's resolved rows. Use one of "
+                f"{sorted(allowed)}, or omit --dsa-{label}-backend to let SGLang choose."
+            )
+
+    config = HiSparseConfig.from_json(cfg.hisparse_config, model_top_k=int(index_topk))
+    _check_host_memory(view, hf_config, config, kv_dtype)
+    logger.info(
+        "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, DSA backends %s/%s).",
+        _model_label(cfg, hf_config),
+        config.to_json(),
+        kv_dtype,
+        getattr(view, "dsa_prefill_backend", None),
+        getattr(view, "dsa_decode_backend", None),
+    )
+
+
+def host_pool_bytes(*, device_rows: int, ratio: int, layers: int, row_bytes: int) -> int:
+    """Pinned host bytes for one rank: every logical id (ratio x device rows) in every layer."""
+    return device_rows * ratio * layers * row_bytes
+
+
+def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dtype: str) -> None:
+    device_rows = getattr(view, "max_total_tokens", None)
+    if not device_rows:
+        # NOTE: device KV rows are known only after SGLang profiles GPU memory in each
+        # scheduler; the host pool repeats this check with the real figure before pinning.
+        logger.info(
+            "sglang-hisparse: host-memory check deferred to pool construction (device KV rows "
+            "are known after GPU memory profiling); pass --max-total-tokens to check it now."
+        )
+        return
+    layers = int(_hf_attr(hf_config, "num_hidden_layers", 0))
+    row = kv_row_bytes(
+        int(_hf_attr(hf_config, "kv_lora_rank", 512)),
+        int(_hf_attr(hf_config, "qk_rope_head_dim", 64)),
+        "fp8_e4m3" if kv_dtype == "fp8_e4m3" else "bfloat16",
+    )
+    per_rank = host_pool_bytes(device_rows=device_rows, ratio=config.host_to_device_ratio, layers=layers, row_bytes=row)
+    nnodes = max(1, int(getattr(view, "nnodes", 1) or 1))
+    ranks = max(1, int(getattr(view, "tp_size", 1) or 1) * int(getattr(view, "pp_size", 1) or 1) // nnodes)
+    need = per_rank * ranks
+    have = available_host_bytes()
+    if need > have:
+        fit = max(1, int(config.host_to_device_ratio * have / need))
+        raise ValueError(
+            f"--enable-hisparse: the pinned host KV pool needs {gib(need)} ({ranks} rank(s) x "
+            f"{gib(per_rank)}: {device_rows} device rows x host_to_device_ratio "
+            f"{config.host_to_device_ratio} x {layers} layers x {row} B) but only {gib(have)} "
+            f"of host memory is available. Lower 'host_to_device_ratio' in {FLAG} (at most "
+            f"{fit} fits), lower --max-total-tokens, or add host memory."
+        )
+    logger.info("sglang-hisparse: host KV pool %s of %s available.", gib(need), gib(have))
+
+
+def parse_hisparse_config() -> HiSparseConfig:
+    """Replacement for SGLang's ``parse_hisparse_config``: our validated config.
+
+    The model's ``index_topk`` is not known at its call sites; the coordinator re-derives
+    the config with it (and :func:`validate_hisparse` already rejected a disagreement).
+    """
+    from sglang.srt.runtime_context import get_memory
+
+    return HiSparseConfig.from_json(get_memory().hisparse_config)
+
+
+__all__ = ["validate_hisparse", "parse_hisparse_config", "kv_row_bytes", "SUPPORTED_SGLANG"]

@@ -1,0 +1,148 @@
+"""SGLang plugin entry point: swaps SGLang's HiSparse seams for ours.
+
+SGLang runs :func:`register` from ``sglang.srt.plugins.load_plugins()`` in the launcher and in
+every scheduler process, before server arguments are parsed and before any pool or
+coordinator is built (docs/patches.md has the full ledger). Importing this module does
+nothing; :func:`register` is idempotent.
+
+Every target is a REPLACE: the in-tree object is swapped for ours, and SGLang's own call
+sites (which only run under ``--enable-hisparse``) construct our classes. Without
+``--enable-hisparse`` nothing we install is ever called. ``SGLANG_PLUGINS=<names without
+hisparse>`` keeps this plugin from loading, which gives the in-tree HiSparse back for A/B.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from dataclasses import dataclass
+
+from sglang_hisparse import SUPPORTED_SGLANG
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_NAME = "hisparse"
+
+
+@dataclass(frozen=True)
+class HookTarget:
+    """One SGLang symbol we replace, and the object of ours that replaces it."""
+
+    target: str  # dotted path in SGLang
+    replacement: str  # "module:attr" in sglang_hisparse
+    why: str
+
+
+# NOTE: the classes are REPLACE targets rather than subclass-and-patch-the-call-site, because
+# each is constructed in exactly one SGLang function behind a module-level or function-local
+# import that HookRegistry rebinds; patching the (large, version-fragile) construction
+# functions instead would couple us to far more SGLang code.
+TARGETS: tuple[HookTarget, ...] = (
+    HookTarget(
+        "sglang.srt.arg_groups.hisparse_hook.validate_hisparse",
+        "sglang_hisparse.arg_hook:validate_hisparse",
+        "our validation of --enable-hisparse combinations and --hisparse-config",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.sparsity.factory.parse_hisparse_config",
+        "sglang_hisparse.arg_hook:parse_hisparse_config",
+        "pool sizing reads host_to_device_ratio through it; ours applies our config rules",
+    ),
+    HookTarget(
+        "sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator",
+        "sglang_hisparse.sglang_adapter.coordinator:SGLangHiSparseCoordinator",
+        "the coordinator ModelRunner builds: lifecycle, per-step protocol, resolve kernels",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.allocator.hisparse.HiSparseTokenToKVPoolAllocator",
+        "sglang_hisparse.sglang_adapter.memory:HiSparseTokenAllocator",
+        "the dual address space (logical ids <-> device rows) the configurator builds",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.hisparse_memory_pool.HiSparseDSATokenToKVPool",
+        "sglang_hisparse.sglang_adapter.memory:HiSparseDSAPool",
+        "the DSA KV pool whose reads/writes translate logical ids to device rows",
+    ),
+)
+
+_registered = False
+
+
+class UnsupportedSGLangError(RuntimeError):
+    pass
+
+
+def installed_sglang_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return None
+
+
+def load_replacement(t: HookTarget):
+    """Import and return our object that replaces ``t.target``."""
+    module, attr = t.replacement.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_targets() -> list[tuple[HookTarget, str | None]]:
+    """Resolve every target in the installed SGLang; (target, error or None) for each."""
+    results = []
+    for t in TARGETS:
+        try:
+            pkgutil.resolve_name(t.target)
+            results.append((t, None))
+        except Exception as e:  # ImportError, AttributeError, or an import-time failure
+            results.append((t, f"{type(e).__name__}: {e}"))
+    return results
+
+
+def register() -> None:
+    """Entry point of ``[project.entry-points."sglang.srt.plugins"] hisparse``.
+
+    Registers one REPLACE hook per :data:`TARGETS` entry; SGLang's ``load_plugins()`` applies
+    them right after. Raises :class:`UnsupportedSGLangError` naming the installed and the
+    supported SGLang when a target does not resolve (SGLang logs it and keeps its in-tree
+    HiSparse).
+    """
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    missing = [(t, err) for t, err in check_targets() if err]
+    if missing:
+        lines = "\n".join(f"  {t.target}: {err}" for t, err in missing)
+        raise UnsupportedSGLangError(
+            f"sglang-hisparse supports SGLang {SUPPORTED_SGLANG}, but the installed SGLang is "
+            f"{installed_sglang_version()} and these hook targets do not resolve:\n{lines}\n"
+            f"Install sglang=={SUPPORTED_SGLANG}, or set SGLANG_PLUGINS to a list without "
+            f"'{ENTRY_POINT_NAME}' to run SGLang's in-tree HiSparse."
+        )
+    # Import every replacement before registering any, so a broken install registers nothing
+    # instead of a half-replaced HiSparse.
+    replacements = [(t, load_replacement(t)) for t in TARGETS]
+    for t, obj in replacements:
+        HookRegistry.register(t.target, obj, HookType.REPLACE)
+    _registered = True
+    logger.info(
+        "sglang-hisparse: registered %d hooks for SGLang %s (in-tree HiSparse replaced; "
+        "set SGLANG_PLUGINS without '%s' to use the in-tree one).",
+        len(TARGETS),
+        installed_sglang_version(),
+        ENTRY_POINT_NAME,
+    )
+
+
+def applied() -> dict[str, bool]:
+    """For each target: does SGLang's name now resolve to our replacement? (doctor, tests)"""
+    out = {}
+    for t in TARGETS:
+        try:
+            out[t.target] = pkgutil.resolve_name(t.target) is load_replacement(t)
+        except Exception:
+            out[t.target] = False
+    return out

@@ -1,0 +1,89 @@
+"""Shared fixtures: a tiny local DSA model directory and SGLang with our plugin loaded.
+
+SGLang's DSA argument adjustments ask the GPU for its compute capability; on CPU-only
+machines the fixtures pretend to be an H200 (sm_90) so the real validation path runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DSA_CONFIG = {
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "index_topk": 2048,
+    "index_head_dim": 128,
+    "index_n_heads": 64,
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "torch_dtype": "bfloat16",
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+}
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-6,
+}
+
+
+def write_model(root: Path, config: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+@pytest.fixture(scope="session")
+def dsa_model_dir(tmp_path_factory) -> Path:
+    """A DeepSeek-V3.2-shaped model directory: config.json only, no weights."""
+    return write_model(tmp_path_factory.mktemp("dsa_model"), DSA_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def llama_model_dir(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("llama_model"), LLAMA_CONFIG)
+
+
+def pretend_h200() -> None:
+    import torch
+
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+
+
+@pytest.fixture(scope="session")
+def sglang_with_plugin():
+    """SGLang's real load_plugins() run once in this process: our hooks are applied."""
+    pytest.importorskip("sglang")
+    pretend_h200()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    return True

@@ -1,0 +1,55 @@
+"""HiSparseConfig: defaults, the model's top-k, and every rejection's message."""
+
+import pytest
+
+from sglang_hisparse.config import MAX_DEVICE_BUFFER_SIZE, HiSparseConfig
+
+
+def test_defaults_follow_top_k():
+    cfg = HiSparseConfig.from_json(None, model_top_k=1024)
+    assert cfg == HiSparseConfig(top_k=1024, device_buffer_size=2048, host_to_device_ratio=2, swap_in_block_size=512)
+
+
+def test_existing_launch_command_keys_accepted():
+    text = '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 4, "swap_in_block_size": 960}'
+    cfg = HiSparseConfig.from_json(text, model_top_k=2048)
+    assert (cfg.device_buffer_size, cfg.host_to_device_ratio, cfg.swap_in_block_size) == (4096, 4, 960)
+
+
+def test_round_trip():
+    cfg = HiSparseConfig.from_json('{"device_buffer_size": 8192}')
+    assert HiSparseConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('{"device_buffer_size": 4096', r"not valid JSON: .* line 1 column 28 \(char 27\)"),
+        ("[1, 2]", r"expected a JSON object, got list"),
+        ('{"buffer": 4096}', r"unknown key\(s\) 'buffer'. Valid keys: top_k, device_buffer_size, host_to_device_ratio, swap_in_block_size"),
+        ('{"device_buffer_size": 1024}', r"'device_buffer_size' = 1024 must be >= top_k = 2048.*at least 2048"),
+        (f'{{"device_buffer_size": {MAX_DEVICE_BUFFER_SIZE + 1}}}', r"exceeds 32767: the kernels store slot ids as int16"),
+        ('{"host_to_device_ratio": 0}', r"'host_to_device_ratio' = 0 must be >= 1"),
+        ('{"swap_in_block_size": 100}', r"'swap_in_block_size' = 100 must be a positive multiple of 32.*Try 96"),
+        ('{"swap_in_block_size": 2048}', r"no larger than 1024.*Try 1024"),
+        ('{"swap_in_block_size": 0}', r"positive multiple of 32.*Try 32"),
+        ('{"device_buffer_size": 4096.0}', r"'device_buffer_size' = 4096.0 must be an integer. Use 4096."),
+        ('{"host_to_device_ratio": "2"}', r"'host_to_device_ratio' = \"2\" must be an integer"),
+        ('{"top_k": true}', r"'top_k' = true must be an integer"),
+        ('{"top_k": 0}', r"'top_k' = 0 must be >= 1"),
+    ],
+)
+def test_rejections_name_key_value_rule_fix(text, match):
+    with pytest.raises(ValueError, match=match):
+        HiSparseConfig.from_json(text)
+
+
+def test_top_k_must_match_model():
+    with pytest.raises(ValueError, match=r"'top_k' = 1024 disagrees with the model's index_topk = 2048.*set it to 2048"):
+        HiSparseConfig.from_json('{"top_k": 1024}', model_top_k=2048)
+
+
+def test_frozen():
+    cfg = HiSparseConfig()
+    with pytest.raises(AttributeError):
+        cfg.top_k = 1  # type: ignore[misc]

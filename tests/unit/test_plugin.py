@@ -1,0 +1,105 @@
+"""Plugin registration through SGLang's real load_plugins(), and the package's hard rules."""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import sglang_hisparse
+from sglang_hisparse import plugin
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_entry_point_discovered(sglang_with_plugin):
+    from sglang.srt.plugins import load_plugins_by_group
+
+    found = load_plugins_by_group("sglang.srt.plugins")
+    assert found["hisparse"][0] is plugin.register
+
+
+def test_seams_resolve_to_our_classes(sglang_with_plugin):
+    assert plugin.applied() == {t.target: True for t in plugin.TARGETS}
+    # HookRegistry also rebinds module-level aliases SGLang imported before the patch.
+    import sglang.srt.managers.scheduler as scheduler
+    import sglang.srt.mem_cache.kv_cache_configurator as configurator
+    import sglang.srt.mem_cache.sparsity as sparsity
+    from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator
+    from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator
+
+    from sglang_hisparse.arg_hook import parse_hisparse_config
+
+    assert scheduler.HiSparseCoordinator is SGLangHiSparseCoordinator
+    assert configurator.HiSparseTokenToKVPoolAllocator is HiSparseTokenAllocator
+    assert configurator.HiSparseDSATokenToKVPool is HiSparseDSAPool
+    assert sparsity.parse_hisparse_config is parse_hisparse_config
+
+
+def test_loading_twice_changes_nothing(sglang_with_plugin):
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    before = {t: list(h) for t, h in HookRegistry._hooks.items()}
+    plugin.register()
+    load_plugins()
+    assert {t: list(h) for t, h in HookRegistry._hooks.items()} == before
+    assert all(plugin.applied().values())
+
+
+def test_unresolvable_target_names_both_versions(monkeypatch, sglang_with_plugin):
+    monkeypatch.setattr(plugin, "_registered", False)
+    bogus = plugin.HookTarget("sglang.srt.no_such_module.Thing", "sglang_hisparse.plugin:register", "test")
+    monkeypatch.setattr(plugin, "TARGETS", (*plugin.TARGETS, bogus))
+    with pytest.raises(plugin.UnsupportedSGLangError, match=r"supports SGLang 0\.5\.23, but the installed SGLang is 0\.5\.23.*no_such_module"):
+        plugin.register()
+
+
+def _run_without_sglang(code: str) -> subprocess.CompletedProcess:
+    # A None entry in sys.modules makes every `import sglang...` raise ImportError.
+    prelude = "import sys; sys.modules['sglang'] = None\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300)
+
+
+SGLANG_SIDE = ("sglang_hisparse.plugin", "sglang_hisparse.arg_hook", "sglang_hisparse.sglang_adapter")
+
+
+def test_core_imports_without_sglang():
+    core = [
+        m.name
+        for m in pkgutil.walk_packages(sglang_hisparse.__path__, "sglang_hisparse.")
+        if not m.name.startswith(SGLANG_SIDE) and m.name != "sglang_hisparse.__main__"
+    ]
+    code = "import importlib\n" + "".join(f"importlib.import_module({name!r})\n" for name in core)
+    out = _run_without_sglang(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(core) > 5
+
+
+def test_importing_plugin_has_no_side_effects():
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, sglang_hisparse.plugin; print('sglang' in sys.modules)"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_wheel_ships_cuda_sources(tmp_path):
+    sources = sorted(p.name for p in (REPO / "jit_kernels").glob("*.cuh"))
+    assert sources, "jit_kernels/ has no .cuh sources"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True, capture_output=True, timeout=600, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
+    (wheel,) = tmp_path.glob("sglang_hisparse-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for s in sources:
+        assert f"sglang_hisparse/jit_kernels/{s}" in names
+    entry = [n for n in names if n.endswith("entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry[0]).decode()
+    assert "[sglang.srt.plugins]" in text and "hisparse = sglang_hisparse.plugin:register" in text

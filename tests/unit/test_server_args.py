@@ -1,0 +1,113 @@
+"""Our validation runs through SGLang 0.5.23's own argument pipeline.
+
+Real ``prepare_server_args`` + ``resolve_once`` + ``check_server_args`` with a config-only
+DSA model directory, pretending to be an H200 (see conftest). In-process, the plugin is
+loaded through SGLang's ``load_plugins()``; the in-tree comparison runs in a subprocess
+with ``SGLANG_PLUGINS`` excluding us.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
+
+
+def check(model_dir, *extra: str):
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(
+        ["--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu", "--enable-hisparse", *extra]
+    )
+    args.resolve_once()
+    args.check_server_args()
+    return args
+
+
+OK = ["--disable-radix-cache"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--hisparse-config", '{"device_buffer_size": 8192, "host_to_device_ratio": 4, "swap_in_block_size": 256}'],
+        ["--kv-cache-dtype", "fp8_e4m3", "--dsa-decode-backend", "flashmla_kv", "--dsa-prefill-backend", "flashmla_kv"],
+        ["--kv-cache-dtype", "bfloat16", "--dsa-decode-backend", "flashmla_sparse"],
+        ["--hisparse-config", '{"top_k": 2048, "device_buffer_size": 4096}', "--max-total-tokens", "1024"],
+    ],
+)
+def test_accepts_good_combinations(dsa_model_dir, extra):
+    check(dsa_model_dir, *OK, *extra)
+
+
+BAD = [
+    ([], r"requires the radix cache off.*Add --disable-radix-cache"),
+    (OK + ["--enable-mixed-chunk"], r"does not support --enable-mixed-chunk.*Remove --enable-mixed-chunk"),
+    (OK + ["--speculative-algorithm", "EAGLE"], r"--speculative-algorithm EAGLE is not yet supported by sglang-hisparse"),
+    (OK + ["--kv-cache-dtype", "fp8_e5m2"], r"--kv-cache-dtype fp8_e5m2 is not supported.*Use"),
+    (OK + ["--kv-cache-dtype", "bfloat16", "--dsa-decode-backend", "flashmla_kv"], r"--dsa-decode-backend flashmla_kv cannot read.*\['flashmla_sparse'\]"),
+    (OK + ["--kv-cache-dtype", "fp8_e4m3", "--dsa-prefill-backend", "flashmla_sparse"], r"--dsa-prefill-backend flashmla_sparse cannot read"),
+    (OK + ["--hisparse-config", '{"device_buffer_size": 4096'], r"not valid JSON: .* column 28"),
+    (OK + ["--hisparse-config", '{"buffer_size": 4096}'], r"unknown key\(s\) 'buffer_size'. Valid keys: top_k, device_buffer_size"),
+    (OK + ["--hisparse-config", '{"device_buffer_size": 1024}'], r"'device_buffer_size' = 1024 must be >= top_k = 2048"),
+    (OK + ["--hisparse-config", '{"device_buffer_size": 40000}'], r"exceeds 32767"),
+    (OK + ["--hisparse-config", '{"host_to_device_ratio": 0}'], r"'host_to_device_ratio' = 0 must be >= 1"),
+    (OK + ["--hisparse-config", '{"swap_in_block_size": 960.5}'], r"'swap_in_block_size' = 960.5 must be an integer"),
+    (OK + ["--hisparse-config", '{"swap_in_block_size": 100}'], r"positive multiple of 32"),
+    (OK + ["--hisparse-config", '{"top_k": 1024}'], r"disagrees with the model's index_topk = 2048"),
+    (OK + ["--max-total-tokens", str(10**10)], r"pinned host KV pool needs .* GiB .* but only .* GiB of host memory is available.*Lower 'host_to_device_ratio'"),
+]
+
+
+@pytest.mark.parametrize("extra, match", BAD, ids=[m[:40] for _, m in BAD])
+def test_rejects_bad_inputs(dsa_model_dir, extra, match):
+    with pytest.raises(ValueError, match=match):
+        check(dsa_model_dir, *extra)
+
+
+def test_non_dsa_model_named(llama_model_dir):
+    with pytest.raises(ValueError, match=rf"model {llama_model_dir} \(LlamaForCausalLM\) is not a DSA model"):
+        check(llama_model_dir, *OK)
+
+
+def test_without_enable_hisparse_nothing_changes(dsa_model_dir):
+    from sglang.srt.server_args import prepare_server_args
+
+    # Radix cache on and an invalid config are fine when HiSparse is off: our hook returns.
+    args = prepare_server_args(
+        ["--model-path", str(dsa_model_dir), "--skip-tokenizer-init", "--device", "cpu",
+         "--hisparse-config", '{"nonsense": 1}']
+    )
+    args.resolve_once()
+    args.check_server_args()
+
+
+_IN_TREE = textwrap.dedent(
+    """
+    import sys, torch
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    args = prepare_server_args(["--model-path", sys.argv[1], "--skip-tokenizer-init", "--device", "cpu", "--enable-hisparse"])
+    args.resolve_once()
+    try:
+        args.check_server_args()
+    except BaseException as e:
+        print("RAISED", type(e).__name__, e)
+    """
+)
+
+
+def test_sglang_plugins_excluding_us_gives_in_tree_validation(dsa_model_dir):
+    env = dict(os.environ, SGLANG_PLUGINS="some_other_plugin")
+    out = subprocess.run([sys.executable, "-c", _IN_TREE, str(dsa_model_dir)], env=env, capture_output=True, text=True, timeout=300)
+    # SGLang's in-tree check is an assert with its own wording; ours is a ValueError.
+    assert "RAISED AssertionError Hierarchical sparse attention currently requires --disable-radix-cache" in out.stdout, out.stderr[-2000:]
