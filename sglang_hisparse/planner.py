@@ -122,22 +122,22 @@ class PlanInputs:
         if self.min_gain < 1:
             raise ValueError(f"--min-gain {self.min_gain} must be >= 1 (batch ratio HiSparse/full).")
 
-    def kv_budget(self) -> tuple[float, float, str]:
+    def kv_budget(self) -> tuple[int, float, str]:
         """(KV bytes per GPU, share of HBM, where the share came from)."""
         hbm = self.gpu_hbm_gib * GIB
         if self.kv_budget_gib is not None:
-            return self.kv_budget_gib * GIB, self.kv_budget_gib / self.gpu_hbm_gib, "--kv-budget-gib"
+            return int(self.kv_budget_gib * GIB), self.kv_budget_gib / self.gpu_hbm_gib, "--kv-budget-gib"
         if self.kv_share is not None:
-            return self.kv_share * hbm, self.kv_share, "--kv-share"
+            return int(self.kv_share * hbm), self.kv_share, "--kv-share"
         if self.model.weights_gib is None:
-            return FALLBACK_KV_SHARE * hbm, FALLBACK_KV_SHARE, "fallback (weights unknown)"
+            return int(FALLBACK_KV_SHARE * hbm), FALLBACK_KV_SHARE, "fallback (weights unknown)"
         per_gpu = self.model.weights_gib / self.tp
         share = MEM_FRACTION_STATIC - per_gpu / self.gpu_hbm_gib
         if share <= 0.01:
             raise ValueError(
                 f"--tp {self.tp}: {self.model.name} weights (~{per_gpu:.0f} GiB per GPU) leave no KV room "
                 f"in {MEM_FRACTION_STATIC:.2f} x {self.gpu_hbm_gib:g} GiB. Raise --tp or pass --kv-share.")
-        return share * hbm, share, f"{MEM_FRACTION_STATIC} static - weights {per_gpu:.1f} GiB/GPU"
+        return int(share * hbm), share, f"{MEM_FRACTION_STATIC} static - weights {per_gpu:.1f} GiB/GPU"
 
 
 # ----------------------------------------------------------------------------- results
@@ -175,7 +175,7 @@ class ContextPlan:
 @dataclass(frozen=True)
 class Plan:
     inputs: PlanInputs
-    kv_budget_bytes: float
+    kv_budget_bytes: int
     kv_share: float
     kv_share_source: str
     contexts: tuple[ContextPlan, ...]
@@ -223,7 +223,8 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
         on, why = False, (f"HiSparse admits only {gain:.2f}x the full-KV batch "
                           f"({node_full} -> {node_hs}; below --min-gain {inputs.min_gain:g})")
     else:
-        on, why = True, f"batch {node_full} -> {node_hs} per node ({gain:.1f}x); {io_note}"
+        growth = f"{gain:.1f}x" if node_full else "full KV does not fit one request"
+        on, why = True, f"batch {node_full} -> {node_hs} per node ({growth}); {io_note}"
         if b_hs == b_host < b_hbm:
             why += f"; host DRAM caps the batch (HBM alone allows {b_hbm * ranks_serving})"
         if io_ms > step:
@@ -271,7 +272,7 @@ def plan(inputs: PlanInputs) -> Plan:
     below = f"not worth it below ~{even} tokens of context" if even else "never worth it for this model"
     if on:
         best = max(on, key=lambda r: r.context)
-        text = f"turn it on for {best.context} tokens: {best.reason}; {below}"
+        text = f"turn it on at {best.context} tokens of context: {best.reason}; {below}"
     else:
         text = f"leave it off: {rows[-1].reason}; {below}"
     return Plan(inputs=inputs, kv_budget_bytes=budget, kv_share=share, kv_share_source=source,
