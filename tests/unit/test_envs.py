@@ -41,3 +41,10 @@ def test_table_lists_every_variable():
     table = envs.markdown_table()
     for name in envs.registry():
         assert f"`{name}`" in table
+
+
+def test_docs_table_is_current():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    assert envs.markdown_table() in doc, "regenerate the table in docs/configuration.md from envs.markdown_table()"
