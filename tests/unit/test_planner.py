@@ -1,0 +1,278 @@
+"""The capacity planner: byte formulas, published figures, index sharing, batches, CLI contract.
+
+Pure arithmetic: no torch, no sglang, no GPU. Every expected number is written out by hand
+from the formulas in sglang_hisparse/planner.py so a change in the arithmetic shows here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+
+import pytest
+
+from sglang_hisparse import planner
+from sglang_hisparse.cli import plan as plan_cli
+from sglang_hisparse.presets import (
+    anchor_layers,
+    index_row_bytes,
+    kv_row_bytes,
+    load_preset,
+    model_from_config,
+    preset_names,
+)
+
+K128 = 128 * 1024
+
+
+def _parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="test")
+    plan_cli.add_parser(root.add_subparsers(dest="command"))
+    return root
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    args = _parser().parse_args(["plan", *argv])
+    code = plan_cli.run(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _plan(model: str = "GLM-5.1", **kw) -> planner.Plan:
+    return planner.plan(planner.PlanInputs(model=load_preset(model), **kw))
+
+
+# ------------------------------------------------------------------------ row bytes
+def test_row_bytes_match_the_dsa_layouts():
+    assert kv_row_bytes(512, 64, "bf16") == 1152  # 576 bf16 values
+    assert kv_row_bytes(512, 64, "fp8") == 512 + 4 * 4 + 64 * 2 == 656  # e4m3 latent, fp32 scales, bf16 rope
+    assert index_row_bytes(128) == 128 + 4  # fp8 key + one fp32 scale
+    with pytest.raises(ValueError, match="kv_lora_rank = 500.*--kv-dtype bf16"):
+        kv_row_bytes(500, 64, "fp8")
+
+
+def test_presets_load_and_name_their_shapes():
+    assert preset_names() == ["DeepSeek-V3.2", "GLM-5.1", "GLM-5.2"]
+    glm = load_preset("glm-5.1")  # case-insensitive
+    assert (glm.layers, glm.index_topk, len(glm.anchors)) == (78, 2048, 78)
+    assert load_preset("DeepSeek-V3.2").layers == 61
+
+
+# ------------------------------------------------------------------------ published figures
+def test_published_glm51_figures():
+    """13.09 GB per request at 128K, ~0.4 GB with B = 4096 (docs/planner.md derives both).
+
+    The published arithmetic is 78 layers x (1152 B bf16 KV row + 128 B fp8 index key) x n;
+    it leaves out the index key's 4-byte fp32 scale, which the planner counts (132 B), so the
+    planner's figure is 0.3 % higher.
+    """
+    published = planner.published_kv_bytes(78, 1152 + 128, K128)
+    assert published == 13_086_228_480
+    assert round(published / 1e9, 2) == 13.09
+    assert round(planner.published_kv_bytes(78, 1152 + 128, 4096) / 1e9, 1) == 0.4
+
+    row = _plan(kv_budget_gib=40).contexts[0]
+    assert row.full_bytes_per_request == 78 * (1152 + 132) * K128
+    assert row.full_bytes_per_request / published == pytest.approx(1.0031, abs=1e-4)
+    # The hot buffers alone (B + 1 slots: the newest token has its own) are the ~0.4 GB...
+    assert row.hisparse_kv_bytes_per_request == 78 * 1152 * 4097
+    assert round(row.hisparse_kv_bytes_per_request / 1e9, 1) == 0.4
+    # ...and the index-K cache, which the indexer scans every step, stays on the GPU in full.
+    assert row.hisparse_index_bytes_per_request == 78 * 132 * K128
+
+
+# ------------------------------------------------------------------------ index sharing
+def test_glm52_index_sharing_has_21_anchors():
+    # default rule: a layer runs its indexer iff max(layer - 1, 0) % freq == 0
+    expected = (0, 1, *range(5, 78, 4))
+    assert anchor_layers({"index_topk_freq": 4}, 78) == expected
+    assert len(expected) == 21
+    assert load_preset("GLM-5.2").anchors == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "layers", "anchors"),
+    [
+        ({}, 4, (0, 1, 2, 3)),
+        ({"index_topk_freq": 2, "index_skip_topk_offset": 1}, 6, (0, 2, 4)),
+        ({"index_topk_pattern": "FSSF"}, 5, (0, 3, 4)),  # past the pattern: own indexer
+        ({"indexer_types": ["full", "shared", "full"], "index_topk_freq": 4}, 3, (0, 2)),  # types win
+        ({"cli_factor": 3, "index_topk_pattern": "FFFFFF"}, 6, (0, 3)),  # cli_factor beats pattern
+    ],
+)
+def test_anchor_precedence(config, layers, anchors):
+    assert anchor_layers(config, layers) == anchors
+
+
+def test_shared_layers_keep_kv_but_index_depends_on_the_engine():
+    n = 32 * 1024
+    glm52 = _plan("GLM-5.2", contexts=(n,), kv_budget_gib=40)
+    row = glm52.contexts[0]
+    # Full KV (SGLang elides shared layers' index-K without HiSparse): 78 KV + 21 index layers.
+    assert row.full_bytes_per_request == 78 * 1152 * n + 21 * 132 * n
+    # HiSparse on SGLang 0.5.23 keeps index-K on all 78 layers; every layer has its own hot buffer.
+    assert row.hisparse_index_bytes_per_request == 78 * 132 * n
+    assert row.hisparse_kv_bytes_per_request == 78 * 1152 * 4097
+    elided = _plan("GLM-5.2", contexts=(n,), kv_budget_gib=40, hisparse_index_layers="anchors").contexts[0]
+    assert elided.hisparse_index_bytes_per_request == 21 * 132 * n
+    # Shared layers still move their own misses: the link bytes count all 78 layers,
+    # but only the 21 anchors sit on the critical path when prefetch replays the rest.
+    assert row.h2d_bytes_per_token == pytest.approx(78 * 2048 * 0.134 * 1152)
+    assert row.io_exposed_ms_per_step == pytest.approx(row.io_ms_per_step * 21 / 78)
+
+
+# ------------------------------------------------------------------------ batches and IO
+def test_batches_host_and_link_by_hand():
+    # 40 GiB per GPU, GLM-5.1 bf16 at 128K, B = 4096, DP attention over 8 ranks.
+    row = _plan(kv_budget_gib=40).contexts[0]
+    budget = 40 * 2**30
+    full = 78 * 1284 * K128
+    hs = 78 * 1152 * 4097 + 78 * 132 * K128
+    host = 78 * 1152 * K128
+    assert row.batch_full == budget // full == 3
+    assert row.batch_hisparse_hbm == budget // hs == 25
+    assert row.batch_hisparse_host == (2048 * 2**30 // 8) // host == 23
+    assert (row.batch_hisparse, row.limited_by) == (23, "host")
+    assert (row.node_batch_full, row.node_batch_hisparse) == (24, 184)
+    assert row.host_dram_node_bytes == 8 * 23 * host
+    per_token = 78 * 2048 * 0.134 * 1152
+    assert row.io_ms_per_step == pytest.approx(23 * per_token / 50e9 * 1e3)
+    assert row.batch_io_fits == int(0.050 * 50e9 // per_token)
+    assert row.turn_on and row.gain == pytest.approx(184 / 24)
+
+
+def test_without_dp_attention_every_rank_holds_every_request():
+    row = _plan(kv_budget_gib=40, dp_attention=False).contexts[0]
+    assert (row.node_batch_full, row.node_batch_hisparse) == (3, 23)
+    # each of the 8 ranks pins its own copy of the 23 requests
+    assert row.host_dram_node_bytes == 8 * 23 * 78 * 1152 * K128
+
+
+def test_short_context_needs_no_io_and_is_not_recommended():
+    row = _plan(contexts=(4096,), kv_budget_gib=40).contexts[0]
+    assert row.h2d_bytes_per_token == 0 and row.io_ms_per_step == 0 and row.batch_io_fits is None
+    assert not row.turn_on and "<= B = 4096" in row.reason
+
+
+def test_io_over_the_step_target_is_reported():
+    row = _plan(contexts=(32 * 1024,), kv_budget_gib=40, link_gbps=5).contexts[0]
+    assert not row.io_fits
+    assert "link-bound" in row.reason and f"<= {row.batch_io_fits * 8}" in row.reason
+
+
+def test_break_even_context_is_where_the_footprint_ratio_crosses_min_gain():
+    inputs = planner.PlanInputs(model=load_preset("GLM-5.1"), kv_budget_gib=40)
+    n = planner.break_even_context(inputs)
+    a, c, d = 78 * 1284, 78 * 1152 * 4097, 78 * 132
+
+    def ratio(x: int) -> float:
+        return a * x / (c + d * x)
+
+    assert ratio(n) >= 1.5 > ratio(n - 1)
+    # a model whose index cache alone is over 1/min_gain of the full footprint never pays off
+    assert planner.break_even_context(
+        planner.PlanInputs(model=load_preset("GLM-5.1"), kv_budget_gib=40, min_gain=20)) is None
+
+
+def test_default_kv_share_comes_from_the_weights():
+    p = _plan()
+    assert p.kv_share == pytest.approx(0.85 - 700 / 8 / 140)
+    assert p.kv_budget_bytes == int(p.kv_share * 140 * 2**30)
+    with pytest.raises(ValueError, match="--tp 1: .*leave no KV room.*Raise --tp or pass --kv-share"):
+        _plan(tp=1)
+
+
+# ------------------------------------------------------------------------ model config
+def test_model_config_matches_the_preset(tmp_path):
+    config = {"num_hidden_layers": 78, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+              "index_head_dim": 128, "index_topk": 2048, "index_topk_freq": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = _parser().parse_args(["plan", "--model-config", str(tmp_path), "--kv-budget-gib", "40"])
+    inputs = plan_cli.inputs_from_args(args)
+    preset = load_preset("GLM-5.2")
+    assert inputs.model.anchors == preset.anchors and inputs.model.layers == 78
+    assert planner.plan(inputs).contexts == _plan("GLM-5.2", kv_budget_gib=40).contexts
+
+
+def test_model_config_without_dsa_keys_is_rejected():
+    with pytest.raises(ValueError, match="missing index_head_dim, index_topk.*DSA model"):
+        model_from_config({"num_hidden_layers": 2, "kv_lora_rank": 512, "qk_rope_head_dim": 64}, name="llama")
+
+
+# ------------------------------------------------------------------------ CLI contract
+def test_no_arguments_plans_glm51_on_8xh200_at_128k(capsys):
+    code, out, _ = _run(capsys)
+    assert code == 0
+    assert "GLM-5.1, bf16 KV, 8 x 140 GiB GPUs" in out
+    assert "128K" in out and "13.13 GB" in out
+    assert "Recommendation: turn it on" in out
+    assert '"device_buffer_size": 4096' in out and '"host_to_device_ratio": 32' in out
+    table = out.split("\n\n")[1].splitlines()
+    assert len({len(line) for line in table}) == 1  # aligned: every table line equally wide
+
+
+def test_json_output(capsys):
+    code, out, _ = _run(capsys, "--model", "DeepSeek-V3.2", "--context", "32K,64K", "--context", "131072", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [r["context"] for r in data["contexts"]] == [32768, 65536, 131072]
+    assert data["derived"]["kv_row_bytes"] == 1152 and data["inputs"]["model"]["layers"] == 61
+    assert all(r["gain"] is None or math.isfinite(r["gain"]) for r in data["contexts"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "pattern"),
+    [
+        (["--buffer", "1024"], r"--buffer 1024 must be >= the model's top-k 2048.*--buffer 4096"),
+        (["--model", "llama-3"], r"--model 'llama-3' is not a preset\. Valid presets: DeepSeek-V3\.2, GLM-5\.1, GLM-5\.2"),
+        (["--context", "0"], r"--context 0 must be > 0 tokens"),
+        (["--kv-share", "1.5"], r"--kv-share 1\.5 must be in \(0, 1\]"),
+        (["--miss-rate", "13.4"], r"--miss-rate 13\.4 must be in \[0, 1\]"),
+        (["--tp", "0"], r"--tp 0 must be >= 1"),
+        (["--link-gbps", "0"], r"--link-gbps 0\.0 must be > 0"),
+        (["--model-config", "/nonexistent/config.json"], r"--model-config /nonexistent/config.json: cannot read"),
+    ],
+)
+def test_bad_inputs_exit_2_naming_the_flag(capsys, argv, pattern):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ")
+    assert re.search(pattern, err), err
+
+
+def test_argparse_level_errors_exit_2(capsys):
+    for argv in (["--context", "lots"], ["--kv-share", "0.3", "--kv-budget-gib", "30"]):
+        with pytest.raises(SystemExit) as e:
+            _parser().parse_args(["plan", *argv])
+        assert e.value.code == 2
+    assert "is not a token count" in capsys.readouterr().err
+
+
+def test_parse_tokens():
+    assert plan_cli.parse_tokens("128K") == [131072]
+    assert plan_cli.parse_tokens("32k, 64k,1M") == [32768, 65536, 1048576]
+    assert plan_cli.parse_tokens("4096") == [4096]
+
+
+def test_help_explains_units_and_defaults():
+    text = " ".join(_parser()._subparsers._group_actions[0].choices["plan"].format_help().split())
+    for needle in ("GiB", "GB/s", "default 2*top-k = 4096", "0.134", "K = 1024", "(default 50.0)"):
+        assert needle in text, needle
+
+
+def test_trace_without_simulator_or_plot_without_matplotlib_is_explained(capsys, tmp_path):
+    try:
+        import sglang_hisparse.traces.simulator  # noqa: F401
+    except ImportError:
+        code, _, err = _run(capsys, "--trace", str(tmp_path / "t.npz"))
+        assert code == 2 and "--trace" in err and "--miss-rate" in err
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        code, _, err = _run(capsys, "--plot", str(tmp_path / "p.png"))
+        assert code == 2 and "pip install" in err and "matplotlib" in err
+    else:
+        code, _, _ = _run(capsys, "--plot", str(tmp_path / "p.png"))
+        assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
