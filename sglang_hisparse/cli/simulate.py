@@ -1,0 +1,139 @@
+"""``python -m sglang_hisparse simulate``: replay a selection trace through replacement policies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..traces.policies import POLICIES
+
+DESCRIPTION = """\
+Replay a selection trace (docs/traces.md) through a hot-buffer replacement policy and
+report, per layer and overall, the miss rate and host->device bytes per decoded token for
+each buffer size B. The hot-buffer rules are the kernel's (docs/architecture.md), so `lru`
+reproduces the resolve kernel's misses exactly."""
+
+EPILOG = f"""\
+policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
+  lru        the kernel: hits ranked ahead of fresh misses
+  lru-plain  hits and misses renewed in top-k order
+  fifo / random (seeded) / topk-only (only the last selection stays)
+  belady     offline optimum on the same trace (a lower bound)
+  lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
+  lru-2      ours: evict by second-to-last selection
+example:
+  python -m sglang_hisparse simulate --trace tests/data/smollm2_hamlet.npz --policy all \\
+      --buffer 256 --buffer 512 --buffer 1024 --json sim.json --plot sim.png"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay a selection trace: miss rate and bytes/token per policy and buffer size",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--trace", required=True, help="trace file (.npz) or trace directory")
+    p.add_argument("--policy", action="append", required=True, help="policy name (repeatable, or 'all')")
+    p.add_argument("--buffer", type=int, action="append", required=True, help="hot slots B (repeatable)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the first K recorded positions per step")
+    p.add_argument(
+        "--item-bytes", type=int, action="append", default=None, help="bytes per KV row (default 656 and 1152)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policy (default 0)")
+    p.add_argument("--json", default=None, help="write all figures to this JSON file")
+    p.add_argument("--plot", default=None, help="write a miss-rate-vs-B plot (needs matplotlib)")
+    return p
+
+
+def _policies(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        out += sorted(POLICIES) if n == "all" else [n]
+    return list(dict.fromkeys(out))
+
+
+def _plot(results: dict, path: str, title: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'sglang-hisparse[plot]'); no plot written"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for pol, per_b in results.items():
+        bs = sorted(per_b, key=int)
+        ax.plot([int(b) for b in bs], [per_b[b]["overall"]["long_miss_rate"] for b in bs], marker="o", label=pol)
+    ax.set_xlabel("hot buffer slots B")
+    ax.set_ylabel("miss rate (steps with seq_len > B)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:6.2f}%" if pct else f"{x:10.1f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..traces.format import load_trace
+    from ..traces.simulator import DEFAULT_ITEM_BYTES, simulate
+
+    items = args.item_bytes or list(DEFAULT_ITEM_BYTES)
+    bad = [i for i in items if i <= 0 or i % 16]
+    try:
+        if bad:
+            raise ValueError(f"--item-bytes {bad}: KV row sizes are positive multiples of 16 (e.g. 656, 1152)")
+        trace = load_trace(args.trace)
+        results = {
+            pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items)
+            for pol in _policies(args.policy)
+        }
+    except ValueError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    print(f"{'policy':<12}{'B':>7}{'miss rate':>11}{'long miss':>11}  bytes/token " + " ".join(f"@{i}" for i in items))
+    for pol, per_b in results.items():
+        for b, s in per_b.items():
+            o = s["overall"]
+            bpt = " ".join(_fmt(o["bytes_per_token"][str(i)], pct=False) for i in items)
+            print(f"{pol:<12}{b:>7}{_fmt(o['miss_rate']):>11}{_fmt(o['long_miss_rate']):>11}  {bpt}")
+    if args.json:
+        doc = {
+            "trace": args.trace,
+            "header": trace.header,
+            "top_k": args.top_k,
+            "item_bytes": items,
+            "seed": args.seed,
+            "results": results,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.plot:
+        why = _plot(results, args.plot, f"{args.trace} (top-k {args.top_k or trace.header.get('top_k')})")
+        if why:
+            print(f"simulate: {why}", file=sys.stderr)
+        else:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="simulate")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    return run(parser.parse_args(["simulate", *(argv if argv is not None else sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""Selection-trace format: which logical positions each decode step selected, per layer.
+
+A trace is a set of *rows*. One row is one (stream, layer, decode step): the sequence length
+``seq_len`` at that step (newest token included, so valid positions are ``[0, seq_len)``)
+and the selected positions in the order they were produced (score order when the header
+says ``sorted_by_score``; then ``--top-k K`` may keep the first K). ``-1`` padding is dropped
+on write. A *stream* is one request's life; its rows for one layer, ordered by ``seq_len``,
+are what the simulator replays. The arrays are CSR-flattened::
+
+    stream    int64 [S]     request / stream id (unique per request life)
+    layer     int32 [S]     layer id
+    seq_len   int32 [S]     sequence length at the step (strictly increasing per stream+layer)
+    offsets   int64 [S + 1] row r selected positions[offsets[r]:offsets[r + 1]]
+    positions int32 [N]     selected logical positions (stored as uint16 when all < 65536)
+
+Two containers, same arrays (numpy ``.npz``, no pickle):
+  * ``name.npz``  one file; the JSON header is the 0-d string array ``header``.
+  * ``name/``     a directory: ``header.json`` plus ``part-00000.npz``, ``part-00001.npz``, ...
+                  each holding a slice of the rows (what a streaming writer produces).
+
+Header keys: ``format`` (= "sglang-hisparse-trace"), ``version`` (= 1), ``top_k`` (widest
+selection recorded), ``sorted_by_score`` (bool), ``source`` (free-form dict: model, text,
+recorder settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FORMAT_NAME = "sglang-hisparse-trace"
+FORMAT_VERSION = 1
+_ARRAYS = ("stream", "layer", "seq_len", "offsets", "positions")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One (stream, layer) replay unit: ``T`` steps in increasing ``seq_len`` order.
+
+    ``seq_lens`` int32 [T]; ``offsets`` int64 [T + 1] (starts at 0); ``positions`` int32 [N].
+    """
+
+    stream: int
+    layer: int
+    seq_lens: np.ndarray
+    offsets: np.ndarray
+    positions: np.ndarray
+
+    def selection(self, t: int) -> np.ndarray:
+        """Selected positions of step ``t`` (int32, trace order)."""
+        return self.positions[self.offsets[t] : self.offsets[t + 1]]
+
+    def __len__(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+@dataclass
+class Trace:
+    """A loaded trace: the header dict plus the flattened row arrays (see module docstring)."""
+
+    header: dict[str, Any]
+    stream: np.ndarray
+    layer: np.ndarray
+    seq_len: np.ndarray
+    offsets: np.ndarray
+    positions: np.ndarray
+    _order: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.stream.shape[0])
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(int(x) for x in np.unique(self.layer))
+
+    def streams(self) -> Iterator[Stream]:
+        """Each (stream, layer) in (stream, layer) order, its steps sorted by ``seq_len``."""
+        if self._order is None:
+            self._order = np.lexsort((self.seq_len, self.layer, self.stream))
+        order = self._order
+        if order.size == 0:
+            return
+        key_s, key_l = self.stream[order], self.layer[order]
+        cut = np.flatnonzero((key_s[1:] != key_s[:-1]) | (key_l[1:] != key_l[:-1])) + 1
+        bounds = np.concatenate(([0], cut, [order.size]))
+        lens = self.offsets[1:] - self.offsets[:-1]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            rows = order[a:b]
+            n = lens[rows]
+            offs = np.zeros(rows.size + 1, dtype=np.int64)
+            np.cumsum(n, out=offs[1:])
+            if rows.size and np.all(rows[1:] == rows[:-1] + 1):
+                # Rows already contiguous (the usual case): one slice, no gather.
+                pos = self.positions[self.offsets[rows[0]] : self.offsets[rows[-1] + 1]]
+            else:
+                pos = np.concatenate([self.positions[self.offsets[r] : self.offsets[r + 1]] for r in rows])
+            yield Stream(int(key_s[a]), int(key_l[a]), self.seq_len[rows], offs, pos)
+
+    def validate(self) -> None:
+        """Check the invariants; raise ``ValueError`` naming the first broken rule."""
+        s = self.num_rows
+        for name, arr in (("layer", self.layer), ("seq_len", self.seq_len)):
+            if arr.shape != (s,):
+                raise ValueError(f"trace array {name!r} has shape {arr.shape}, expected ({s},) like 'stream'")
+        if self.offsets.shape != (s + 1,) or self.offsets[0] != 0 or self.offsets[-1] != self.positions.size:
+            raise ValueError(
+                f"trace 'offsets' must have {s + 1} entries from 0 to len(positions)={self.positions.size}; "
+                "the file is truncated or was not written by TraceWriter"
+            )
+        if np.any(np.diff(self.offsets) < 0):
+            raise ValueError("trace 'offsets' must be non-decreasing; the file is corrupt")
+        if self.positions.size:
+            row_len = np.repeat(self.seq_len.astype(np.int64), np.diff(self.offsets))
+            bad = np.flatnonzero((self.positions < 0) | (self.positions >= row_len))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"trace position {int(self.positions[i])} (entry {i}) is outside [0, seq_len={int(row_len[i])}); "
+                    "every selected position must be an existing token of its step"
+                )
+        for st in self.streams():
+            if np.any(np.diff(st.seq_lens) <= 0):
+                raise ValueError(
+                    f"stream {st.stream} layer {st.layer} repeats a seq_len; steps of one stream and layer "
+                    "must have strictly increasing seq_len (give each request life its own stream id)"
+                )
+
+    def truncated(self, k: int) -> Trace:
+        """A copy keeping the first ``k`` selected positions of every row (``--top-k``)."""
+        if k <= 0:
+            raise ValueError(f"top_k={k} must be positive; pass --top-k K with K >= 1 or omit it")
+        lens = np.minimum(np.diff(self.offsets), k)
+        offs = np.zeros_like(self.offsets)
+        np.cumsum(lens, out=offs[1:])
+        keep = np.arange(self.positions.size) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
+        pos = self.positions[keep < np.repeat(lens, np.diff(self.offsets))]
+        header = dict(self.header, top_k=min(int(self.header.get("top_k", k)), k))
+        return Trace(header, self.stream, self.layer, self.seq_len, offs, pos)
+
+
+def make_header(*, top_k: int, sorted_by_score: bool, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "top_k": int(top_k),
+        "sorted_by_score": bool(sorted_by_score),
+        "source": dict(source or {}),
+    }
+
+
+def _check_header(header: dict[str, Any], where: str) -> dict[str, Any]:
+    if header.get("format") != FORMAT_NAME:
+        raise ValueError(f"{where}: header 'format' is {header.get('format')!r}, expected {FORMAT_NAME!r}")
+    if header.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{where}: trace version {header.get('version')!r} is not supported (this reader: {FORMAT_VERSION}); "
+            "re-record the trace or use the matching sglang-hisparse version"
+        )
+    return header
+
+
+class TraceWriter:
+    """Append rows, then ``close()``. ``path`` ending in ``.npz`` → one file (rows kept in
+    memory until close); any other path → a directory written in parts of ``part_rows`` rows,
+    so a long recording never holds more than one part in memory."""
+
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, part_rows: int = 4096):
+        self.path = os.fspath(path)
+        self.header = _check_header(dict(header), "TraceWriter")
+        self.single = self.path.endswith(".npz")
+        self.part_rows = part_rows
+        self._rows: list[tuple[int, int, int, np.ndarray]] = []
+        self._parts = 0
+        self._top_k = int(header.get("top_k", 0))
+        self._closed = False
+        if not self.single:
+            os.makedirs(self.path, exist_ok=True)
+
+    def add(self, stream: int, layer: int, seq_len: int, positions: np.ndarray | list[int]) -> None:
+        """Record one row; ``positions`` may carry ``-1`` padding (dropped)."""
+        pos = np.asarray(positions, dtype=np.int32).reshape(-1)
+        pos = pos[pos >= 0]
+        self._top_k = max(self._top_k, int(pos.size))
+        self._rows.append((int(stream), int(layer), int(seq_len), pos))
+        if not self.single and len(self._rows) >= self.part_rows:
+            self._flush_part()
+
+    def add_batch(self, streams, layer: int, seq_lens, top_k: np.ndarray) -> None:
+        """Record one layer of one step for a batch: ``top_k`` int [bs, k] with -1 padding."""
+        top_k = np.asarray(top_k)
+        for b in range(top_k.shape[0]):
+            self.add(int(streams[b]), layer, int(seq_lens[b]), top_k[b])
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        rows = self._rows
+        lens = np.array([r[3].size for r in rows], dtype=np.int64)
+        offs = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offs[1:])
+        return {
+            "stream": np.array([r[0] for r in rows], dtype=np.int64),
+            "layer": np.array([r[1] for r in rows], dtype=np.int32),
+            "seq_len": np.array([r[2] for r in rows], dtype=np.int32),
+            "offsets": offs,
+            "positions": _compact(np.concatenate([r[3] for r in rows]) if rows else np.zeros(0, np.int32)),
+        }
+
+    def _flush_part(self) -> None:
+        if not self._rows:
+            return
+        name = os.path.join(self.path, f"part-{self._parts:05d}.npz")
+        np.savez_compressed(name, **self._arrays())
+        self._parts += 1
+        self._rows = []
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.header["top_k"] = self._top_k
+        if self.single:
+            np.savez_compressed(self.path, header=np.array(json.dumps(self.header)), **self._arrays())
+            return
+        self._flush_part()
+        tmp = os.path.join(self.path, "header.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.header, f, indent=1)
+        os.replace(tmp, os.path.join(self.path, "header.json"))
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _compact(positions: np.ndarray) -> np.ndarray:
+    # Positions below 65536 are stored as uint16: half the bytes, and the loader widens back.
+    if positions.size and int(positions.max()) < 65536:
+        return positions.astype(np.uint16)
+    return positions
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        missing = [a for a in _ARRAYS if a not in z.files]
+        if missing:
+            raise ValueError(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
+        out = {a: z[a] for a in _ARRAYS}
+        if "header" in z.files:
+            out["header"] = z["header"]
+        return out
+
+
+def load_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
+    """Load a ``.npz`` trace file or a trace directory (parts are concatenated)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        hdr_path = os.path.join(path, "header.json")
+        if not os.path.exists(hdr_path):
+            raise ValueError(
+                f"trace directory {path!r} has no header.json; the recording was not closed "
+                "(the recorder writes it on close/flush) or this is not a trace directory"
+            )
+        with open(hdr_path) as f:
+            header = _check_header(json.load(f), path)
+        names = sorted(n for n in os.listdir(path) if n.startswith("part-") and n.endswith(".npz"))
+        parts = [_load_npz(os.path.join(path, n)) for n in names]
+    elif os.path.isfile(path):
+        part = _load_npz(path)
+        if "header" not in part:
+            raise ValueError(f"trace file {path!r} has no 'header' array; write it with TraceWriter")
+        header = _check_header(json.loads(str(part["header"])), path)
+        parts = [part]
+    else:
+        raise ValueError(f"trace path {path!r} does not exist; pass a .npz trace file or a trace directory")
+    if not parts:
+        empty = {a: np.zeros(0, np.int64 if a in ("stream", "offsets") else np.int32) for a in _ARRAYS}
+        empty["offsets"] = np.zeros(1, np.int64)
+        parts = [empty]
+    offsets, base = [np.zeros(1, np.int64)], 0
+    for p in parts:
+        offsets.append(p["offsets"][1:] + base)
+        base += int(p["offsets"][-1])
+    trace = Trace(
+        header=header,
+        stream=np.concatenate([p["stream"] for p in parts]).astype(np.int64, copy=False),
+        layer=np.concatenate([p["layer"] for p in parts]).astype(np.int32, copy=False),
+        seq_len=np.concatenate([p["seq_len"] for p in parts]).astype(np.int32, copy=False),
+        offsets=np.concatenate(offsets),
+        positions=np.concatenate([p["positions"] for p in parts]).astype(np.int32, copy=False),
+    )
+    if validate:
+        trace.validate()
+    return trace

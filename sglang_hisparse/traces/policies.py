@@ -1,0 +1,240 @@
+"""Replacement policies for one request-layer hot buffer of ``B`` slots (the simulator's unit).
+
+Every policy sees the same protocol (docs/architecture.md, hot-buffer rules), driven by
+``simulator.simulate_stream``: at the first step with ``seq_len > B`` the slots hold tokens
+``0..B-1`` (slot ``s`` = token ``s``, LRU order ``s0..s(B-1)``); then, per step, ``step(t, sel)``
+gets the step's unique selected positions in top-k order *without* the newest token (it
+lives in the reserved slot and always hits) and returns the number of misses. Hits stay;
+misses must land in slots whose token is not selected this step ("evictable"); which
+evictable slots, and how the order/state changes, is the policy.
+
+Orders are kept as integer stamps (``key``; smaller = older) instead of explicit lists: the
+kernel's "remaining evictables | fresh misses | hits" becomes "misses get the next stamps in
+top-k order, then hits get the following stamps in their old relative order".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Policy:
+    """Shared bookkeeping: ``tok`` [B] token per slot (-1 empty), ``where`` token → slot."""
+
+    name = "base"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def reset(self, B: int, max_pos: int, sels: list[np.ndarray]) -> None:
+        """Start a stream: ``sels`` are all upcoming ``step`` arguments (for offline policies)."""
+        self.B = B
+        self.tok = np.arange(B, dtype=np.int64)
+        self.where = np.full(max(max_pos, B), -1, dtype=np.int64)
+        self.where[:B] = np.arange(B)
+        self.key = np.arange(B, dtype=np.int64)
+        self.clock = B
+
+    def step(self, t: int, sel: np.ndarray) -> int:
+        slots = self.where[sel]
+        hit = slots >= 0
+        hit_slots = slots[hit]
+        miss_tok = sel[~hit]
+        m = int(miss_tok.size)
+        victims = np.zeros(0, dtype=np.int64)
+        if m:
+            evictable = np.ones(self.B, dtype=bool)
+            evictable[hit_slots] = False
+            cand = np.flatnonzero(evictable)
+            if cand.size < m:
+                raise ValueError(
+                    f"step selects {sel.size} distinct positions besides the newest, more than the "
+                    f"buffer's {self.B} slots; use --buffer >= top-k (or --top-k <= buffer)"
+                )
+            victims = self.victims(t, cand, m, miss_tok)
+            old = self.tok[victims]
+            self.where[old[old >= 0]] = -1
+            self.tok[victims] = miss_tok
+            self.where[miss_tok] = victims
+        self.update(t, sel, hit_slots, victims)
+        return m
+
+    def _oldest(self, cand: np.ndarray, m: int, key: np.ndarray) -> np.ndarray:
+        """The ``m`` candidates with the smallest ``key``, smallest first."""
+        k = key[cand]
+        if m < cand.size:
+            part = np.argpartition(k, m - 1)[:m]
+            return cand[part[np.argsort(k[part], kind="stable")]]
+        return cand[np.argsort(k, kind="stable")]
+
+    def victims(self, t: int, cand: np.ndarray, m: int, miss_tok: np.ndarray) -> np.ndarray:
+        return self._oldest(cand, m, self.key)
+
+    def update(self, t: int, sel: np.ndarray, hit_slots: np.ndarray, victims: np.ndarray) -> None:
+        pass
+
+    def _stamp_kernel_order(self, hit_slots: np.ndarray, victims: np.ndarray) -> None:
+        # misses (top-k order) then hits (old relative order) become the newest entries.
+        m = victims.size
+        self.key[victims] = self.clock + np.arange(m)
+        if hit_slots.size:
+            hs = hit_slots[np.argsort(self.key[hit_slots], kind="stable")]
+            self.key[hs] = self.clock + m + np.arange(hs.size)
+        self.clock += m + hit_slots.size
+
+
+class LRU(Policy):
+    """The kernel's order: remaining evictables | fresh misses (top-k order) | hits (old order)."""
+
+    name = "lru"
+
+    def update(self, t, sel, hit_slots, victims):
+        self._stamp_kernel_order(hit_slots, victims)
+
+
+class LRUPlain(Policy):
+    """Textbook LRU over the step's accesses: hits and misses renewed together in top-k order."""
+
+    name = "lru-plain"
+
+    def update(self, t, sel, hit_slots, victims):
+        slots = self.where[sel]
+        self.key[slots] = self.clock + np.arange(slots.size)
+        self.clock += slots.size
+
+
+class FIFO(Policy):
+    """Evict the longest-resident evictable slot; hits do not refresh."""
+
+    name = "fifo"
+
+    def update(self, t, sel, hit_slots, victims):
+        self.key[victims] = self.clock + np.arange(victims.size)
+        self.clock += victims.size
+
+
+class Random(Policy):
+    """Evict uniformly random evictable slots (seeded per stream: reproducible)."""
+
+    name = "random"
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        self.rng = np.random.default_rng(self.seed)
+
+    def victims(self, t, cand, m, miss_tok):
+        return self.rng.choice(cand, size=m, replace=False)
+
+
+class TopKOnly(Policy):
+    """Only the current selection survives a step (a buffer of exactly the last top-k)."""
+
+    name = "topk-only"
+
+    def update(self, t, sel, hit_slots, victims):
+        keep = np.zeros(self.B, dtype=bool)
+        keep[self.where[sel]] = True
+        drop = np.flatnonzero(~keep & (self.tok >= 0))
+        self.where[self.tok[drop]] = -1
+        self.tok[drop] = -1
+
+
+class Belady(Policy):
+    """Offline optimum: evict the evictable token whose next selection is furthest away."""
+
+    name = "belady"
+    NEVER = np.iinfo(np.int64).max
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        # Backward pass: next_use[t][i] = next step after t selecting sels[t][i].
+        last = np.full(max(max_pos, B), self.NEVER, dtype=np.int64)
+        self.next_use: list[np.ndarray] = [np.zeros(0, np.int64)] * len(sels)
+        for t in range(len(sels) - 1, -1, -1):
+            self.next_use[t] = last[sels[t]]
+            last[sels[t]] = t
+        self.key = last[:B].copy()  # first use of the initial tokens 0..B-1
+
+    def victims(self, t, cand, m, miss_tok):
+        return self._oldest(cand, m, -self.key)
+
+    def update(self, t, sel, hit_slots, victims):
+        self.key[self.where[sel]] = self.next_use[t]
+
+
+class LRFU(Policy):
+    """OUR policy: LRU refined by frequency (a combined recency/frequency value per slot).
+
+    Per slot: ``crf`` (float) and ``last`` (step of the last selection). A selection at step
+    ``t`` sets ``crf = crf * 2**(-lam * (t - last)) + 1``; a fresh miss starts at 1. The
+    victim is the evictable slot with the smallest decayed value ``crf * 2**(-lam*(t-last))``,
+    ties broken by the kernel's LRU order. ``lam = 1`` is step-granular LRU; smaller ``lam``
+    lets tokens that were selected on many recent steps outlive one-off selections. Kernel
+    cost: two words per slot and one extra multiply per evictable slot in the victim scan.
+    """
+
+    name = "lrfu"
+
+    def __init__(self, seed: int = 0, lam: float = 0.25):
+        super().__init__(seed)
+        self.lam = lam
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        self.crf = np.zeros(B, dtype=np.float64)
+        self.last = np.zeros(B, dtype=np.int64)
+
+    def victims(self, t, cand, m, miss_tok):
+        value = self.crf[cand] * np.exp2(-self.lam * (t - self.last[cand]))
+        # Lexicographic (value, lru key): scale the key into the fractional tie-break.
+        order = np.lexsort((self.key[cand], value))
+        return cand[order[:m]]
+
+    def update(self, t, sel, hit_slots, victims):
+        if hit_slots.size:
+            self.crf[hit_slots] = self.crf[hit_slots] * np.exp2(-self.lam * (t - self.last[hit_slots])) + 1.0
+            self.last[hit_slots] = t
+        self.crf[victims] = 1.0
+        self.last[victims] = t
+        self._stamp_kernel_order(hit_slots, victims)
+
+
+class LRU2(Policy):
+    """OUR alternative: LRU-2 — evict by the second-most-recent selection step (tokens seen
+    once go first), ties by the kernel's LRU order. Two step counters per slot."""
+
+    name = "lru-2"
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        self.prev = np.full(B, -1, dtype=np.int64)
+        self.last = np.full(B, -1, dtype=np.int64)
+
+    def victims(self, t, cand, m, miss_tok):
+        order = np.lexsort((self.key[cand], self.prev[cand]))
+        return cand[order[:m]]
+
+    def update(self, t, sel, hit_slots, victims):
+        self.prev[hit_slots] = self.last[hit_slots]
+        self.last[hit_slots] = t
+        self.prev[victims] = -1
+        self.last[victims] = t
+        self._stamp_kernel_order(hit_slots, victims)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, LRFU, LRU2)
+}
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    """A fresh policy by CLI name; ``ValueError`` lists the known names."""
+    if name.startswith("lrfu:"):
+        try:
+            return LRFU(seed, lam=float(name.split(":", 1)[1]))
+        except ValueError:
+            raise ValueError(f"--policy {name!r}: use lrfu:LAMBDA with a number, e.g. lrfu:0.25") from None
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ValueError(f"--policy {name!r} is unknown; choose one of {sorted(POLICIES)} (or lrfu:LAMBDA)")
+    return cls(seed)

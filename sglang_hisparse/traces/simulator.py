@@ -1,0 +1,143 @@
+"""Replay a selection trace through a replacement policy: misses, miss rates, bytes moved.
+
+Per (stream, layer) the hot-buffer rules of docs/architecture.md apply, exactly as in the
+resolve kernel:
+
+* step with ``seq_len n <= B``: every token sits in its own slot; no misses.
+* the newest token ``n - 1`` lives in the reserved slot ``B`` and always hits.
+* the first step with ``n > B`` finds slots ``0..B-1`` holding tokens ``0..B-1``.
+* later steps: the policy places the misses (``policies.py``).
+
+Counting: a *lookup* is one distinct selected position of one step (duplicates count
+once; the newest token counts, as a hit). ``miss_rate = misses / lookups``; the ``long_*``
+figures restrict both to steps with ``n > B`` (where misses can happen). Bytes per token
+= misses × item bytes / decode steps, per layer, and summed over the trace's layers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .format import Stream, Trace
+from .policies import make_policy
+
+DEFAULT_ITEM_BYTES = (656, 1152)
+
+
+def _unique_in_order(sel: np.ndarray) -> np.ndarray:
+    """Distinct entries of ``sel`` in first-occurrence order (int64)."""
+    if sel.size < 2:
+        return sel.astype(np.int64)
+    _, first = np.unique(sel, return_index=True)
+    return sel[np.sort(first)].astype(np.int64)
+
+
+@dataclass
+class StreamResult:
+    """Counts of one (stream, layer) replay."""
+
+    stream: int
+    layer: int
+    steps: int
+    long_steps: int
+    lookups: int
+    long_lookups: int
+    misses: int
+    misses_per_step: np.ndarray = field(repr=False)
+
+
+def simulate_stream(st: Stream, policy_name: str, B: int, *, seed: int = 0) -> StreamResult:
+    """Replay one (stream, layer). Returns counts; ``misses_per_step`` int64 [T]."""
+    if B < 1:
+        raise ValueError(f"--buffer {B}: the hot buffer needs at least one slot")
+    T = len(st)
+    per_step = np.zeros(T, dtype=np.int64)
+    sels = [_unique_in_order(st.selection(t)) for t in range(T)]
+    lookups = np.array([s.size for s in sels], dtype=np.int64)
+    long = np.flatnonzero(st.seq_lens > B)
+    if long.size:
+        t0 = int(long[0])
+        # Short steps after a long one cannot happen within one stream (seq_len increases).
+        work = []
+        for t in range(t0, T):
+            s = sels[t]
+            work.append(s[s != st.seq_lens[t] - 1])
+        policy = make_policy(policy_name, seed=seed + st.stream * 1009 + st.layer)
+        policy.reset(B, int(st.seq_lens[-1]), work)
+        for i, s in enumerate(work):
+            per_step[t0 + i] = policy.step(i, s)
+    return StreamResult(
+        stream=st.stream,
+        layer=st.layer,
+        steps=T,
+        long_steps=int(long.size),
+        lookups=int(lookups.sum()),
+        long_lookups=int(lookups[long].sum()),
+        misses=int(per_step.sum()),
+        misses_per_step=per_step,
+    )
+
+
+def _rate(a: int, b: int) -> float | None:
+    return a / b if b else None
+
+
+def summarize(
+    results: Sequence[StreamResult], *, item_bytes: Iterable[int] = DEFAULT_ITEM_BYTES
+) -> dict:
+    """Per-layer and overall figures (JSON-ready) from stream results of one policy and B."""
+    by_layer: dict[int, list[StreamResult]] = defaultdict(list)
+    for r in results:
+        by_layer[r.layer].append(r)
+    items = [int(i) for i in item_bytes]
+
+    def block(rs: list[StreamResult]) -> dict:
+        lk = sum(r.lookups for r in rs)
+        ll = sum(r.long_lookups for r in rs)
+        ms = sum(r.misses for r in rs)
+        return {
+            "steps": sum(r.steps for r in rs),
+            "long_steps": sum(r.long_steps for r in rs),
+            "lookups": lk,
+            "misses": ms,
+            "miss_rate": _rate(ms, lk),
+            "long_miss_rate": _rate(ms, ll),
+        }
+
+    layers = {}
+    for layer in sorted(by_layer):
+        b = block(by_layer[layer])
+        b["misses_per_step"] = _rate(b["misses"], b["steps"])
+        b["bytes_per_token"] = {str(i): _rate(b["misses"] * i, b["steps"]) for i in items}
+        layers[str(layer)] = b
+    overall = block(list(results))
+    # A decode token crosses every layer once: sum the per-layer bytes per token.
+    overall["bytes_per_token"] = {
+        str(i): sum(v["bytes_per_token"][str(i)] or 0.0 for v in layers.values()) for i in items
+    }
+    return {"overall": overall, "layers": layers}
+
+
+def simulate(
+    trace: Trace,
+    policy: str,
+    buffers: Sequence[int],
+    *,
+    top_k: int | None = None,
+    seed: int = 0,
+    item_bytes: Iterable[int] = DEFAULT_ITEM_BYTES,
+) -> dict:
+    """Simulate ``policy`` for each buffer size; returns ``{"B": summary, ...}`` (JSON-ready)."""
+    make_policy(policy)  # fail fast on a bad name
+    if top_k is not None:
+        trace = trace.truncated(top_k)
+    streams = list(trace.streams())
+    out = {}
+    for B in buffers:
+        results = [simulate_stream(st, policy, int(B), seed=seed) for st in streams]
+        out[str(int(B))] = summarize(results, item_bytes=item_bytes)
+    return out
