@@ -1,0 +1,135 @@
+"""Host pool core: lazy per-request pages, budget check before allocation, integrity (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
+from sglang_hisparse.memory_budget import (
+    GIB,
+    _cgroup_headroom,
+    available_host_bytes,
+    check_host_budget,
+)
+
+
+def pool(**kw) -> HostKVPool:
+    args = dict(
+        num_layers=2,
+        item_bytes=32,
+        capacity_tokens=16,
+        page_size=4,
+        max_requests=3,
+        max_context=12,
+        pin=False,
+    )
+    args.update(kw)
+    return HostKVPool(**args)
+
+
+def test_ensure_is_lazy_and_paged_with_exact_rows():
+    p = pool()
+    assert p.kv.shape == (2, 20, 32)  # 4 usable pages + the padding page
+    assert p.ensure(0, 3)  # one page: page 1 -> rows 4..7
+    assert p.host_rows[0].tolist() == [4, 5, 6, 7] + [-1] * 8
+    assert p.ensure(1, 5)  # two pages: 2, 3
+    assert p.ensure(0, 4)  # already covered: nothing taken
+    assert p.available_size() == 4
+    assert p.ensure(0, 6)  # page 4
+    assert p.host_row_ids(0, 2, 6).tolist() == [6, 7, 16, 17]
+    assert not p.ensure(2, 1)  # pool exhausted: False, nothing changed
+    assert p.host_rows[2].eq(-1).all()
+    p.check_integrity()
+    p.free_request(0)
+    assert p.host_rows[0].eq(-1).all() and p.available_size() == 8
+    assert p.ensure(2, 8)  # freed pages come back first, ascending
+    assert p.host_rows[2, :8].tolist() == [4, 5, 6, 7, 16, 17, 18, 19]
+    p.check_integrity()
+
+
+def test_write_read_roundtrip_per_layer_and_all_layers():
+    p = pool()
+    p.ensure(0, 4)
+    rows = p.host_row_ids(0, 0, 4)
+    data = torch.randint(0, 256, (2, 4, 32), dtype=torch.uint8)
+    p.write(rows, data)
+    assert torch.equal(p.read(rows), data)
+    p.write(rows[:1], data[0, 1:2] + 1, layer_id=1)
+    assert torch.equal(p.layer(1)[rows[0]], data[0, 1] + 1)
+    assert p.layer(0)[:4].eq(0).all()  # padding page zeroed
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="item_bytes = 20 must be a positive multiple of 16"):
+        pool(item_bytes=20)
+    p = pool()
+    with pytest.raises(ValueError, match="exceeds max_context = 12"):
+        p.ensure(0, 13)
+    with pytest.raises(ValueError, match="call ensure"):
+        p.host_row_ids(0, 0, 1)
+
+
+def test_budget_checked_before_allocating():
+    need = host_pool_bytes(num_layers=2, item_bytes=32, capacity_tokens=16, page_size=4)
+    assert need == 2 * 20 * 32
+    with pytest.raises(
+        ValueError,
+        match=r"needs 0.00 GiB.*only 0.00 GiB.*host_to_device_ratio.*mem-fraction-static",
+    ):
+        pool(available_bytes=need - 1)
+    pool(available_bytes=need)  # exactly fits
+
+
+def test_budget_message_gives_both_figures_and_splits_ranks():
+    with pytest.raises(
+        ValueError, match=r"needs 3.00 GiB .* only 2.50 GiB is available to this rank \(2 rank"
+    ):
+        check_host_budget(3 * GIB, what="x", available_bytes=5 * GIB, ranks_per_host=2)
+    check_host_budget(GIB, what="x", available_bytes=2 * GIB)
+
+
+def test_available_host_bytes_honours_cgroup(tmp_path: Path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100 kB\nMemAvailable:   2048 kB\n")
+    root = tmp_path / "cg"
+    (root / "memory" / "job").mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("1000000\n")
+    (root / "memory" / "job" / "memory.usage_in_bytes").write_text("999000\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/job\n0::/\n")
+    assert _cgroup_headroom(root, proc) == 1000
+    assert available_host_bytes(meminfo=meminfo, cgroup_root=tmp_path / "none") == 2048 * 1024
+    # the real machine: a positive figure, never above MemAvailable
+    assert 0 < available_host_bytes() <= 2**60
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12), st.booleans()), max_size=30))
+def test_random_ensure_free_sequences(ops):
+    p = pool(max_requests=4)
+    for r, length, finish in ops:
+        if finish:
+            p.free_request(r)
+        else:
+            before = p.allocated_len(r)
+            ok = p.ensure(r, length)
+            assert p.allocated_len(r) >= (length if ok else before)
+        p.check_integrity()
+    for r in range(4):
+        p.free_request(r)
+    p.check_integrity()
+    assert p.available_size() == p.size and p.host_rows.eq(-1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")
+def test_pinned_on_cuda_and_unregistered_on_destroy():
+    p = pool(device="cuda", pin=True)
+    assert p.pinned and p.kv.is_pinned()
+    p.destroy()
+    assert not p.pinned
+    p.destroy()  # idempotent
