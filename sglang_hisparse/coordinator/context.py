@@ -1,0 +1,67 @@
+"""What every coordinator component shares: sizes, memory handles, state, streams, counters.
+
+The memory layer is reached through two narrow duck-typed handles so the coordinator runs
+over our own pools (``allocator.DualSpaceAllocator`` + ``host_pool``) in CPU tests and the
+GPU benchmark, and over the SGLang-facing wrappers in a server:
+
+``allocator`` (a :class:`~sglang_hisparse.allocator.DualSpaceAllocator`)
+    ``shrink_to_hot_buffer``, ``alloc_hot_buffer``, ``grow_hot_buffer``,
+    ``release_hot_buffer``, ``translate``, ``map_tokens``, ``unmap``, ``rows``.
+
+``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.host_pool.HostKVPool`)
+    ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),
+    ``ensure(r, n) -> bool`` (rows for positions ``0..n-1``, lazily extended; False = no
+    room, nothing changed), ``free_request(r)``.
+
+Per-layer KV arrays are plain tensor lists: ``device_kv[l]`` uint8 [device_rows, I] and
+``host_kv[l]`` uint8 [host_rows_total, I] (pinned when the device is CUDA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from sglang_hisparse.coordinator.state import SlotState
+from sglang_hisparse.coordinator.streams import Streams
+from sglang_hisparse.telemetry import Telemetry
+
+
+class HostTable(Protocol):
+    """The host pool as the coordinator uses it (see the module docstring)."""
+
+    host_rows: torch.Tensor
+
+    def ensure(self, r: int, n: int) -> bool: ...
+
+    def free_request(self, r: int) -> None: ...
+
+
+@dataclass
+class CoreContext:
+    """Sizes and handles shared by lifecycle, step and resolver (one per TP rank).
+
+    top_k: k; buffer_size: B; item_bytes: I (bytes per KV row, all layers equal);
+    device_kv / host_kv: per local layer (length L).
+    """
+
+    top_k: int
+    buffer_size: int
+    item_bytes: int
+    device: torch.device
+    allocator: Any
+    host: HostTable
+    device_kv: Sequence[torch.Tensor]
+    host_kv: Sequence[torch.Tensor]
+    state: SlotState
+    streams: Streams
+    telemetry: Telemetry
+    #: ``traces.recorder.LiveTraceRecorder`` when SGLANG_HISPARSE_RECORD_TRACE is set, else None
+    recorder: Any = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.device_kv)

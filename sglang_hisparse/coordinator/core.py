@@ -1,0 +1,199 @@
+"""``HiSparseCore``: the engine-agnostic coordinator (no SGLang import).
+
+It ties the pieces together and is what both the SGLang adapter
+(``sglang_adapter.coordinator.SGLangHiSparseCoordinator``) and the exactness harness
+(``sglang_hisparse.testing``) drive, with the same call protocol::
+
+    prefill ─► admit_staging(r, ids) ─► collect_ready() ─┐      PD: admit_direct(r, n) ─┐
+                                                         ▼                              ▼
+    per step:  map_last_loc(...) ─► wait_for_pending_backup() ─► per layer swap_in(...) ─► attention
+    end:       finish(r)   (finished, aborted or retracted; any phase)   then allocator.free(ids)
+
+Components: ``state`` (:class:`SlotState` tensors), ``lifecycle`` (admission/release),
+``step`` (per-step backup/growth/mapping), ``resolver`` (per-layer resolve + prefetch
+groups), ``streams`` (CUDA streams or CPU no-ops), ``telemetry`` (counters).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sglang_hisparse.coordinator.context import CoreContext, HostTable
+from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
+from sglang_hisparse.coordinator.resolver import Resolver
+from sglang_hisparse.coordinator.state import SlotState
+from sglang_hisparse.coordinator.step import StepMapper
+from sglang_hisparse.coordinator.streams import Streams
+from sglang_hisparse.kernels import ResolveMode
+from sglang_hisparse.telemetry import Telemetry
+
+logger = logging.getLogger("sglang_hisparse")
+
+
+def _env_switches() -> tuple[bool, bool, float]:
+    """(prefetch disabled, skip IO, log interval) from the env registry, logging the names."""
+    from sglang_hisparse import envs
+
+    no_prefetch = bool(envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH"))
+    skip_io = bool(envs.get("SGLANG_HISPARSE_SKIP_IO"))
+    if no_prefetch:
+        logger.info(
+            "HiSparse: shared-index prefetch disabled by %s; shared layers resolve synchronously.",
+            envs.source("SGLANG_HISPARSE_DISABLE_PREFETCH"),
+        )
+    if skip_io:
+        logger.warning(
+            "HiSparse: %s is set: NO KV BYTES ARE COPIED HOST->DEVICE. Timing oracle only; "
+            "MODEL OUTPUTS ARE INVALID.",
+            envs.source("SGLANG_HISPARSE_SKIP_IO"),
+        )
+    return no_prefetch, skip_io, float(envs.get("SGLANG_HISPARSE_LOG_INTERVAL"))
+
+
+def _make_recorder() -> Any:
+    """The live trace recorder when SGLANG_HISPARSE_RECORD_TRACE is set, else None (zero cost)."""
+    from sglang_hisparse import envs
+
+    if not envs.get("SGLANG_HISPARSE_RECORD_TRACE"):
+        return None
+    from sglang_hisparse.traces.recorder import LiveTraceRecorder
+
+    return LiveTraceRecorder.from_env()
+
+
+class HiSparseCore:
+    """The coordinator for one TP rank.
+
+    top_k: k; buffer_size: B (>= k); allocator: a ``DualSpaceAllocator``; host: a
+    :class:`HostTable`; device_kv / host_kv: per local layer uint8 [rows, I];
+    num_reqs: R request slots; shared_index_layers: per model layer (SGLang's
+    ``resolve_shared_index_layers``) or None; start_layer: first model layer on this rank;
+    max_batch: rows of the per-step output buffers; tp_group: process group whose ranks must
+    agree on staging collection (None or a single rank: no collective).
+    ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry.
+    """
+
+    def __init__(
+        self,
+        *,
+        top_k: int,
+        buffer_size: int,
+        num_reqs: int,
+        allocator: Any,
+        host: HostTable,
+        device_kv: Sequence[torch.Tensor],
+        host_kv: Sequence[torch.Tensor],
+        device: torch.device | str,
+        shared_index_layers: list[bool] | None = None,
+        start_layer: int = 0,
+        max_batch: int = 256,
+        tp_group: Any = None,
+        prefetch: bool | None = None,
+        skip_io: bool | None = None,
+        log_interval_s: float | None = None,
+    ) -> None:
+        if buffer_size < top_k:
+            raise ValueError(
+                f"device_buffer_size = {buffer_size} < top_k = {top_k}: every selected position "
+                f"needs a hot slot. Set device_buffer_size >= {top_k} (default 2 * top_k)."
+            )
+        if len(device_kv) != len(host_kv) or not device_kv:
+            raise ValueError(
+                f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
+            )
+        env_no_prefetch, env_skip_io, env_interval = _env_switches()
+        device = torch.device(device)
+        self.streams = Streams(device)
+        self.telemetry = Telemetry(
+            device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
+        )
+        self.state = SlotState(
+            num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device
+        )
+        self.ctx = CoreContext(
+            top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
+            device=device, allocator=allocator, host=host, device_kv=device_kv, host_kv=host_kv,
+            state=self.state, streams=self.streams, telemetry=self.telemetry,
+            recorder=_make_recorder(),
+        )
+        #: int32 [1]: real batch size of the current forward (the model runner fills it)
+        self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
+        self.skip_io = env_skip_io if skip_io is None else skip_io
+        self.lifecycle = Lifecycle(self.ctx, tp_group=tp_group)
+        self.step = StepMapper(self.ctx)
+        self.resolver = Resolver(
+            self.ctx, num_real_reqs=self.num_real_reqs, max_batch=max_batch,
+            shared_index_layers=shared_index_layers, start_layer=start_layer,
+            prefetch=(not env_no_prefetch) if prefetch is None else prefetch,
+            mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY,
+        )
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def top_k(self) -> int:
+        return self.ctx.top_k
+
+    @property
+    def buffer_size(self) -> int:
+        return self.ctx.buffer_size
+
+    @property
+    def prefetch_enabled(self) -> bool:
+        return self.resolver.prefetch
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def set_producer_stream(self, stream: Any) -> None:
+        self.streams.set_producer(stream)
+
+    def admit_staging(self, r: int, logical_ids: torch.Tensor, req: Any = None) -> None:
+        self.lifecycle.admit_staging(r, logical_ids, req)
+
+    def collect_ready(self) -> list[StagingEntry]:
+        return self.lifecycle.collect_ready()
+
+    def has_ongoing_staging(self) -> bool:
+        return self.lifecycle.has_ongoing_staging()
+
+    @property
+    def staging_queue(self) -> list[StagingEntry]:
+        return self.lifecycle.queue
+
+    def admit_direct(self, r: int, seq_len: int) -> None:
+        self.lifecycle.admit_direct(r, seq_len)
+
+    def finish(self, r: int) -> None:
+        self.lifecycle.finish(r)
+
+    # -- per step ---------------------------------------------------------------------------
+    def map_last_loc(
+        self,
+        *,
+        req_index: torch.Tensor,
+        seq_lens: torch.Tensor,
+        new_logical: torch.Tensor,
+        req_index_cpu: list[int],
+        seq_lens_cpu: list[int],
+    ) -> None:
+        self.step.map_last_loc(
+            req_index=req_index, seq_lens=seq_lens, new_logical=new_logical,
+            req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu,
+        )
+
+    def wait_for_pending_backup(self) -> None:
+        self.step.wait_for_pending_backup()
+
+    def swap_in(
+        self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int
+    ) -> torch.Tensor:
+        return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Drain the side streams (nothing may still read the host pool)."""
+        self.streams.drain()
+        if self.ctx.recorder is not None:
+            self.ctx.recorder.close()

@@ -1,0 +1,164 @@
+"""Per-layer resolve of top-k positions into device rows, with shared-index prefetch groups.
+
+Models may reuse one layer's top-k for the following layers (``index_topk_freq`` /
+``index_topk_pattern``; SGLang's ``resolve_shared_index_layers`` turns that into a per-layer
+``list[bool]``, True = "reuses the previous compute layer's index"). Consecutive shared
+layers form a group under the compute layer before them (the anchor)::
+
+    layers     0(anchor)  1(shared)  2(shared)  3(anchor)  4(shared)
+    groups     {0: [1, 2], 3: [4]}
+
+    anchor 0:  resolve (records the MissPlan) ──► prefetch stream: replay plan into layer 1's
+               KV, event[1]; replay into layer 2's KV, event[2]
+    shared 1:  current stream waits event[1] only; returns the anchor's out_rows
+    shared 2:  waits event[2]; returns the anchor's out_rows
+
+This is exact because every layer's hot buffer evolves in lockstep: slot rows are shared,
+the same positions are selected, and all admissions/backups/preloads touch every layer, so
+a shared layer's slot state equals its anchor's and only the bytes differ. With prefetch
+off (or no sharing) each layer resolves synchronously against its own state.
+
+NOTE: one ``out_rows`` buffer and one plan buffer serve all layers. Reuse is safe because
+groups are consecutive: the next anchor resolves only after the forward consumed every
+shared layer of the previous group, and each of those waited for its replay's event.
+The buffers are sized for ``max_batch`` rows, allocated once (before any CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang_hisparse.coordinator.context import CoreContext
+from sglang_hisparse.kernels import MissPlan, ResolveMode, ops
+
+logger = logging.getLogger("sglang_hisparse")
+
+
+def build_prefetch_groups(shared: list[bool]) -> dict[int, list[int]]:
+    """Anchor layer -> its consecutive shared layers (indices into ``shared``)."""
+    groups: dict[int, list[int]] = {}
+    anchor: int | None = None
+    for i, is_shared in enumerate(shared):
+        if not is_shared:
+            anchor = i
+            continue
+        if anchor is None:
+            raise ValueError(
+                f"shared_index_layers[{i}] is True but no earlier layer computes an index; "
+                f"the first layer must compute its own top-k (pattern {shared[:8]}...)."
+            )
+        groups.setdefault(anchor, []).append(i)
+    return groups
+
+
+class Resolver:
+    """``swap_in`` for one TP rank (see the module docstring).
+
+    shared_index_layers: per model layer (as SGLang passes it) or None; ``start_layer`` maps
+    model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
+    ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
+    """
+
+    def __init__(
+        self,
+        ctx: CoreContext,
+        *,
+        num_real_reqs: torch.Tensor,
+        max_batch: int,
+        shared_index_layers: list[bool] | None,
+        start_layer: int = 0,
+        prefetch: bool = True,
+        mode: ResolveMode = ResolveMode.COPY,
+    ) -> None:
+        self.ctx = ctx
+        self.num_real_reqs = num_real_reqs
+        self.start_layer = start_layer
+        self.mode = mode
+        L = ctx.num_layers
+        shared = [False] * L
+        if shared_index_layers is not None:
+            local = list(shared_index_layers)[start_layer : start_layer + L]
+            if len(local) != L:
+                raise ValueError(
+                    f"shared_index_layers has {len(shared_index_layers)} entries; layers "
+                    f"{start_layer}..{start_layer + L - 1} need one each."
+                )
+            shared = [bool(x) for x in local]
+        groups = build_prefetch_groups(shared)
+        self.prefetch = bool(prefetch and groups)
+        self.groups = groups if self.prefetch else {}
+        self.is_shared = shared if self.prefetch else [False] * L
+        self.events = {s: ctx.streams.new_event() for g in self.groups.values() for s in g}
+        self._alloc(max_batch)
+
+    def _alloc(self, max_batch: int) -> None:
+        k, dev = self.ctx.top_k, self.ctx.device
+        self.max_batch = max_batch
+        self.out_rows = torch.full((max_batch, k), -1, dtype=torch.int32, device=dev)
+        self.plan = MissPlan.empty(max_batch, k, dev)
+        self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
+
+    def swap_in(
+        self,
+        req_index: torch.Tensor,
+        seq_lens: torch.Tensor,
+        top_k: torch.Tensor,
+        layer_id: int,
+    ) -> torch.Tensor:
+        """Device rows of ``top_k`` int32 [bs, k] for model layer ``layer_id``: int32 [bs, k]
+        (-1 for padding entries and rows ``>= num_real_reqs``). A view of a reused buffer:
+        consume it before the next anchor layer resolves."""
+        ctx = self.ctx
+        if top_k.dim() != 2 or top_k.shape[1] != ctx.top_k:
+            raise ValueError(
+                f"swap_in: top_k has shape {tuple(top_k.shape)}; expected [bs, {ctx.top_k}] "
+                f"(speculative multi-step verify is not supported by sglang-hisparse yet)."
+            )
+        bs = top_k.shape[0]
+        if bs > self.max_batch:
+            # NOTE: allocation on the hot path, only when a batch exceeds every earlier one;
+            # servers size max_batch from the CUDA-graph batch sizes so this happens eagerly.
+            self._alloc(bs)
+        out = self.out_rows[:bs]
+        li = layer_id - self.start_layer
+        if self.is_shared[li]:
+            self.events[li].wait(ctx.streams.current())
+            return out
+        group = self.groups.get(li, [])
+        plan = MissPlan(self.plan.src[:bs], self.plan.dst[:bs], self.plan.count[:bs])
+        ops.resolve(
+            top_k=top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32),
+            req_index=req_index,
+            seq_lens=seq_lens,
+            num_real_reqs=self.num_real_reqs,
+            slot_tokens=ctx.state.slot_tokens[li],
+            slot_rows=ctx.state.slot_rows,
+            lru=ctx.state.lru[li],
+            host_rows=ctx.host.host_rows,
+            host_cache=ctx.host_kv[li],
+            device_cache=ctx.device_kv[li],
+            out_rows=out,
+            plan=plan,
+            mode=self.mode,
+        )
+        real = self._batch_ids[:bs] < self.num_real_reqs
+        ctx.telemetry.add_resolve(
+            top_k=top_k, miss_count=plan.count, real_mask=real, item_bytes=ctx.item_bytes,
+            copies=1 + len(group),
+        )
+        if ctx.recorder is not None:
+            ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
+        if group:
+            streams = ctx.streams
+            streams.prefetch.wait_stream(streams.current())
+            with streams.on(streams.prefetch):
+                for s in group:
+                    if self.mode is ResolveMode.COPY:
+                        ops.replay(
+                            plan=plan, num_real_reqs=self.num_real_reqs,
+                            host_cache=ctx.host_kv[s], device_cache=ctx.device_kv[s],
+                        )
+                    self.events[s].record()
+        return out

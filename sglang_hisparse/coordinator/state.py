@@ -1,0 +1,109 @@
+"""Per-request hot-buffer state: the named tensors the resolve kernel reads and writes.
+
+Shapes (per TP rank; ``L`` local sparse layers, ``R`` request slots, ``B`` hot slots):
+
+```
+slot_tokens    [L, R, B+1] int32   logical position held by each slot, -1 empty;
+                                   slot B = the newest token once n > B
+slot_rows      [R, B+1]    int32   device KV row behind each slot, -1 = no row held
+                                   (same rows for every layer: KV arrays are per layer)
+lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
+```
+
+A request's slots, as it grows (``n`` = tokens, ``B`` = 4):
+
+```
+n=3 (short)   slots 0 1 2 . | .     token p in slot p, newest included; rows held = n
+n=4           slots 0 1 2 3 | .
+n=5 (grown)   slots 0 1 2 3 | 4     first growth past B: slot B gets a row, LRU s0..s3
+n=9           slots a b c d | 8     a..d = whatever the LRU kept; slot B = token n-1
+```
+
+Host-side bookkeeping (Python lists, indexed by request slot) records what the host needs
+to decide without reading device memory: the phase, rows held, the current length, and
+whether the next decode step may skip the write-through backup.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class Phase(enum.Enum):
+    FREE = "free"
+    STAGING = "staging"  # prompt KV being copied device -> host; not decodable yet
+    DECODING = "decoding"  # hot buffer in place; map_last_loc/swap_in apply
+
+
+class SlotState:
+    """The state tensors above plus host-side bookkeeping; no policy lives here."""
+
+    def __init__(
+        self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_reqs = num_reqs
+        self.buffer_size = buffer_size
+        self.device = torch.device(device)
+        B = buffer_size
+        self.slot_tokens = torch.full(
+            (num_layers, num_reqs, B + 1), -1, dtype=torch.int32, device=self.device
+        )
+        self.slot_rows = torch.full((num_reqs, B + 1), -1, dtype=torch.int32, device=self.device)
+        self._lru_init = torch.arange(B, dtype=torch.int16, device=self.device)
+        self.lru = self._lru_init.expand(num_layers, num_reqs, B).clone()
+        # Host-side bookkeeping, one entry per request slot.
+        self.phase = [Phase.FREE] * num_reqs
+        self.rows_held = [0] * num_reqs
+        self.seq_len = [0] * num_reqs
+        self.skip_backup = [False] * num_reqs
+
+    # -- whole-request transitions ------------------------------------------------------
+    def reset(self, r: int) -> None:
+        """Forget request slot ``r`` (its rows must already be returned)."""
+        self.slot_tokens[:, r].fill_(-1)
+        self.slot_rows[r].fill_(-1)
+        self.lru[:, r].copy_(self._lru_init)
+        self.phase[r] = Phase.FREE
+        self.rows_held[r] = 0
+        self.seq_len[r] = 0
+        self.skip_backup[r] = False
+
+    def install(self, r: int, rows: torch.Tensor, seq_len: int, *, resident: bool) -> None:
+        """Give request ``r`` of length ``seq_len`` its hot buffer ``rows`` (int32 device).
+
+        ``rows`` has ``min(seq_len, B)`` entries for a short request and ``B + 1`` for a long
+        one (slot ``B`` last). ``resident``: the rows already hold the KV of tokens
+        ``0..min(n, B)-1`` (and slot B the newest token); when false (PD direct admission of
+        a long request) slots 0..B-1 start empty so the first step misses everything.
+        """
+        B = self.buffer_size
+        n_rows = rows.numel()
+        self.slot_rows[r].fill_(-1)
+        self.slot_rows[r, :n_rows] = rows.to(torch.int32)
+        self.lru[:, r].copy_(self._lru_init)
+        self.slot_tokens[:, r].fill_(-1)
+        if seq_len <= B:
+            if resident:
+                self.slot_tokens[:, r, :seq_len] = torch.arange(
+                    seq_len, dtype=torch.int32, device=self.device
+                )
+        else:
+            if resident:
+                self.slot_tokens[:, r, :B] = torch.arange(B, dtype=torch.int32, device=self.device)
+            self.slot_tokens[:, r, B] = seq_len - 1
+        self.rows_held[r] = n_rows
+        self.seq_len[r] = seq_len
+        self.phase[r] = Phase.DECODING
+        # The host already has every token up to seq_len - 1 (staged or transferred).
+        self.skip_backup[r] = True
+
+    def held_rows(self, r: int) -> torch.Tensor:
+        """Device rows request ``r`` holds (int32 [rows_held]; slot B last when held)."""
+        B = self.buffer_size
+        held = self.rows_held[r]
+        if held <= B:
+            return self.slot_rows[r, :held]
+        return self.slot_rows[r]

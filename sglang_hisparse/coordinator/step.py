@@ -1,0 +1,159 @@
+"""Per decode step, before the forward: write-through backup, growth, newest-token mapping.
+
+SGLang calls ``map_last_loc_to_buffer`` from ``prepare_for_decode`` after ``seq_lens += 1``
+and after allocating one logical id per request (``out_cache_loc``). For a request whose
+length just became ``n`` (new token ``p = n-1``, previous newest ``q = n-2``)::
+
+    backup   q's KV (all layers) from its slot (q if q < B, else B) -> host row of q,
+             on the backup stream after the producer (the previous forward wrote it);
+             skipped on the first step after staging / direct admission (host has it)
+    grow     the new token's slot s = min(p, B) gets a device row if it has none
+             (short requests, and slot B on the first growth past B)
+    map      slot_tokens[:, r, s] = p;  mapping[out_cache_loc] = slot_rows[r, s], so the
+             forward's KV write of p lands in the hot buffer
+
+The forward must not overwrite slot B before the backup read it:
+:meth:`StepMapper.wait_for_pending_backup` (SGLang calls it before the decode forward)
+orders the current stream after the backup event.
+
+NOTE: the previous newest token's mapping entry is left in place rather than cleared: with
+the overlap scheduler the previous forward may still be translating it on the forward
+stream. Stale entries point only into the request's own hot rows, and
+``release_hot_buffer`` clears them at finish.
+
+Host work is O(batch) Python on ``seq_lens_cpu`` / ``req_pool_indices_cpu`` (SGLang passes
+both); device work is a handful of indexed writes plus one gather/scatter per layer for the
+backup, with no host sync on CUDA beyond the transfer fallback noted in ``transfer``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_hisparse.coordinator import transfer
+from sglang_hisparse.coordinator.context import CoreContext
+from sglang_hisparse.coordinator.state import Phase
+
+
+class StepMapper:
+    """Implements the per-step protocol above; holds the backup event."""
+
+    def __init__(self, ctx: CoreContext) -> None:
+        self.ctx = ctx
+        self._backup_event = ctx.streams.new_event()
+        self._backup_pending = False
+
+    def map_last_loc(
+        self,
+        *,
+        req_index: torch.Tensor,
+        seq_lens: torch.Tensor,
+        new_logical: torch.Tensor,
+        req_index_cpu: list[int],
+        seq_lens_cpu: list[int],
+    ) -> None:
+        """``req_index``/``seq_lens``/``new_logical`` int [bs] on the device (lengths already
+        include the new token); the ``_cpu`` lists carry the same values on the host."""
+        ctx, st, B = self.ctx, self.ctx.state, self.ctx.buffer_size
+        if len(req_index_cpu) != len(seq_lens_cpu):
+            raise ValueError(
+                f"map_last_loc: {len(req_index_cpu)} request slots but {len(seq_lens_cpu)} seq_lens."
+            )
+        back_r: list[int] = []
+        back_slot: list[int] = []
+        back_pos: list[int] = []
+        new_slot: list[int] = []
+        for r, n in zip(req_index_cpu, seq_lens_cpu, strict=True):
+            if st.phase[r] is not Phase.DECODING:
+                raise ValueError(
+                    f"map_last_loc: request slot {r} is {st.phase[r].value}; only collected or "
+                    f"directly admitted requests decode."
+                )
+            if n != st.seq_len[r] + 1:
+                raise ValueError(
+                    f"map_last_loc: request slot {r} has seq_len {n}, expected {st.seq_len[r] + 1} "
+                    f"(one new token per step, seq_lens already incremented)."
+                )
+            p, q = n - 1, n - 2
+            if st.skip_backup[r]:
+                st.skip_backup[r] = False
+            else:
+                back_r.append(r)
+                back_slot.append(q if q < B else B)
+                back_pos.append(q)
+            new_slot.append(p if p < B else B)
+
+        if back_r:
+            self._backup(back_r, back_slot, back_pos)
+        self._grow(req_index_cpu, new_slot)
+        for r, n in zip(req_index_cpu, seq_lens_cpu, strict=True):
+            st.seq_len[r] = n
+
+        dev = ctx.device
+        r_dev = req_index.to(dev, torch.int64)
+        s_dev = torch.tensor(new_slot, dtype=torch.int64).to(dev, non_blocking=True)
+        st.slot_tokens[:, r_dev, s_dev] = (seq_lens.to(dev) - 1).to(torch.int32)
+        ctx.allocator.map_tokens(new_logical, st.slot_rows[r_dev, s_dev])
+        if ctx.recorder is not None:
+            ctx.recorder.begin_step(req_index_cpu, seq_lens_cpu)
+        ctx.telemetry.add_step()
+        ctx.telemetry.add_backup(len(back_r), len(back_r) * ctx.item_bytes * ctx.num_layers)
+        ctx.telemetry.maybe_log()
+
+    def _backup(self, rs: list[int], slots: list[int], positions: list[int]) -> None:
+        ctx, st = self.ctx, self.ctx.state
+        for r, q in zip(rs, positions, strict=True):
+            if not ctx.host.ensure(r, q + 1):
+                raise RuntimeError(
+                    f"map_last_loc: the host KV pool has no room for token {q} of request slot {r}. "
+                    f"The host pool must cover the logical capacity the scheduler admits against."
+                )
+        dev = ctx.device
+        r_t = torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True)
+        s_t = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
+        q_t = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
+        dev_rows = st.slot_rows[r_t, s_t].to(torch.int64)
+        host_rows = ctx.host.host_rows[r_t, q_t]
+        side = ctx.streams.backup
+        ctx.streams.after_producer(side)
+        with ctx.streams.on(side):
+            transfer.to_host(ctx, dev_rows, host_rows)
+            self._backup_event.record()
+        ctx.streams.keep_alive(dev_rows, side)
+        ctx.streams.keep_alive(host_rows, side)
+        self._backup_pending = True
+
+    def _grow(self, rs: list[int], slots: list[int]) -> None:
+        ctx, st = self.ctx, self.ctx.state
+        grow_r: list[int] = []
+        grow_s: list[int] = []
+        rows: list[torch.Tensor] = []
+        for r, s in zip(rs, slots, strict=True):
+            if st.rows_held[r] > s:
+                continue
+            if st.rows_held[r] != s:
+                raise RuntimeError(
+                    f"request slot {r}: hot buffer holds {st.rows_held[r]} rows but the new token "
+                    f"needs slot {s}; rows must grow one slot per step."
+                )
+            got = ctx.allocator.grow_hot_buffer(r, 1)
+            if got is None:
+                raise RuntimeError(
+                    f"map_last_loc: no free device row to grow request slot {r}'s hot buffer to "
+                    f"{s + 1} slots ({ctx.allocator.rows.available_size()} rows free)."
+                )
+            grow_r.append(r)
+            grow_s.append(s)
+            rows.append(got)
+            st.rows_held[r] += 1
+        if grow_r:
+            dev = ctx.device
+            r_t = torch.tensor(grow_r, dtype=torch.int64).to(dev, non_blocking=True)
+            s_t = torch.tensor(grow_s, dtype=torch.int64).to(dev, non_blocking=True)
+            st.slot_rows[r_t, s_t] = torch.cat(rows).to(dev, torch.int32)
+
+    def wait_for_pending_backup(self) -> None:
+        """Order the current stream after the last backup (no-op on CPU / when none ran)."""
+        streams = self.ctx.streams
+        if streams.is_cuda and self._backup_pending:
+            streams.current().wait_event(self._backup_event)

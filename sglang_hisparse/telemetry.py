@@ -1,0 +1,168 @@
+"""HiSparse counters, cheap enough to leave on in production.
+
+Counters the device computes (top-k selections and misses per resolve) accumulate into
+device tensors with in-place adds queued on the resolving stream: no host sync, no
+allocation once warmed up, and the adds are captured into CUDA graphs like any other kernel.
+Counters the host already knows (staged requests, backed-up tokens, decode steps) are plain
+Python ints. The device values are read (one sync) only by :meth:`Telemetry.snapshot`,
+which the periodic log line and ``get_token_stats``-style reporting call.
+
+How to read them (docs/coordinator.md has the long form):
+
+- ``hit_rate = 1 - misses / selected``: share of valid top-k entries (real requests, all
+  resolving layers) already on the device. Short requests (``n <= B``) are all hits.
+- ``misses_per_step``: host→device row copies per decode step, summed over resolving layers
+  (shared-index layers replaying their anchor's misses are counted in ``h2d_bytes`` only).
+- ``h2d_bytes``: KV bytes copied host→device by resolve and replay (plus direct-admission
+  preloads); divide by wall time for the PCIe/C2C bandwidth HiSparse uses.
+- ``staged_requests`` / ``staged_tokens``: prompts copied device→host after prefill.
+- ``backup_tokens``: previous-newest tokens written through to host (one per request-step,
+  minus the first step after admission); ``backup_bytes`` counts all layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger("sglang_hisparse")
+
+
+@dataclass(frozen=True)
+class TelemetrySnapshot:
+    """Counter values at one instant (cumulative since construction)."""
+
+    steps: int
+    selected: int
+    misses: int
+    h2d_bytes: int
+    backup_tokens: int
+    backup_bytes: int
+    staged_requests: int
+    staged_tokens: int
+    direct_admissions: int
+    preload_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.misses / self.selected if self.selected else 1.0
+
+    @property
+    def misses_per_step(self) -> float:
+        return self.misses / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = dict(self.__dict__)
+        out["hit_rate"] = self.hit_rate
+        out["misses_per_step"] = self.misses_per_step
+        return out
+
+
+class Telemetry:
+    """Accumulates counters; see the module docstring for their meaning.
+
+    ``device`` counters: ``_dev[0]`` selected, ``_dev[1]`` misses, ``_dev[2]`` h2d bytes
+    (int64 [3] on the coordinator's device).
+    """
+
+    def __init__(self, device: torch.device, *, log_interval_s: float = 0.0) -> None:
+        self._dev = torch.zeros(3, dtype=torch.int64, device=device)
+        self.steps = 0
+        self.backup_tokens = 0
+        self.backup_bytes = 0
+        self.staged_requests = 0
+        self.staged_tokens = 0
+        self.direct_admissions = 0
+        self.preload_tokens = 0
+        self.preload_bytes = 0
+        self.log_interval_s = log_interval_s
+        self._last_log = time.monotonic()
+        self._last_snapshot: TelemetrySnapshot | None = None
+
+    # -- device-side accumulation (no host sync) ---------------------------------------
+    def add_resolve(
+        self,
+        *,
+        top_k: torch.Tensor,
+        miss_count: torch.Tensor,
+        real_mask: torch.Tensor,
+        item_bytes: int,
+        copies: int,
+    ) -> None:
+        """Count one resolve: ``top_k`` int32 [bs, k]; ``miss_count`` int32 [bs];
+        ``real_mask`` bool [bs] (rows below ``num_real_reqs``); ``copies`` = layers that
+        copy these misses (the anchor plus its replayed shared layers)."""
+        selected = ((top_k >= 0) & real_mask[:, None]).sum()
+        misses = (miss_count.to(torch.int64) * real_mask).sum()
+        self._dev[0].add_(selected)
+        self._dev[1].add_(misses)
+        self._dev[2].add_(misses * (item_bytes * copies))
+
+    # -- host-side accumulation ---------------------------------------------------------
+    def add_step(self) -> None:
+        self.steps += 1
+
+    def add_backup(self, tokens: int, bytes_all_layers: int) -> None:
+        self.backup_tokens += tokens
+        self.backup_bytes += bytes_all_layers
+
+    def add_staging(self, tokens: int) -> None:
+        self.staged_requests += 1
+        self.staged_tokens += tokens
+
+    def add_direct(self, preload_tokens: int, preload_bytes: int) -> None:
+        self.direct_admissions += 1
+        self.preload_tokens += preload_tokens
+        self.preload_bytes += preload_bytes
+
+    # -- reporting (syncs) ------------------------------------------------------------------
+    def snapshot(self) -> TelemetrySnapshot:
+        selected, misses, h2d = (int(v) for v in self._dev.tolist())
+        return TelemetrySnapshot(
+            steps=self.steps,
+            selected=selected,
+            misses=misses,
+            h2d_bytes=h2d + self.preload_bytes,
+            backup_tokens=self.backup_tokens,
+            backup_bytes=self.backup_bytes,
+            staged_requests=self.staged_requests,
+            staged_tokens=self.staged_tokens,
+            direct_admissions=self.direct_admissions,
+            preload_tokens=self.preload_tokens,
+        )
+
+    def maybe_log(self) -> None:
+        """Emit the summary line when ``log_interval_s`` has passed (one sync per line)."""
+        if self.log_interval_s <= 0:
+            return
+        now = time.monotonic()
+        if now - self._last_log < self.log_interval_s:
+            return
+        elapsed = now - self._last_log
+        self._last_log = now
+        snap = self.snapshot()
+        logger.info(format_line(snap, self._last_snapshot, elapsed))
+        self._last_snapshot = snap
+
+
+def format_line(
+    snap: TelemetrySnapshot, prev: TelemetrySnapshot | None, elapsed_s: float
+) -> str:
+    """One log line: interval figures first (since ``prev``), cumulative totals after."""
+    base = prev or TelemetrySnapshot(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    steps = snap.steps - base.steps
+    selected = snap.selected - base.selected
+    misses = snap.misses - base.misses
+    moved = snap.h2d_bytes - base.h2d_bytes
+    hit = 1.0 - misses / selected if selected else 1.0
+    return (
+        f"HiSparse: hit rate {hit:.2%}, {misses / steps if steps else 0.0:.1f} misses/step, "
+        f"{moved / 1e9:.3f} GB host->device ({moved / 1e9 / max(elapsed_s, 1e-9):.2f} GB/s) "
+        f"over {steps} steps; staged {snap.staged_requests - base.staged_requests} reqs, "
+        f"backed up {snap.backup_tokens - base.backup_tokens} tokens | totals: "
+        f"hit rate {snap.hit_rate:.2%}, {snap.h2d_bytes / 1e9:.3f} GB moved, "
+        f"{snap.staged_requests} staged, {snap.direct_admissions} direct"
+    )

@@ -1,0 +1,281 @@
+"""A decode engine that drives ``HiSparseCore`` with SGLang 0.5.23's call protocol.
+
+It plays the scheduler, the model runner and the DSA backend for a :class:`ToyModel`:
+
+```
+prefill(req)      req slot; allocator.alloc_extend (logical ids + device rows, mapped);
+                  prompt KV written through the mapping; core.admit_staging
+admit_direct(req) PD: req slot; logical ids only; KV written straight into host rows;
+                  core.admit_direct
+collect()         core.collect_ready -> those requests join the running batch
+step()            alloc_decode (one logical id each), seq_lens += 1, core.map_last_loc,
+                  core.wait_for_pending_backup, num_real_reqs.fill_(bs); per layer: the new
+                  token's KV written through the mapping, indexer top-k (anchors) or the
+                  anchor's top-k (shared), core.swap_in, attention on the resolved rows;
+                  compared bit for bit with the all-resident oracle
+finish/abort/retract(req)   core.finish, then allocator.free(logical ids) (release_kv_cache);
+                  a retracted request re-queues with its generated tokens as prompt
+```
+
+Device-agnostic and SGLang-free, so ``benchmarks/`` can run it on CUDA at realistic sizes
+(``check=False`` skips the oracle when only timing matters).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.testing.toy_model import ToyModel
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    STAGING = "staging"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass
+class ToyRequest:
+    """What the coordinator needs of a request (the SGLang ``Req`` equivalent).
+
+    ``seq_len`` counts tokens with KV; a request generates ``max_new`` tokens in total.
+    """
+
+    rid: int
+    seed: int
+    prompt_len: int
+    max_new: int
+    direct: bool = False
+    req_pool_idx: int = -1
+    seq_len: int = 0
+    generated: int = 0
+    status: ReqStatus = ReqStatus.WAITING
+    history: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineSizes:
+    """R request slots, B hot slots, device rows, host/device ratio, max context, batch pad."""
+
+    num_reqs: int = 8
+    buffer_size: int = 8
+    device_rows: int = 512
+    host_to_device_ratio: int = 4
+    max_ctx: int = 256
+    page_size: int = 1
+
+
+class Mismatch(AssertionError):
+    """Attention output of the HiSparse path differs from the all-resident oracle."""
+
+
+class DecodeEngine:
+    """See the module docstring. ``prefetch``/``skip_io`` are passed to the core (None: env)."""
+
+    def __init__(
+        self,
+        model: ToyModel,
+        sizes: EngineSizes,
+        *,
+        device: torch.device | str = "cpu",
+        prefetch: bool | None = None,
+        skip_io: bool | None = None,
+        check: bool = True,
+        max_batch: int = 16,
+    ) -> None:
+        self.model, self.sizes, self.check = model, sizes, check
+        self.device = torch.device(device)
+        L, item = model.num_layers, model.item_bytes
+        self.allocator = DualSpaceAllocator(
+            sizes.device_rows, host_to_device_ratio=sizes.host_to_device_ratio,
+            page_size=sizes.page_size, device=self.device,
+        )
+        rows_total = self.allocator.rows.total_ids
+        self.device_kv = [torch.zeros(rows_total, item, dtype=torch.uint8, device=self.device) for _ in range(L)]
+        self.host = HostKVPool(
+            num_layers=L, item_bytes=item, capacity_tokens=sizes.device_rows * sizes.host_to_device_ratio,
+            page_size=sizes.page_size, max_requests=sizes.num_reqs, max_context=sizes.max_ctx,
+            device=self.device,
+        )
+        self.core = HiSparseCore(
+            top_k=model.top_k, buffer_size=sizes.buffer_size, num_reqs=sizes.num_reqs,
+            allocator=self.allocator, host=self.host, device_kv=self.device_kv,
+            host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
+            max_batch=max_batch, prefetch=prefetch, skip_io=skip_io,
+        )
+        self.req_to_token = torch.zeros(sizes.num_reqs, sizes.max_ctx, dtype=torch.int64, device=self.device)
+        self.free_slots = list(range(sizes.num_reqs))
+        self.running: list[ToyRequest] = []
+        self.staging: list[ToyRequest] = []
+        self.steps = 0
+        self.checked_outputs = 0
+
+    # -- admission ------------------------------------------------------------------------------
+    def can_admit(self, req: ToyRequest) -> bool:
+        n = req.prompt_len
+        if not self.free_slots or n + req.max_new - req.generated > self.sizes.max_ctx:
+            return False
+        need_rows = min(n, self.sizes.buffer_size) + 1 if req.direct else n
+        return (
+            self.allocator.logical.available_size() >= n + 1
+            and self.allocator.rows.available_size() >= need_rows + self.sizes.num_reqs
+        )
+
+    def prefill(self, req: ToyRequest) -> None:
+        """Co-located prefill: full device rows for the prompt, then staging."""
+        r, n = self._take_slot(req)
+        zero = torch.zeros(1, dtype=torch.int64)
+        ids = self.allocator.alloc_extend(zero, torch.tensor([n]), torch.full((1,), -1, dtype=torch.int64, device=self.device))
+        if ids is None:
+            raise RuntimeError("prefill: allocator full (can_admit should have refused)")
+        self.req_to_token[r, :n] = ids
+        pos = torch.arange(n, device=self.device)
+        rows = self.allocator.translate(ids)
+        for layer, kv in enumerate(self.device_kv):
+            kv[rows] = self.model.kv(req.seed, pos, layer)
+        self.core.admit_staging(r, ids, req)
+        req.status = ReqStatus.STAGING
+        self.staging.append(req)
+        req.history.append(f"prefill n={n} r={r}")
+
+    def admit_direct(self, req: ToyRequest) -> None:
+        """PD decode side: logical ids only; the 'prefill instance' writes host rows."""
+        r, n = self._take_slot(req)
+        zero = torch.zeros(1, dtype=torch.int64)
+        ids = self.allocator.alloc_logical_extend(zero, torch.tensor([n]), torch.full((1,), -1, dtype=torch.int64))
+        if ids is None:
+            raise RuntimeError("admit_direct: logical ids exhausted (can_admit should have refused)")
+        self.req_to_token[r, :n] = ids
+        if not self.host.ensure(r, n):
+            raise RuntimeError("admit_direct: host pool full")
+        host_rows = self.host.host_rows[r, :n]
+        pos = torch.arange(n, device=self.device)
+        for layer, kv in enumerate(self.host.kv):
+            kv[host_rows.to(kv.device)] = self.model.kv(req.seed, pos, layer).to(kv.device)
+        self.core.admit_direct(r, n)
+        req.status = ReqStatus.RUNNING
+        self.running.append(req)
+        req.history.append(f"direct n={n} r={r}")
+
+    def _take_slot(self, req: ToyRequest) -> tuple[int, int]:
+        r = self.free_slots.pop(0)
+        req.req_pool_idx, req.seq_len = r, req.prompt_len
+        return r, req.prompt_len
+
+    def collect(self) -> list[ToyRequest]:
+        ready = [entry.req for entry in self.core.collect_ready()]
+        for req in ready:
+            self.staging.remove(req)
+            req.status = ReqStatus.RUNNING
+            self.running.append(req)
+        return ready
+
+    # -- release --------------------------------------------------------------------------------
+    def release(self, req: ToyRequest, why: str) -> None:
+        """finish / abort / retract: coordinator first, then the logical ids (release_kv_cache)."""
+        r = req.req_pool_idx
+        self.core.finish(r)
+        self.allocator.free(self.req_to_token[r, : req.seq_len])
+        self.req_to_token[r].zero_()
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.staging:
+            self.staging.remove(req)
+        self.free_slots.append(r)
+        req.req_pool_idx = -1
+        req.history.append(why)
+        if why == "retract":
+            # SGLang re-prefills a retracted request from its prompt + generated tokens.
+            req.prompt_len, req.status = req.seq_len, ReqStatus.WAITING
+        else:
+            req.status = ReqStatus.DONE
+
+    # -- one decode step ------------------------------------------------------------------------
+    def step(self, pad_to: int | None = None) -> None:
+        """One decode step for every running request (see the module docstring)."""
+        batch = list(self.running)
+        if not batch:
+            return
+        dev, bs = self.device, len(batch)
+        seq_cpu = torch.tensor([q.seq_len + 1 for q in batch], dtype=torch.int64)
+        req_cpu = torch.tensor([q.req_pool_idx for q in batch], dtype=torch.int64)
+        last = self.req_to_token[req_cpu.to(dev), seq_cpu.to(dev) - 2]
+        new_ids = self.allocator.alloc_decode(seq_cpu, last)
+        if new_ids is None:
+            raise RuntimeError("step: logical ids exhausted")
+        for q, nid in zip(batch, new_ids.tolist(), strict=True):
+            q.seq_len += 1
+            q.generated += 1
+            self.req_to_token[q.req_pool_idx, q.seq_len - 1] = nid
+        req_index, seq_lens = req_cpu.to(dev), seq_cpu.to(dev)
+        self.core.map_last_loc(
+            req_index=req_index, seq_lens=seq_lens, new_logical=new_ids,
+            req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(),
+        )
+        self.core.wait_for_pending_backup()
+        self.core.num_real_reqs.fill_(bs)
+        width = max(pad_to or bs, bs)
+        if width > bs:  # CUDA-graph padding: inert rows (slot 0, length 1), like SGLang's fill values
+            req_index = torch.cat([req_index, torch.zeros(width - bs, dtype=torch.int64, device=dev)])
+            seq_lens = torch.cat([seq_lens, torch.ones(width - bs, dtype=torch.int64, device=dev)])
+        self._forward(batch, req_index, seq_lens, new_ids, width)
+        self.steps += 1
+
+    def _forward(self, batch, req_index, seq_lens, new_ids, width) -> None:
+        m, dev, bs = self.model, self.device, len(batch)
+        new_pos = torch.tensor([q.seq_len - 1 for q in batch], device=dev)
+        new_rows = self.allocator.translate(new_ids)
+        top_k = torch.full((width, m.top_k), -1, dtype=torch.int32, device=dev)
+        for layer in range(m.num_layers):
+            kv = self.device_kv[layer]
+            for b, q in enumerate(batch):  # set_kv_buffer: the new token's KV via the mapping
+                kv[new_rows[b]] = m.kv(q.seed, new_pos[b : b + 1], layer)[0]
+            if not m.shared[layer]:
+                for b, q in enumerate(batch):
+                    top_k[b] = m.select(q.seed, q.seq_len, layer, dev)
+            rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
+            if not self.check:
+                continue
+            if bool((rows[bs:] != -1).any()):
+                raise Mismatch(f"layer {layer}: padding rows resolved to {rows[bs:].tolist()}, expected -1")
+            valid = top_k[:bs] >= 0
+            if not torch.equal(valid, rows[:bs] >= 0):
+                raise Mismatch(f"layer {layer}: -1 pattern of rows {rows[:bs].tolist()} != top_k {top_k[:bs].tolist()}")
+            got = m.attend(kv[rows[:bs].clamp(min=0).long()], valid)
+            want_bytes = torch.stack([
+                m.kv(q.seed, top_k[b].clamp(min=0), layer) for b, q in enumerate(batch)
+            ])
+            want = m.attend(want_bytes, valid)
+            if not torch.equal(got, want):
+                bad = [q.rid for b, q in enumerate(batch) if not torch.equal(got[b], want[b])]
+                raise Mismatch(f"step {self.steps} layer {layer}: attention differs for requests {bad}")
+            self.checked_outputs += bs
+
+    # -- leak check -----------------------------------------------------------------------------
+    def check_no_leaks(self) -> None:
+        """With no request alive: every allocator and pool is back to empty and consistent."""
+        self.allocator.check_integrity()
+        self.host.check_integrity()
+        problems = []
+        if self.allocator.logical.used_size():
+            problems.append(f"{self.allocator.logical.used_size()} logical ids still used")
+        if self.allocator.rows.used_size():
+            problems.append(f"{self.allocator.rows.used_size()} device rows still used")
+        if self.host.rows.used_size():
+            problems.append(f"{self.host.rows.used_size()} host rows still used")
+        if int((self.allocator.mapping[:-1] != 0).sum()):
+            problems.append("mapping entries left")
+        st = self.core.state
+        if any(p.value != "free" for p in st.phase) or bool((st.slot_rows != -1).any()):
+            problems.append("coordinator state not reset")
+        if self.core.has_ongoing_staging():
+            problems.append("staging queue not empty")
+        if problems:
+            raise AssertionError("leaks after all requests ended: " + "; ".join(problems))
