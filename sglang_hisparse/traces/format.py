@@ -218,6 +218,18 @@ class TraceWriter:
         self._parts += 1
         self._rows = []
 
+    def flush(self) -> None:
+        """Directory mode: write the pending rows as a part and (re)write ``header.json``, so
+        the directory is loadable now. Single-file mode writes only on ``close``."""
+        if self.single:
+            return
+        self.header["top_k"] = self._top_k
+        self._flush_part()
+        tmp = os.path.join(self.path, "header.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.header, f, indent=1)
+        os.replace(tmp, os.path.join(self.path, "header.json"))
+
     def close(self) -> None:
         if self._closed:
             return
@@ -225,12 +237,8 @@ class TraceWriter:
         self.header["top_k"] = self._top_k
         if self.single:
             np.savez_compressed(self.path, header=np.array(json.dumps(self.header)), **self._arrays())
-            return
-        self._flush_part()
-        tmp = os.path.join(self.path, "header.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(self.header, f, indent=1)
-        os.replace(tmp, os.path.join(self.path, "header.json"))
+        else:
+            self.flush()
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -78,6 +78,20 @@ def _new_positions(rng, hot: np.ndarray, count: int, n: int, locality: float, sp
     return np.clip(pos, 0, n - 1)
 
 
+def _distinct(rng, hot: np.ndarray, n: int, sinks: int, recent: int) -> np.ndarray:
+    """Re-draw hot members that repeat or overlap the sinks/window, keeping the width k."""
+    lo, hi = sinks, max(n - recent, sinks + 1)
+    for _ in range(16):
+        _, first = np.unique(hot, return_index=True)
+        bad = np.ones(hot.size, dtype=bool)
+        bad[first] = False
+        bad |= (hot < lo) | (hot >= hi)
+        if not bad.any():
+            break
+        hot[bad] = rng.integers(lo, hi, int(bad.sum()))
+    return hot
+
+
 def _stream_layer(spec: SyntheticSpec, drift: float, rng) -> list[tuple[int, np.ndarray]]:
     """Rows (seq_len, selection) for one (stream, layer)."""
     rows = []
@@ -93,6 +107,7 @@ def _stream_layer(spec: SyntheticSpec, drift: float, rng) -> list[tuple[int, np.
                 hot[replace] = _new_positions(rng, hot, int(replace.sum()), n, spec.locality, spec.spread)
                 # Replaced members become the newest (lowest-score) entries of the hot set.
                 hot = np.concatenate((hot[~replace], hot[replace]))
+            hot = _distinct(rng, hot, n, spec.sinks, spec.recent)
         sel = np.concatenate((np.arange(min(spec.sinks, n)), hot, np.arange(max(n - spec.recent, 0), n)))
         _, first = np.unique(sel, return_index=True)
         sel = sel[np.sort(first)][: spec.top_k]

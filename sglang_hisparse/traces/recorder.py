@@ -1,0 +1,192 @@
+"""Live trace recording inside a serving process (``SGLANG_HISPARSE_RECORD_TRACE=<dir>``).
+
+The coordinator holds ``None`` when recording is off, so the off path costs nothing. When
+on, it calls (see docs/traces.md)::
+
+    recorder.begin_step(req_index_cpu, seq_lens_cpu)       # once per decode step, host lists
+    recorder.record(layer_id=l, req_index=ri, seq_lens=sl, top_k=tk)   # per resolved layer
+    recorder.release(r)                                   # request slot r finished (optional)
+    recorder.close()                                      # teardown (also registered atexit)
+
+Sampling is per *request*, not per step: a stream must hold every decode step of a request
+for the simulator to replay its buffer, so each new request is recorded with probability
+``SGLANG_HISPARSE_RECORD_SAMPLE`` and then completely. The host decides which batch rows
+are sampled from the step's host lists (no device read-back); ``record`` gathers only
+those rows on the device and copies them to pinned host memory with ``non_blocking``,
+behind a CUDA event; finished copies are drained into a ``TraceWriter`` directory on later
+calls. A step with no sampled request returns after one attribute check.
+
+Not recorded: steps replayed from a CUDA graph (Python does not run; capture is detected
+and skipped), so record with ``--disable-cuda-graph`` or above ``--cuda-graph-max-bs``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .format import TraceWriter, make_header
+
+logger = logging.getLogger(__name__)
+
+
+def _env_settings() -> tuple[str, float]:
+    """(directory, sample fraction) from the env registry, or os.environ when it is absent."""
+    try:
+        from sglang_hisparse import envs
+
+        return str(envs.get("SGLANG_HISPARSE_RECORD_TRACE")), float(envs.get("SGLANG_HISPARSE_RECORD_SAMPLE"))
+    except (ImportError, KeyError):
+        return os.environ.get("SGLANG_HISPARSE_RECORD_TRACE", ""), float(
+            os.environ.get("SGLANG_HISPARSE_RECORD_SAMPLE", "0.01")
+        )
+
+
+class LiveTraceRecorder:
+    """Records the top-k selections of sampled requests into a trace directory.
+
+    ``directory``: parent folder; this process writes ``<directory>/trace-<pid>-<time>/``.
+    ``sample``: probability in [0, 1] that a new request is recorded. ``max_rows``: most
+    sampled requests recorded at once (bounds the per-layer copy to ``max_rows × k`` ints).
+    """
+
+    def __init__(self, directory: str, *, sample: float = 0.01, max_rows: int = 8, seed: int = 0,
+                 source: dict[str, Any] | None = None):
+        if not 0.0 <= sample <= 1.0:
+            raise ValueError(
+                f"SGLANG_HISPARSE_RECORD_SAMPLE={sample} must be a fraction in [0, 1] of requests to record"
+            )
+        if max_rows < 1:
+            raise ValueError(f"max_rows={max_rows} must be >= 1")
+        self.sample = sample
+        self.max_rows = max_rows
+        self._rng = random.Random(seed)
+        self.path = os.path.join(directory, f"trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}")
+        src = {"recorder": "live", "sample": sample, "pid": os.getpid(), **(source or {})}
+        self.writer = TraceWriter(self.path, make_header(top_k=0, sorted_by_score=False, source=src))
+        self.writer.flush()  # header.json now: a crashed server still leaves a loadable directory
+        self._auto = True  # until begin_step is called from outside: read the batch back per step
+        # slot r -> (stream id or -1 when not sampled, last seq_len)
+        self._slots: dict[int, tuple[int, int]] = {}
+        self._next_stream = 0
+        self._live_sampled = 0
+        self._rows: list[int] = []  # batch rows sampled this step
+        self._row_streams: list[int] = []
+        self._row_lens: list[int] = []
+        self._rows_dev: torch.Tensor | None = None
+        self._last_layer: int | None = None
+        self._pending: deque = deque()
+        self._warned_capture = False
+        self._closed = False
+        atexit.register(self.close)
+
+    @classmethod
+    def from_env(cls) -> LiveTraceRecorder | None:
+        """A recorder when ``SGLANG_HISPARSE_RECORD_TRACE`` is set, else ``None``."""
+        directory, sample = _env_settings()
+        if not directory:
+            return None
+        rec = cls(directory, sample=sample)
+        logger.info("HiSparse: recording selection traces of %.2f%% of requests into %s", 100 * sample, rec.path)
+        return rec
+
+    # -- host-side step bookkeeping -------------------------------------------------------
+    def begin_step(self, req_index_cpu: Sequence[int], seq_lens_cpu: Sequence[int]) -> None:
+        """Note the batch of this decode step (host lists, batch order as passed to resolve)."""
+        self._auto = False
+        self._begin(req_index_cpu, seq_lens_cpu)
+
+    def _begin(self, req_index_cpu: Sequence[int], seq_lens_cpu: Sequence[int]) -> None:
+        rows, streams, lens = [], [], []
+        for b, (r, n) in enumerate(zip(req_index_cpu, seq_lens_cpu, strict=True)):
+            r, n = int(r), int(n)
+            sid, last = self._slots.get(r, (-2, 0))
+            if sid == -2 or n <= last:  # a new request life in slot r
+                if sid >= 0:
+                    self._live_sampled -= 1
+                sid = -1
+                if self._live_sampled < self.max_rows and self._rng.random() < self.sample:
+                    sid = self._next_stream
+                    self._next_stream += 1
+                    self._live_sampled += 1
+            self._slots[r] = (sid, n)
+            if sid >= 0:
+                rows.append(b)
+                streams.append(sid)
+                lens.append(n)
+        self._rows, self._row_streams, self._row_lens = rows, streams, lens
+        self._rows_dev = None
+        self._last_layer = None
+
+    def release(self, r: int) -> None:
+        """Request slot ``r`` finished: its next occupant is a new stream."""
+        sid, _ = self._slots.pop(int(r), (-1, 0))
+        if sid >= 0:
+            self._live_sampled -= 1
+
+    # -- per layer --------------------------------------------------------------------------
+    def record(self, *, layer_id: int, req_index: torch.Tensor, seq_lens: torch.Tensor,
+               top_k: torch.Tensor) -> None:
+        """Queue the sampled rows of ``top_k`` int32 [bs, k] (device or host) for writing.
+
+        Without ``begin_step`` calls, a new step is detected by ``layer_id`` not increasing
+        and the batch is read back with ``tolist()`` (a host sync: slower, still correct).
+        """
+        if self._closed:
+            return
+        if top_k.is_cuda and torch.cuda.is_current_stream_capturing():
+            if not self._warned_capture:
+                logger.warning("HiSparse trace recorder: CUDA-graph steps are not recorded (use --disable-cuda-graph).")
+                self._warned_capture = True
+            return
+        if self._auto and (self._last_layer is None or layer_id <= self._last_layer):
+            self._begin(req_index.tolist(), seq_lens.tolist())
+        self._last_layer = layer_id
+        self._drain(block=False)
+        if not self._rows:
+            return
+        if self._rows_dev is None:
+            self._rows_dev = torch.tensor(self._rows, dtype=torch.long).to(top_k.device, non_blocking=True)
+        picked = top_k.index_select(0, self._rows_dev)
+        if picked.is_cuda:
+            host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
+            host.copy_(picked, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = picked.clone(), None
+        self._pending.append((layer_id, list(self._row_streams), list(self._row_lens), host, event))
+
+    def _drain(self, block: bool) -> None:
+        while self._pending:
+            layer, streams, lens, host, event = self._pending[0]
+            if event is not None and not event.query():
+                if not block:
+                    return
+                event.synchronize()
+            self._pending.popleft()
+            arr = host.numpy()
+            for i, (sid, n) in enumerate(zip(streams, lens, strict=True)):
+                self.writer.add(sid, layer, n, np.asarray(arr[i]))
+
+    def flush(self) -> None:
+        """Wait for queued copies and write them (parts and header) to disk."""
+        self._drain(block=True)
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and stop recording (idempotent; also runs at interpreter exit)."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self.writer.close()
