@@ -101,7 +101,7 @@ class HiSparseCore:
                 f"device_buffer_size = {buffer_size} < top_k = {top_k}: every selected position "
                 f"needs a hot slot. Set device_buffer_size >= {top_k} (default 2 * top_k)."
             )
-        if len(device_kv) != len(host_kv) or not device_kv:
+        if len(device_kv) != len(host_kv) or len(device_kv) == 0:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
             )

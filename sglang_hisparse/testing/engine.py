@@ -30,6 +30,7 @@ import torch
 
 from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
 from sglang_hisparse.testing.toy_model import ToyModel
 
@@ -97,8 +98,9 @@ class DecodeEngine:
             sizes.device_rows, host_to_device_ratio=sizes.host_to_device_ratio,
             page_size=sizes.page_size, device=self.device,
         )
-        rows_total = self.allocator.rows.total_ids
-        self.device_kv = [torch.zeros(rows_total, item, dtype=torch.uint8, device=self.device) for _ in range(L)]
+        self.pool = DeviceKVPool(
+            num_layers=L, item_bytes=item, allocator=self.allocator, index_item_bytes=4 * model.index_dim,
+        )
         self.host = HostKVPool(
             num_layers=L, item_bytes=item, capacity_tokens=sizes.device_rows * sizes.host_to_device_ratio,
             page_size=sizes.page_size, max_requests=sizes.num_reqs, max_context=sizes.max_ctx,
@@ -106,7 +108,7 @@ class DecodeEngine:
         )
         self.core = HiSparseCore(
             top_k=model.top_k, buffer_size=sizes.buffer_size, num_reqs=sizes.num_reqs,
-            allocator=self.allocator, host=self.host, device_kv=self.device_kv,
+            allocator=self.allocator, host=self.host, device_kv=self.pool.kv,
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io,
         )
@@ -137,9 +139,9 @@ class DecodeEngine:
             raise RuntimeError("prefill: allocator full (can_admit should have refused)")
         self.req_to_token[r, :n] = ids
         pos = torch.arange(n, device=self.device)
-        rows = self.allocator.translate(ids)
-        for layer, kv in enumerate(self.device_kv):
-            kv[rows] = self.model.kv(req.seed, pos, layer)
+        for layer in range(self.model.num_layers):
+            self.pool.write(layer, ids, self.model.kv(req.seed, pos, layer))
+        self._write_index(req, ids, pos)
         self.core.admit_staging(r, ids, req)
         req.status = ReqStatus.STAGING
         self.staging.append(req)
@@ -153,6 +155,7 @@ class DecodeEngine:
         if ids is None:
             raise RuntimeError("admit_direct: logical ids exhausted (can_admit should have refused)")
         self.req_to_token[r, :n] = ids
+        self._write_index(req, ids, torch.arange(n, device=self.device))
         if not self.host.ensure(r, n):
             raise RuntimeError("admit_direct: host pool full")
         host_rows = self.host.host_rows[r, :n]
@@ -163,6 +166,13 @@ class DecodeEngine:
         req.status = ReqStatus.RUNNING
         self.running.append(req)
         req.history.append(f"direct n={n} r={r}")
+
+    def _write_index(self, req: ToyRequest, ids: torch.Tensor, pos: torch.Tensor) -> None:
+        """Indexer keys of anchor layers, by logical id (the DSA indexer's K cache)."""
+        for layer in range(self.model.num_layers):
+            if not self.model.shared[layer]:
+                keys = self.model.index_keys(req.seed, pos, layer)
+                self.pool.write_index(layer, ids, keys.view(torch.uint8))
 
     def _take_slot(self, req: ToyRequest) -> tuple[int, int]:
         r = self.free_slots.pop(0)
@@ -231,15 +241,19 @@ class DecodeEngine:
     def _forward(self, batch, req_index, seq_lens, new_ids, width) -> None:
         m, dev, bs = self.model, self.device, len(batch)
         new_pos = torch.tensor([q.seq_len - 1 for q in batch], device=dev)
-        new_rows = self.allocator.translate(new_ids)
         top_k = torch.full((width, m.top_k), -1, dtype=torch.int32, device=dev)
         for layer in range(m.num_layers):
-            kv = self.device_kv[layer]
-            for b, q in enumerate(batch):  # set_kv_buffer: the new token's KV via the mapping
-                kv[new_rows[b]] = m.kv(q.seed, new_pos[b : b + 1], layer)[0]
+            kv = self.pool.layer(layer)
+            # set_kv_buffer: the new tokens' KV (and indexer keys) by logical id
+            self.pool.write(layer, new_ids, torch.cat([
+                m.kv(q.seed, new_pos[b : b + 1], layer) for b, q in enumerate(batch)
+            ]))
             if not m.shared[layer]:
                 for b, q in enumerate(batch):
-                    top_k[b] = m.select(q.seed, q.seq_len, layer, dev)
+                    self.pool.write_index(layer, new_ids[b : b + 1], m.index_keys(q.seed, new_pos[b : b + 1], layer).view(torch.uint8))
+                    ids = self.req_to_token[q.req_pool_idx, : q.seq_len]
+                    keys = self.pool.read_index(layer, ids).view(torch.float32)
+                    top_k[b] = m.select(keys, q.seed, layer)
             rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
             if not self.check:
                 continue

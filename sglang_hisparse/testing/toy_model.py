@@ -7,8 +7,9 @@ the selected positions) and lets a retracted request re-prefill bit-identical KV
 Per layer ``l`` and decode step (request of length ``n``):
 
 ```
-indexer (anchor layers only)   scores[p] = <key(seed, p, anchor), query(seed, n, anchor)>
-                               + recency bonus; top-k positions (int32 [k], -1 padded if n < k)
+indexer (anchor layers only)   keys read from the device pool's logical-space key cache;
+                               scores[p] = <key[p], query(seed, n, anchor)> + recency bonus;
+                               top-k positions (int32 [k], -1 padded if n < k)
 shared layers                  reuse the anchor's top-k (index_topk_freq-style sharing)
 attention                      gathers the k selected KV rows (uint8 [k, I]) and reduces them
                                to float32 [I] with position-in-top-k weights
@@ -35,6 +36,11 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     x = (x ^ (x >> 29)) * 0x27D4EB2F & _MASK
     x = (x ^ (x >> 32)) * 0x165667B1 & _MASK
     return (x ^ (x >> 27)) & _MASK
+
+
+def _scalar(a: int, b: int) -> int:
+    """``a * b`` folded into the hash's 62-bit range (Python ints do not wrap; torch's do)."""
+    return (a * b) & _MASK
 
 
 @dataclass(frozen=True)
@@ -70,31 +76,32 @@ class ToyModel:
         """KV bytes uint8 [len(positions), I] of ``positions`` (int, any device) at ``layer``."""
         p = positions.to(torch.int64).reshape(-1, 1)
         j = torch.arange(self.item_bytes // 8, dtype=torch.int64, device=p.device)
-        base = seed * 1_000_003 + layer * 7_919
-        words = _mix(p * 0x9E3779B1 + base * 0x85EBCA77 + j * 0xC2B2AE3D + 1)
+        base = _scalar(seed * 1_000_003 + layer * 7_919, 0x85EBCA77)
+        words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
         return words.contiguous().view(torch.uint8)[:, : self.item_bytes].contiguous()
 
     def _unit(self, x: torch.Tensor) -> torch.Tensor:
         return (_mix(x) & 0xFFFF).to(torch.float32) / 32768.0 - 1.0
 
-    def index_keys(self, seed: int, n: int, layer: int, device: torch.device) -> torch.Tensor:
-        """float32 [n, index_dim] indexer keys of positions 0..n-1 (logical, fully resident)."""
-        p = torch.arange(n, dtype=torch.int64, device=device)[:, None]
-        d = torch.arange(self.index_dim, dtype=torch.int64, device=device)
-        return self._unit(p * 0x632BE5AB + d * 0x1B873593 + seed * 0xCC9E2D51 + layer * 0x38495AB5)
+    def index_keys(self, seed: int, positions: torch.Tensor, layer: int) -> torch.Tensor:
+        """float32 [len(positions), index_dim] indexer keys (stored in logical space)."""
+        p = positions.to(torch.int64).reshape(-1, 1)
+        d = torch.arange(self.index_dim, dtype=torch.int64, device=p.device)
+        return self._unit(p * 0x632BE5AB + d * 0x1B873593 + _scalar(seed, 0xCC9E2D51) + layer * 0x38495AB5)
 
     def query(self, seed: int, n: int, layer: int, device: torch.device) -> torch.Tensor:
         """float32 [index_dim] query at length ``n``: a per-request direction plus step noise."""
         d = torch.arange(self.index_dim, dtype=torch.int64, device=device)
-        stable = self._unit(d * 0x1B873593 + seed * 0x2545F491 + layer * 0x9E3779B9)
-        noise = self._unit(d * 0x4CF5AD43 + (seed * 131 + n) * 0x2545F491 + layer)
+        stable = self._unit(d * 0x1B873593 + _scalar(seed, 0x2545F491) + layer * 0x9E3779B9)
+        noise = self._unit(d * 0x4CF5AD43 + _scalar(seed * 131 + n, 0x2545F491) + layer)
         return stable + 0.5 * noise
 
-    def select(self, seed: int, n: int, layer: int, device: torch.device) -> torch.Tensor:
-        """The indexer's top-k for a request of length ``n`` at anchor ``layer``: int32 [k],
-        positions in [0, n), -1 padded when n < k (as SGLang's unfused top-k returns)."""
-        k = self.top_k
-        scores = self.index_keys(seed, n, layer, device) @ self.query(seed, n, layer, device)
+    def select(self, keys: torch.Tensor, seed: int, layer: int) -> torch.Tensor:
+        """The indexer's top-k over ``keys`` float32 [n, index_dim] (positions 0..n-1, read
+        from the logical-space key cache) at anchor ``layer``: int32 [k], positions in
+        [0, n), -1 padded when n < k (as SGLang's unfused top-k returns)."""
+        n, k, device = keys.shape[0], self.top_k, keys.device
+        scores = keys @ self.query(seed, n, layer, device)
         pos = torch.arange(n, dtype=torch.float32, device=device)
         scores = scores + self.recency * (pos / n) ** 4
         out = torch.full((k,), -1, dtype=torch.int32, device=device)
