@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# DeepSeek-V3.2, PD-disaggregated: the DECODE instance (one 8xH200 node) with HiSparse by sglang-hisparse.
+#
+# Runs:  python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp-size 8 --attn-dp-size 8
+#        --disaggregation-mode decode --kv-cache-dtype bfloat16
+#        --dsa-decode-backend flashmla_sparse --disable-radix-cache --enable-hisparse
+#        --hisparse-config '{...}' ...
+# What changes with HiSparse: the prefill instance's KV transfer is received into the pinned
+#        host pool (direct admission), not into GPU rows; a request then gets only its B+1 hot
+#        slots per layer on the GPU (preloaded when it is short, empty when long), so the decode
+#        node admits many more long requests (`python -m sglang_hisparse plan --model DeepSeek-V3.2`).
+# Expect in the log: the "sglang-hisparse: registered N hooks", "HiSparse on for ..." and
+#        "host KV pool ..." lines of the co-located script, and the periodic "HiSparse: hit rate
+#        .., .. misses/step, .. GB host->device ..; staged .. reqs, .. | totals: .. direct" line,
+#        whose "direct" count grows with every request received from prefill.
+# A/B:   HISPARSE=off ./dsv32_pd_decode.sh         full KV on the decode GPUs
+#        ./ab_plugin_off.sh ./dsv32_pd_decode.sh   SGLang's in-tree HiSparse, same command
+# Env:   MODEL_PATH PORT(30001) IB_DEVICE CONTEXT_LENGTH HISPARSE HISPARSE_CONFIG EXTRA_ARGS PYTHON, see _common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+
+MODEL_PATH=${MODEL_PATH:-deepseek-ai/DeepSeek-V3.2}
+PORT=${PORT:-30001}
+hisparse_args '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}'
+ib_args
+
+args=(
+    --model-path "$MODEL_PATH" --trust-remote-code
+    --host "$HOST" --port "$PORT"
+    --tp-size 8 --attn-dp-size 8
+    --context-length "$CONTEXT_LENGTH"
+    --mem-fraction-static 0.85 --chunked-prefill-size 65536
+    --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
+    --disable-radix-cache
+    --disaggregation-mode decode --disaggregation-transfer-backend mooncake
+    "${IB_ARGS[@]}"
+    --watchdog-timeout 3600
+    "${HS_ARGS[@]}"
+)
+launch "${args[@]}"

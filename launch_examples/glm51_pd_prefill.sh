@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GLM-5.1-FP8, PD-disaggregated: the PREFILL instance (one 8xH200 node). It knows nothing of
+# HiSparse: it runs prefill and ships each request's KV to the decode instance
+# (glm51_pd_decode.sh), which with HiSparse lands it straight in its pinned host pool.
+#
+# Runs:  python -m sglang.launch_server --model-path zai-org/GLM-5.1-FP8 --tp-size 8 --attn-dp-size 8
+#        --disaggregation-mode prefill --disaggregation-bootstrap-port 8998 ...
+# Expect in the log: no "sglang-hisparse: HiSparse on" line (the plugin may register its hooks,
+#        but without --enable-hisparse none of them is called); the bootstrap server listening on
+#        port $BOOTSTRAP_PORT.
+# Then:  start glm51_pd_decode.sh on the decode node and a PD router in front of both (README.md).
+# Env:   MODEL_PATH PORT(30000) BOOTSTRAP_PORT(8998) IB_DEVICE CONTEXT_LENGTH EXTRA_ARGS PYTHON, see _common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+
+MODEL_PATH=${MODEL_PATH:-zai-org/GLM-5.1-FP8}
+PORT=${PORT:-30000}
+BOOTSTRAP_PORT=${BOOTSTRAP_PORT:-8998}
+ib_args
+
+args=(
+    --model-path "$MODEL_PATH" --trust-remote-code
+    --host "$HOST" --port "$PORT"
+    --tp-size 8 --attn-dp-size 8
+    --context-length "$CONTEXT_LENGTH"
+    --mem-fraction-static 0.8 --chunked-prefill-size 65536
+    --disaggregation-mode prefill --disaggregation-bootstrap-port "$BOOTSTRAP_PORT"
+    --disaggregation-transfer-backend mooncake
+    "${IB_ARGS[@]}"
+    --watchdog-timeout 3600
+)
+launch "${args[@]}"
