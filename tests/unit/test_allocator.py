@@ -141,7 +141,7 @@ def test_dual_shrink_pages_keep_union_of_pages():
     # slots 0,1 -> rows 4,5 (page 1); slot B -> newest token 10 -> row 14 (page 3); page 2 freed
     assert slot_rows.tolist() == [4, 5, 14]
     assert a.hot_pages(0) == [1, 3]
-    assert a._hot[0].spare == [6, 7, 12, 13, 15]
+    assert a.hot_spare_rows(0) == [6, 7, 12, 13, 15]
     assert a.rows.available_size() == 32 - 8
     assert a.grow_hot_buffer(0, 2).tolist() == [6, 7]  # spare rows first
     a.check_integrity()
@@ -204,4 +204,21 @@ def test_dual_bad_frees_change_nothing():
     with pytest.raises(ValueError, match="no hot buffer"):
         a.release_hot_buffer(0)
     assert a.available_size() == 4
+    a.check_integrity()
+
+
+def test_dual_page1_decode_alloc_then_rebind_frees_temporary_row():
+    a = DualSpaceAllocator(8, host_to_device_ratio=2)
+    (r0,) = prefill(a, 3)  # logical 1..3 -> rows 1..3
+    slot_rows = a.shrink_to_hot_buffer(0, r0, hot_size=2)
+    assert slot_rows.tolist() == [1, 2, 3]
+    new = a.alloc(1)  # SGLang's page_size-1 decode: logical 4 + temporary row 4
+    assert new.tolist() == [4] and a.translate(new).tolist() == [4]
+    a.unmap(r0[-1:])
+    a.rebind(new, slot_rows[-1:], logical_ids_cpu=a.last_alloc_cpu)
+    assert a.translate(new).tolist() == [3]  # now writes into slot B's row
+    assert a.rows.available_size() == 5  # rows 4..8 free: the temporary row came back
+    a.check_integrity()
+    a.free_request(0, torch.cat([r0, new]))
+    assert a.available_size() == 8
     a.check_integrity()

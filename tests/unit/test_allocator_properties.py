@@ -33,10 +33,14 @@ class Req:
     slot_rows: list[int] = field(default_factory=list)
 
 
-def _decode(a: DualSpaceAllocator, r: int, req: Req) -> bool:
-    """One decode step; returns False when the request had to be retracted."""
+def _decode(a: DualSpaceAllocator, r: int, req: Req, via_alloc: bool) -> bool:
+    """One decode step; returns False when the request had to be retracted.
+
+    ``via_alloc``: SGLang's page_size-1 path, ``alloc(bs)`` (logical id + a temporary prefill
+    row) followed by ``rebind`` onto the hot slot; otherwise ``alloc_decode`` (logical only).
+    """
     n = len(req.ids)
-    new = a.alloc_decode(t(n + 1), t(req.ids[-1]))
+    new = a.alloc(1) if via_alloc else a.alloc_decode(t(n + 1), t(req.ids[-1]))
     if new is None:
         return True  # no logical room: the scheduler would retract others; skip
     req.ids.append(int(new[0]))
@@ -48,7 +52,10 @@ def _decode(a: DualSpaceAllocator, r: int, req: Req) -> bool:
             return False
         req.slot_rows[slot] = int(row[0])
     a.unmap(t(req.ids[-2]))  # previous newest is on host (or stays in its slot)
-    a.map_tokens(new, t(req.slot_rows[slot]))
+    if via_alloc:
+        a.rebind(new, t(req.slot_rows[slot]), logical_ids_cpu=a.last_alloc_cpu)
+    else:
+        a.map_tokens(new, t(req.slot_rows[slot]))
     return True
 
 
@@ -100,7 +107,8 @@ def run_sequence(data: st.DataObject, max_steps: int) -> None:
             assert a.translate(t(q.ids[-1])).item() > 0
         elif op == "decode" and hot:
             r = data.draw(st.sampled_from(hot))
-            if not _decode(a, r, reqs[r]):
+            via_alloc = page_size == 1 and data.draw(st.booleans())
+            if not _decode(a, r, reqs[r], via_alloc):
                 a.free_request(r, t(*reqs.pop(r).ids))  # retract: no device room to grow
         elif op in ("finish", "abort", "retract") and reqs:
             r = data.draw(st.sampled_from(sorted(reqs)))
