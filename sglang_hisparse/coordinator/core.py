@@ -35,23 +35,31 @@ logger = logging.getLogger("sglang_hisparse")
 
 
 def _env_switches() -> tuple[bool, bool, float]:
-    """(prefetch disabled, skip IO, log interval) from the env registry, logging the names."""
+    """(prefetch disabled, skip IO, log interval) from the env registry."""
     from sglang_hisparse import envs
 
-    no_prefetch = bool(envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH"))
-    skip_io = bool(envs.get("SGLANG_HISPARSE_SKIP_IO"))
+    return (
+        bool(envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH")),
+        bool(envs.get("SGLANG_HISPARSE_SKIP_IO")),
+        float(envs.get("SGLANG_HISPARSE_LOG_INTERVAL")),
+    )
+
+
+def _log_switches(*, no_prefetch: bool, skip_io: bool) -> None:
+    """Say which switches are active and which environment name set them."""
+    from sglang_hisparse import envs
+
     if no_prefetch:
         logger.info(
-            "HiSparse: shared-index prefetch disabled by %s; shared layers resolve synchronously.",
-            envs.source("SGLANG_HISPARSE_DISABLE_PREFETCH"),
+            "HiSparse: shared-index prefetch disabled (%s); shared layers resolve synchronously.",
+            envs.source("SGLANG_HISPARSE_DISABLE_PREFETCH") or "constructor argument",
         )
     if skip_io:
         logger.warning(
-            "HiSparse: %s is set: NO KV BYTES ARE COPIED HOST->DEVICE. Timing oracle only; "
-            "MODEL OUTPUTS ARE INVALID.",
-            envs.source("SGLANG_HISPARSE_SKIP_IO"),
+            "HiSparse: skip-IO mode (%s): NO KV BYTES ARE COPIED HOST->DEVICE. Timing oracle "
+            "only; MODEL OUTPUTS ARE INVALID.",
+            envs.source("SGLANG_HISPARSE_SKIP_IO") or "constructor argument",
         )
-    return no_prefetch, skip_io, float(envs.get("SGLANG_HISPARSE_LOG_INTERVAL"))
 
 
 def _make_recorder() -> Any:
@@ -123,12 +131,14 @@ class HiSparseCore:
         #: int32 [1]: real batch size of the current forward (the model runner fills it)
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
         self.skip_io = env_skip_io if skip_io is None else skip_io
+        no_prefetch = env_no_prefetch if prefetch is None else not prefetch
+        _log_switches(no_prefetch=no_prefetch, skip_io=self.skip_io)
         self.lifecycle = Lifecycle(self.ctx, tp_group=tp_group)
         self.step = StepMapper(self.ctx)
         self.resolver = Resolver(
             self.ctx, num_real_reqs=self.num_real_reqs, max_batch=max_batch,
             shared_index_layers=shared_index_layers, start_layer=start_layer,
-            prefetch=(not env_no_prefetch) if prefetch is None else prefetch,
+            prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY,
         )
 
