@@ -77,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="host DRAM per node available for pinned KV, GiB (default %(default)s)")
     g.add_argument("--link-gbps", type=float, default=d["link_gbps"].default, metavar="GB/S",
                    help="host->device bandwidth per GPU for scattered row reads by GPU threads, GB/s (default "
-                        "%(default)s: measured 40-50 GB/s on H200 PCIe Gen5, shared/DEVICE.md)")
+                        "%(default)s: 40-50 GB/s measured on H200, PCIe Gen5 x16; docs/planner.md)")
     w = p.add_argument_group("workload and HiSparse")
     w.add_argument("--context", action="append", type=parse_tokens, metavar="TOKENS",
                    help="context length(s) per request: repeat or comma-separate; K = 1024 (default 128K)")
@@ -113,12 +113,32 @@ def _model(args: argparse.Namespace) -> planner.ModelSpec:
     return model_from_config(config, name=path.parent.name or str(path))
 
 
-def _trace_miss_rate(path: str, buffer: int) -> float:
+def _trace_miss_rate(path: str, buffer: int, top_k: int) -> tuple[float, str]:
+    """LRU miss rate of a recorded trace at ``buffer`` slots: (rate, where it came from).
+
+    The rate is the simulator's ``long_miss_rate`` (misses per distinct selected position on
+    steps past B, where misses can happen). A trace recorded with a different top-k is
+    replayed at the same B/top-k ratio, which is what the miss rate depends on.
+    """
     try:
+        from sglang_hisparse.traces import format as trace_format
         from sglang_hisparse.traces import simulator
     except ImportError as e:
         raise ValueError(f"--trace {path}: the trace simulator is not available ({e}); pass --miss-rate instead.") from None
-    return float(simulator.lru_miss_rate(path, buffer_size=buffer))
+    try:
+        trace = trace_format.load_trace(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"--trace {path}: cannot load a selection trace ({e}); see docs/traces.md.") from None
+    trace_k = int(trace.header.get("top_k") or top_k)
+    if trace_k > top_k and trace.header.get("sorted_by_score"):
+        trace, trace_k = trace.truncated(top_k), top_k
+    b_sim = buffer if trace_k == top_k else max(trace_k, round(buffer * trace_k / top_k))
+    overall = simulator.simulate(trace, "lru", [b_sim])[str(b_sim)]["overall"]
+    if overall["long_miss_rate"] is None:
+        raise ValueError(f"--trace {path}: no step is longer than B = {b_sim} tokens, so the trace says nothing "
+                         f"about misses; record longer contexts or pass --miss-rate.")
+    scaled = f", B scaled by trace top-k {trace_k}/{top_k}" if trace_k != top_k else ""
+    return float(overall["long_miss_rate"]), f"LRU on {path} at B={b_sim}{scaled}"
 
 
 def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
@@ -134,8 +154,8 @@ def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
         inputs = replace(inputs, miss_rate=args.miss_rate, miss_rate_source="--miss-rate")
     elif args.trace is not None:
         inputs.validate()  # the buffer must be valid before simulating with it
-        rate = _trace_miss_rate(args.trace, inputs.hot_slots)
-        inputs = replace(inputs, miss_rate=rate, miss_rate_source=f"LRU on {args.trace} at B={inputs.hot_slots}")
+        rate, source = _trace_miss_rate(args.trace, inputs.hot_slots, inputs.top_k)
+        inputs = replace(inputs, miss_rate=rate, miss_rate_source=source)
     else:
         inputs = replace(inputs, miss_rate_source="default: published GLM-5.1 LRU figure")
     return inputs

@@ -262,12 +262,29 @@ def test_help_explains_units_and_defaults():
         assert needle in text, needle
 
 
-def test_trace_without_simulator_or_plot_without_matplotlib_is_explained(capsys, tmp_path):
-    try:
-        import sglang_hisparse.traces.simulator  # noqa: F401
-    except ImportError:
-        code, _, err = _run(capsys, "--trace", str(tmp_path / "t.npz"))
-        assert code == 2 and "--trace" in err and "--miss-rate" in err
+def test_trace_sets_the_miss_rate_from_the_lru_simulator(capsys, tmp_path):
+    np = pytest.importorskip("numpy")
+    from sglang_hisparse.traces import simulator, synthetic
+
+    path = str(tmp_path / "t.npz")
+    trace = synthetic.generate(synthetic.SyntheticSpec(streams=2, layers=2, prompt_len=512, steps=32,
+                                                       top_k=64, drift=0.2), path)
+    # model top-k 2048 with B = 4096 -> the 64-wide trace is replayed at the same ratio: B = 128
+    expected = simulator.simulate(trace, "lru", [128])["128"]["overall"]["long_miss_rate"]
+    assert 0 < expected < 1 and np.isfinite(expected)
+    code, out, _ = _run(capsys, "--trace", path, "--json", "--kv-budget-gib", "40")
+    assert code == 0
+    data = json.loads(out)
+    assert data["inputs"]["miss_rate"] == pytest.approx(expected)
+    assert "B=128, B scaled by trace top-k 64/2048" in data["inputs"]["miss_rate_source"]
+    # a trace that never passes B says nothing about misses
+    code, _, err = _run(capsys, "--trace", path, "--buffer", "20480")  # replayed at B = 640 > 544
+    assert code == 2 and "no step is longer than B" in err
+    code, _, err = _run(capsys, "--trace", str(tmp_path / "missing.npz"))
+    assert code == 2 and "--trace" in err and "cannot load" in err
+
+
+def test_plot_without_matplotlib_is_explained(capsys, tmp_path):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
