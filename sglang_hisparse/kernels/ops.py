@@ -1,5 +1,173 @@
-"""Typed resolve/replay ops (placeholder until the CUDA dispatch lands: reference only)."""
+"""Typed resolve/replay ops: CUDA tensors run the JIT kernels, CPU tensors the reference.
 
-from .reference import replay, resolve
+The coordinator calls these everywhere; the CUDA path is CUDA-graph capturable (no host sync,
+no allocation once :func:`reserve_workspace` has run for the largest batch, which the first
+eager call does implicitly; ``num_real_reqs`` stays on the device). Validation
+(``validate=True`` or ``SGLANG_HISPARSE_VALIDATE=1``) reads tensors back and is skipped while
+capturing; the shape/dtype checks always run (host-only).
+"""
 
-__all__ = ["replay", "resolve"]
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from ._jit import replay_module, resolve_module
+from .contract import (
+    MissPlan,
+    ResolveMode,
+    check_plan_shapes,
+    check_resolve_shapes,
+    validate_replay,
+    validate_resolve,
+    validation_enabled,
+)
+
+__all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
+
+#: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
+DEFAULT_BLOCK_SIZE = 512
+#: Most CTAs one request's misses are spread over.
+MAX_CTAS_PER_REQUEST = 32
+#: Replay grid: a handful of CTAs, so a side-stream replay overlaps compute.
+DEFAULT_REPLAY_CTAS = 8
+
+_arrivals: dict[torch.device, torch.Tensor] = {}
+_sm_count: dict[torch.device, int] = {}
+
+
+def reserve_workspace(device: torch.device | str, max_batch: int) -> None:
+    """Allocate the per-batch-row arrival counters (int32 zeros) for batches up to ``max_batch``.
+
+    Call before capturing a CUDA graph of a larger batch than any eager call has seen; the
+    kernel leaves the counters zeroed after every launch, so one buffer serves all calls.
+    """
+    dev = torch.device(device)
+    cur = _arrivals.get(dev)
+    if cur is None or cur.numel() < max_batch:
+        _arrivals[dev] = torch.zeros(max(max_batch, 256), dtype=torch.int32, device=dev)
+
+
+def _workspace(dev: torch.device, bs: int) -> torch.Tensor:
+    cur = _arrivals.get(dev)
+    if cur is None or cur.numel() < bs:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"resolve: batch {bs} needs the arrival workspace, which is smaller "
+                f"({0 if cur is None else cur.numel()}) and cannot be allocated during CUDA-graph "
+                f"capture. Call sglang_hisparse.kernels.ops.reserve_workspace({str(dev)!r}, {bs}) "
+                f"before capturing."
+            )
+        reserve_workspace(dev, bs)
+    return _arrivals[dev]
+
+
+def default_ctas_per_request(bs: int, device: torch.device) -> int:
+    """CTAs per request: enough to cover ~2 waves of SMs, at most ``MAX_CTAS_PER_REQUEST``.
+
+    NOTE: a lone request's misses spread over many SMs (each CTA repeats the cheap bookkeeping in
+    shared memory and copies 1/C of the rows), which is what makes batch 1 fast; at large
+    batches one CTA per request already fills the GPU.
+    """
+    if device not in _sm_count:
+        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(MAX_CTAS_PER_REQUEST, (2 * _sm_count[device]) // max(bs, 1)))
+
+
+def _check_block(block: int) -> int:
+    if block < 32 or block % 32 or block > 1024:
+        raise ValueError(
+            f"block_size = {block} must be a positive multiple of 32 no larger than 1024 "
+            f"(CUDA threads per block); e.g. {DEFAULT_BLOCK_SIZE}."
+        )
+    return block
+
+
+@torch.no_grad()
+def resolve(
+    *, top_k: torch.Tensor, req_index: torch.Tensor, seq_lens: torch.Tensor,
+    num_real_reqs: torch.Tensor, slot_tokens: torch.Tensor, slot_rows: torch.Tensor,
+    lru: torch.Tensor, host_rows: torch.Tensor, host_cache: torch.Tensor,
+    device_cache: torch.Tensor, out_rows: torch.Tensor, plan: MissPlan | None = None,
+    mode: ResolveMode = ResolveMode.COPY, block_size: int | None = None,
+    ctas_per_request: int | None = None, validate: bool | None = None,
+) -> None:
+    """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
+
+    Args (bs batch rows, k top-k, R request slots, B hot slots, I bytes per KV row):
+        top_k: int32 [bs, k], logical positions, -1 = padding entry (-> out -1).
+        req_index, seq_lens: int32|int64 [bs], request slot and length of each row.
+        num_real_reqs: int32 [1] device tensor; rows b >= it are padding (out -1, inert).
+        slot_tokens: int32 [R, B+1] (one layer's view; mutated), slot_rows: int32 [R, B+1].
+        lru: int16 [R, B] (one layer's view; mutated), host_rows: int64 [R, max_ctx].
+        host_cache: uint8 [H, I] pinned host; device_cache: uint8 [D, I] (mutated).
+        out_rows: int32 [bs, k] (written): device row of each top-k entry.
+        plan: optional MissPlan (src int64 [bs, >=k], dst int32 [bs, >=k], count int32 [bs]).
+        mode: COPY, or NO_IO (bookkeeping only; timing oracle).
+        block_size: CUDA threads per CTA (multiple of 32, <= 1024; default 512).
+        ctas_per_request: CTAs sharing one request's copies (default: see
+            :func:`default_ctas_per_request`).
+        validate: run :func:`validate_resolve` (default: SGLANG_HISPARSE_VALIDATE).
+    Semantics: :mod:`sglang_hisparse.kernels.reference`.
+    """
+    kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+              slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+              host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
+    if not top_k.is_cuda:
+        reference.resolve(**kw, plan=plan, mode=mode, validate=validate)
+        return
+    if validation_enabled(validate):
+        validate_resolve(**kw, plan=plan)
+        _check_pinned(host_cache)
+    bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
+    block = _check_block(block_size or DEFAULT_BLOCK_SIZE)
+    ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
+    if not 1 <= ctas <= 1024:
+        raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
+    arrivals = _workspace(top_k.device, bs)
+    p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
+    resolve_module(k, B, item).resolve(
+        top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
+        host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals, ctas, block,
+        int(plan is not None), int(mode is ResolveMode.COPY),
+    )
+
+
+@torch.no_grad()
+def replay(
+    *, plan: MissPlan, num_real_reqs: torch.Tensor, host_cache: torch.Tensor,
+    device_cache: torch.Tensor, ctas: int = DEFAULT_REPLAY_CTAS, block_size: int = 512,
+    validate: bool | None = None,
+) -> None:
+    """Repeat a resolve's copies into another layer: ``device_cache[dst] = host_cache[src]``.
+
+    Args: ``plan`` filled by :func:`resolve` (src int64 [bs, k], dst int32 [bs, k], count int32
+    [bs]); ``num_real_reqs`` int32 [1] (rows b >= it skipped); ``host_cache`` uint8 [H, I]
+    pinned; ``device_cache`` uint8 [D, I] (mutated). ``ctas`` CTAs of ``block_size`` threads
+    share all copies of the batch evenly (default 8, small enough to overlap compute).
+    """
+    if not plan.count.is_cuda:
+        reference.replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
+                         device_cache=device_cache, validate=validate)
+        return
+    if validation_enabled(validate):
+        validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
+                        device_cache=device_cache)
+        _check_pinned(host_cache)
+    check_plan_shapes(plan)
+    block = _check_block(block_size)
+    if not 1 <= ctas <= 65535:
+        raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
+    replay_module(host_cache.shape[1]).replay(
+        plan.src, plan.dst, plan.count, num_real_reqs, host_cache, device_cache, ctas, block,
+    )
+
+
+def _check_pinned(host_cache: torch.Tensor) -> None:
+    if host_cache.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    if not host_cache.is_pinned():
+        raise ValueError(
+            "host_cache is a pageable CPU tensor; the kernels read it from the GPU, so it must be "
+            "pinned (allocate it with pin_memory=True or call .pin_memory())."
+        )

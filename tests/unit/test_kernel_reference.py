@@ -174,3 +174,17 @@ def test_validation_rejects_bad_positions_and_shapes():
         ref.resolve(top_k=torch.zeros(1, 4, dtype=torch.int64), req_index=torch.zeros(1),
                     seq_lens=None, num_real_reqs=None, slot_tokens=None, slot_rows=None,
                     lru=None, host_rows=None, host_cache=None, device_cache=None, out_rows=None)
+
+
+def test_ops_dispatch_cpu_tensors_to_the_reference():
+    from sglang_hisparse.kernels import ops
+
+    a, b = worked_state(), worked_state()
+    out_a, _ = run(a, [[12, 16, 25, 30]])
+    out_b = torch.empty_like(out_a)
+    ops.resolve(top_k=torch.tensor([[12, 16, 25, 30]], dtype=torch.int32),
+                req_index=torch.tensor([0]), seq_lens=b.seq_lens[[0]],
+                num_real_reqs=torch.tensor([1], dtype=torch.int32), slot_tokens=b.slot_tokens,
+                slot_rows=b.slot_rows, lru=b.lru, host_rows=b.host_rows, host_cache=b.host_cache,
+                device_cache=b.device_cache, out_rows=out_b)
+    assert torch.equal(out_a, out_b) and torch.equal(a.lru, b.lru)

@@ -1,0 +1,242 @@
+"""Resolve / replay kernel benchmark on steady-state synthetic decode traces (GPU, JSON out).
+
+Trace with controlled churn c per request: the selection S_t keeps k-1 positions plus the
+newest token; each step replaces round(c*k) of them with positions never resident before, so
+every step has exactly that many misses (the kept positions were selected last step: hits).
+Each measurement is a CUDA graph of ``--steps`` back-to-back launches (state restored between
+replays, outside the timed region), median of ``--reps`` replays, divided by the steps.
+
+Per config: resolve µs (COPY), no-IO µs (bookkeeping only), IO GB/s (miss bytes / COPY time),
+and in the same run the ceiling: a plain scattered gather (one warp per row, full grid) of the
+same rows per step, plus the copy-only replay (8 CTAs) of the same plans.
+
+    python benchmarks/bench_resolve.py --out results.json            # full sweep
+    python benchmarks/bench_resolve.py --quick --out quick.json      # a few configs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_hisparse.kernels import _jit, ops  # noqa: E402
+from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
+
+DEV = "cuda"
+
+
+class Pool:
+    """One pinned host byte pool viewed as rows of any item size (allocated once)."""
+
+    def __init__(self, gib: float):
+        self.flat = torch.empty(int(gib * 2**30), dtype=torch.uint8, pin_memory=True)
+
+    def rows(self, item: int) -> torch.Tensor:
+        n = self.flat.numel() // item
+        return self.flat[: n * item].view(n, item)
+
+
+def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed):
+    """State tensors + top_k [steps+1, bs, k] (step 0 all hits) for one batch."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    slot_tokens = torch.full((bs, B + 1), -1, dtype=torch.int32, device=DEV)
+    lru = torch.empty(bs, B, dtype=torch.int16, device=DEV)
+    top_k = torch.empty(steps + 1, bs, k, dtype=torch.int32, device=DEV)
+    misses = []
+    for r in range(bs):
+        perm = torch.randperm(ctx - 1, generator=g, device=DEV)
+        resident, fresh = perm[:B], perm[B:]
+        slot_tokens[r, :B] = resident.int()
+        slot_tokens[r, B] = ctx - 1
+        lru[r] = torch.randperm(B, generator=g, device=DEV).to(torch.int16)
+        m = round(churns[r] * k)
+        misses.append(m)
+        assert m * steps <= fresh.numel(), "context too short for this churn and step count"
+        sel = resident[: k - 1].clone()
+        for t in range(steps + 1):
+            if t:
+                at = torch.randperm(k - 1, generator=g, device=DEV)[:m]
+                sel[at] = fresh[(t - 1) * m: t * m]
+            row = torch.cat([sel, torch.tensor([ctx - 1], device=DEV)])
+            top_k[t, r] = row[torch.randperm(k, generator=g, device=DEV)].int()
+    slot_rows = (1 + torch.arange(bs * (B + 1), dtype=torch.int32, device=DEV)).view(bs, B + 1)
+    host_rows = torch.randint(0, host_rows_total, (bs, ctx), generator=g, device=DEV)
+    return dict(slot_tokens=slot_tokens, lru=lru, slot_rows=slot_rows, host_rows=host_rows,
+                top_k=top_k, misses=misses)
+
+
+def time_graph(fn, restore, steps, reps):
+    """Median µs per step of a graph of ``steps`` calls of fn(t)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        restore()
+        for t in range(steps):
+            fn(t)  # warm-up (eager): builds, workspace
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    restore()
+    with torch.cuda.graph(g):
+        for t in range(steps):
+            fn(t)
+    times = []
+    for _ in range(reps):
+        restore()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / steps)
+    return statistics.median(times)
+
+
+def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas, seed=0):
+    host = pool.rows(item)
+    tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=churns, steps=steps,
+                    host_rows_total=host.shape[0], seed=seed)
+    dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
+    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
+    req = torch.arange(bs, device=DEV)
+    lens = torch.full((bs,), ctx, dtype=torch.int64, device=DEV)
+    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
+    out = torch.empty(bs, k, dtype=torch.int32, device=DEV)
+    plans = [MissPlan.empty(bs, k, DEV) for _ in range(steps + 1)]
+
+    def restore():
+        tr["slot_tokens"].copy_(st0)
+        tr["lru"].copy_(lru0)
+
+    def resolve(t, mode=ResolveMode.COPY, plan=None):
+        ops.resolve(top_k=tr["top_k"][t], req_index=req, seq_lens=lens, num_real_reqs=nr,
+                    slot_tokens=tr["slot_tokens"], slot_rows=tr["slot_rows"], lru=tr["lru"],
+                    host_rows=tr["host_rows"], host_cache=host, device_cache=dev_cache,
+                    out_rows=out, plan=plan, mode=mode, block_size=block,
+                    ctas_per_request=ctas)
+
+    # Record every step's plan once (eager) for the ceiling and replay; check the churn.
+    restore()
+    for t in range(steps + 1):
+        resolve(t, plan=plans[t])
+    counts = torch.stack([p.count for p in plans[1:]]).cpu()
+    assert counts.tolist() == [tr["misses"]] * steps, "trace did not produce the planned misses"
+    cols = torch.arange(k, device=DEV)
+    flat = []
+    for p in plans[1:]:
+        mask = cols[None, :] < p.count[:, None]
+        flat.append((p.src[mask].contiguous(), p.dst[mask].contiguous()))
+    rows_per_step = sum(tr["misses"])
+    gbytes = rows_per_step * item / 1e9
+
+    us = time_graph(lambda t: resolve(t + 1), restore, steps, reps)
+    noio = time_graph(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps, reps)
+    gather = _jit.gather_module(item).gather
+    ceil_us = time_graph(lambda t: gather(flat[t][0], flat[t][1], host, dev_cache),
+                         lambda: None, steps, reps)
+    rep_us = time_graph(lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
+                                             device_cache=dev_cache, ctas=8),
+                        lambda: None, steps, reps)
+    rec = dict(bs=bs, k=k, B=B, item=item, ctx=ctx, churn=round(statistics.mean(churns), 4),
+               uneven=len(set(churns)) > 1, block=block,
+               ctas=ctas or ops.default_ctas_per_request(bs, torch.device(DEV)),
+               misses_per_step=rows_per_step, resolve_us=round(us, 2), noio_us=round(noio, 2))
+    if rows_per_step:
+        rec.update(io_gbps=round(gbytes / (us * 1e-6), 2), ceiling_us=round(ceil_us, 2),
+                   ceiling_gbps=round(gbytes / (ceil_us * 1e-6), 2),
+                   io_ratio=round(ceil_us / us, 3), replay8_us=round(rep_us, 2),
+                   replay8_gbps=round(gbytes / (rep_us * 1e-6), 2),
+                   replay8_ratio=round(ceil_us / rep_us, 3))
+    return rec
+
+
+def replay_small(pool, *, bs, per_req, item, steps, reps):
+    """Replay of bs x per_req random rows with <= 8 CTAs vs the full-grid gather ceiling."""
+    host = pool.rows(item)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    dev_cache = torch.empty(bs * per_req * 4, item, dtype=torch.uint8, device=DEV)
+    plan = MissPlan.empty(bs, 2048, DEV)
+    plan.src[:, :per_req] = torch.randint(0, host.shape[0], (bs, per_req), generator=g, device=DEV)
+    plan.dst[:, :per_req] = torch.randperm(dev_cache.shape[0], generator=g, device=DEV)[
+        : bs * per_req].view(bs, per_req).int()
+    plan.count.fill_(per_req)
+    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
+    src, dst = plan.src[:, :per_req].reshape(-1), plan.dst[:, :per_req].reshape(-1)
+    gather = _jit.gather_module(item).gather
+    ceil_us = time_graph(lambda t: gather(src, dst, host, dev_cache), lambda: None, steps, reps)
+    rec = dict(kind="replay", bs=bs, per_req=per_req, item=item, ceiling_us=round(ceil_us, 2))
+    for ctas in (1, 2, 4, 8):
+        us = time_graph(lambda t, c=ctas: ops.replay(plan=plan, num_real_reqs=nr, host_cache=host,
+                                                    device_cache=dev_cache, ctas=c),
+                        lambda: None, steps, reps)
+        rec[f"ctas{ctas}_us"] = round(us, 2)
+        rec[f"ctas{ctas}_ratio"] = round(ceil_us / us, 3)
+    return rec
+
+
+def uneven_churns(bs, mean, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(bs, generator=g) ** 3  # skewed: a few requests carry most of the misses
+    c = (w / w.mean() * mean).clamp(0, 0.6)
+    return [round(float(x), 4) for x in c]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench_resolve.json")
+    ap.add_argument("--quick", action="store_true", help="a few configs only")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--pool-gib", type=float, default=4.0, help="pinned host pool size")
+    args = ap.parse_args(argv)
+    pool = Pool(args.pool_gib)
+    recs = []
+    t0 = time.time()
+    S, R, blk = args.steps, args.reps, args.block
+
+    def add(rec):
+        recs.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    k = 2048
+    grid = [(B, item, ctx, bs, c) for B in (2048, 4096) for item in (656, 1152)
+            for ctx in (32768, 131072) for bs in (1, 16, 64) for c in (0.0, 0.05, 0.15)]
+    if args.quick:
+        grid = [(4096, 1152, 32768, bs, c) for bs in (1, 16, 64) for c in (0.0, 0.15)]
+    for B, item, ctx, bs, c in grid:
+        add(dict(kind="trace", **bench_config(pool, bs=bs, k=k, B=B, item=item, ctx=ctx,
+                                              churns=[c] * bs, steps=S, reps=R, block=blk,
+                                              ctas=None)))
+    for bs, item in ((16, 1152), (24, 656)):
+        for ctas in (None, 1):
+            add(dict(kind="uneven", **bench_config(
+                pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=uneven_churns(bs, 0.15, bs),
+                steps=S, reps=R, block=blk, ctas=ctas)))
+    sweep = [(1, c, b) for c in (1, 8, 16, 32, 64) for b in (512, 1024)]
+    sweep += [(16, c, 512) for c in (1, 4, 8, 16)] + [(64, c, 512) for c in (1, 2, 4)]
+    if args.quick:
+        sweep = [(1, c, 512) for c in (8, 32)]
+    for bs, ctas, b in sweep:
+        add(dict(kind="ctas_sweep", **bench_config(pool, bs=bs, k=k, B=4096, item=1152, ctx=32768,
+                                                   churns=[0.15] * bs, steps=S, reps=R, block=b,
+                                                   ctas=ctas)))
+    for bs, per_req in ((100, 2), (16, 307)):
+        for item in (656, 1152):
+            add(replay_small(pool, bs=bs, per_req=per_req, item=item, steps=S, reps=R))
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                steps=S, reps=R, seconds=round(time.time() - t0, 1))
+    Path(args.out).write_text(json.dumps(dict(meta=meta, records=recs), indent=1))
+    print(f"wrote {args.out} ({len(recs)} records, {meta['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

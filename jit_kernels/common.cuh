@@ -1,0 +1,151 @@
+// Shared pieces of the resolve/replay kernels: error macros, a block scan valid for every block
+// size, the 16-byte row copier, and the host-side tensor checks (torch-free, tvm-ffi views).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <cstdint>
+#include <sstream>
+
+#define HS_CHECK(cond, msg)                                                               \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::ostringstream hs_os_;                                                          \
+      hs_os_ << __FILE__ << ":" << __LINE__ << ": " << msg;                               \
+      TVM_FFI_THROW(ValueError) << hs_os_.str();                                          \
+    }                                                                                     \
+  } while (0)
+
+#define HS_CUDA(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t hs_e_ = (call);                                                           \
+    if (hs_e_ != cudaSuccess) {                                                           \
+      TVM_FFI_THROW(RuntimeError) << __FILE__ << ":" << __LINE__ << ": " << #call << ": " \
+                                  << cudaGetErrorString(hs_e_);                           \
+    }                                                                                     \
+  } while (0)
+
+namespace hisparse {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kUnroll = 4;  // 16-byte loads each thread keeps in flight
+
+__host__ __device__ constexpr int pow2_ceil(int x) { return x <= 1 ? 1 : 2 * pow2_ceil((x + 1) / 2); }
+__host__ __device__ constexpr int log2i(int x) { return x <= 1 ? 0 : 1 + log2i(x / 2); }
+
+// Block-wide exclusive prefix sum of one int per thread, for any blockDim.x that is a multiple
+// of 32 (1..32 warps). `scratch` holds 33 ints. NOTE: every warp's total is written before the
+// first barrier and read only after it, and warp 0 publishes the offsets before the second
+// barrier, so no warp ever reads a stale entry (the failure mode of scans that assume a fixed
+// warp count); the third barrier makes `scratch` reusable at once.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int t = lane < nwarps ? scratch[lane] : 0;
+    int ti = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(kFull, ti, o);
+      if (lane >= o) ti += y;
+    }
+    if (lane < nwarps) scratch[lane] = ti - t;
+    if (lane == 31) scratch[32] = ti;
+  }
+  __syncthreads();
+  const int res = scratch[warp] + incl - v;
+  total = scratch[32];
+  __syncthreads();
+  return res;
+}
+
+// Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory. The
+// rows are flattened into 16-byte pieces spread over all threads, so lanes stay busy whatever
+// the row size (656 B = 41 pieces is not a multiple of a warp's 32).
+template <int ITEM>
+__device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst, int q0, int q1,
+                                          const uint8_t* host, int64_t hstride, uint8_t* dev,
+                                          int64_t dstride) {
+  constexpr int kPieces = ITEM / 16;
+  const int total = (q1 - q0) * kPieces;
+  for (int base = threadIdx.x; base < total; base += blockDim.x * kUnroll) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int x = base + u * blockDim.x;
+      if (x < total) {
+        const int q = q0 + x / kPieces, piece = x % kPieces;
+        v[u] = __ldg(reinterpret_cast<const int4*>(host + src[q] * hstride) + piece);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int x = base + u * blockDim.x;
+      if (x < total) {
+        const int q = q0 + x / kPieces, piece = x % kPieces;
+        reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[q]) * dstride)[piece] = v[u];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host launchers: argument checks (file:line in every message), then one launch on the
+// caller's current stream. Nothing here synchronizes or allocates, so both are capturable.
+
+using tvm::ffi::TensorView;
+
+inline void check_tensor(const TensorView& t, const char* name, int ndim, int code, int bits) {
+  HS_CHECK(t.ndim() == ndim, name << " must have " << ndim << " dims, got " << t.ndim());
+  HS_CHECK(t.dtype().code == code && t.dtype().bits == bits && t.dtype().lanes == 1,
+           name << " has the wrong dtype (code " << int(t.dtype().code) << ", " << int(t.dtype().bits)
+                << " bits); expected code " << code << ", " << bits << " bits");
+  HS_CHECK(ndim < 2 || t.stride(ndim - 1) == 1 || t.size(ndim - 1) <= 1,
+           name << " must be contiguous in its last dimension");
+}
+
+inline void check_cuda(const TensorView& t, const char* name, int dev) {
+  HS_CHECK(t.device().device_type == kDLCUDA && t.device().device_id == dev,
+           name << " must be on cuda:" << dev << " (got device type " << t.device().device_type
+                << ", id " << t.device().device_id << ")");
+}
+
+inline void check_host(const TensorView& t, const char* name) {
+  HS_CHECK(t.device().device_type == kDLCPU || t.device().device_type == kDLCUDAHost,
+           name << " must be a pinned host tensor (got device type " << t.device().device_type << ")");
+}
+
+template <typename T>
+inline T* ptr(const TensorView& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+inline int check_index(const TensorView& t, const char* name, int64_t bs, int dev) {
+  HS_CHECK(t.ndim() == 1 && t.size(0) == bs, name << " must have shape [" << bs << "]");
+  HS_CHECK(t.dtype().code == kDLInt && (t.dtype().bits == 32 || t.dtype().bits == 64),
+           name << " must be int32 or int64");
+  HS_CHECK(t.ndim() == 1 && (bs <= 1 || t.stride(0) == 1), name << " must be contiguous");
+  check_cuda(t, name, dev);
+  return t.dtype().bits == 64;
+}
+
+template <typename Kernel>
+inline void set_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(bytes)));
+  }
+}
+
+}  // namespace hisparse

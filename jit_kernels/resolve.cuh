@@ -1,0 +1,295 @@
+// Fused resolve (swap-in) kernel: bookkeeping + host->device copy of the misses, one launch.
+//
+// Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
+// Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
+// multiple of 32 up to 1024), CTAs per request, plan/copy flags.
+#pragma once
+
+#include "common.cuh"
+
+namespace hisparse {
+
+struct ResolveArgs {
+  const int32_t* top_k; int64_t topk_stride;
+  const void* req_index; bool req64;
+  const void* seq_lens; bool len64;
+  const int32_t* num_real;
+  int32_t* slot_tokens; int64_t st_stride;
+  const int32_t* slot_rows; int64_t sr_stride;
+  int16_t* lru; int64_t lru_stride;
+  const int64_t* host_rows; int64_t hr_stride;
+  const uint8_t* host_cache; int64_t hc_stride;
+  uint8_t* device_cache; int64_t dc_stride;
+  int32_t* out_rows; int64_t out_stride;
+  int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
+  int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
+  int ctas;           // CTAs per request (gridDim.x)
+  bool write_plan, copy;
+};
+
+template <int K, int B>
+struct Layout {
+  static constexpr int H = pow2_ceil(2 * K) < 64 ? 64 : pow2_ceil(2 * K);  // load factor <= 1/2
+  static constexpr int kLogH = log2i(H);
+  static constexpr size_t hkey = 0, hval = hkey + 4 * H, src = hval + 4 * H, dst = src + 8 * K;
+  static constexpr size_t pos = dst + 4 * K, order = pos + 4 * K, hit = order + 2 * B;
+  static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * 40;
+};
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
+  return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
+}
+
+// One grid row (blockIdx.y) per batch row, gridDim.x CTAs per request. Every CTA of a request
+// does the (cheap, smem-only) bookkeeping; each copies its share of the misses; the CTA that
+// arrives last after all have read the old state writes the new state, out_rows and the plan.
+// NOTE: the rejected alternative was one bookkeeping CTA handing misses to copy CTAs through
+// global flags: that needs spin-waits (co-residency assumptions) or a second launch.
+template <int K, int B, int ITEM>
+__global__ void resolve_kernel(ResolveArgs a) {
+  using L = Layout<K, B>;
+  static_assert(K <= 32767 && B <= 32767, "slot ids and top-k indices are packed in 16 bits");
+  static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
+  extern __shared__ __align__(16) uint8_t smem[];
+  int32_t* hkey = reinterpret_cast<int32_t*>(smem + L::hkey);
+  int32_t* hval = reinterpret_cast<int32_t*>(smem + L::hval);  // (first index << 16) | slot
+  int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);
+  int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
+  int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);
+  int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
+  uint8_t* hit = smem + L::hit;
+  int* scratch = reinterpret_cast<int*>(smem + L::scan);
+  __shared__ int s_writer;
+
+  const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, T = blockDim.x;
+  const int32_t* tk = a.top_k + b * a.topk_stride;
+  int32_t* out = a.out_rows + b * a.out_stride;
+  if (b >= *a.num_real) {  // padding row: inert
+    if (c == 0) {
+      for (int i = tid; i < K; i += T) out[i] = -1;
+      if (a.write_plan && tid == 0) a.plan_count[b] = 0;
+    }
+    return;
+  }
+  const int64_t r = load_index(a.req_index, a.req64, b);
+  const int64_t n = load_index(a.seq_lens, a.len64, b);
+  const int32_t* rows = a.slot_rows + r * a.sr_stride;
+  if (n <= B) {  // short request: token p in slot p, nothing moves
+    if (c == 0) {
+      for (int i = tid; i < K; i += T) {
+        const int p = tk[i];
+        out[i] = (p >= 0 && p < n) ? rows[p] : -1;
+      }
+      if (a.write_plan && tid == 0) a.plan_count[b] = 0;
+    }
+    return;
+  }
+  int32_t* stok = a.slot_tokens + r * a.st_stride;
+  int16_t* lru = a.lru + r * a.lru_stride;
+  const int newest = static_cast<int>(n - 1);
+
+  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each.
+  for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
+  for (int s = tid; s < B; s += T) hit[s] = 0;
+  __syncthreads();
+  for (int i = tid; i < K; i += T) {
+    const int p = tk[i];
+    if (p < 0 || p >= newest) continue;  // padding, newest, or out of range (caller bug)
+    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    while (true) {
+      const int old = atomicCAS(&hkey[h], -1, p);
+      if (old == -1 || old == p) break;
+      h = (h + 1) & (L::H - 1);
+    }
+    atomicMin(&hval[h], (i << 16) | 0xffff);
+  }
+  __syncthreads();
+  auto find = [&](int p) -> int {
+    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    while (true) {
+      const int key = hkey[h];
+      if (key == p) return static_cast<int>(h);
+      if (key == -1) return -1;
+      h = (h + 1) & (L::H - 1);
+    }
+  };
+  // 2. Hits: resident slots whose token is selected.
+  for (int s = tid; s < B; s += T) {
+    const int tok = stok[s];
+    if (tok < 0 || tok >= newest) continue;
+    const int h = find(tok);
+    if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | s; hit[s] = 1; }
+  }
+  __syncthreads();
+  // 3. Split the old LRU into evictables (old order) and hits (old order); one scan, each thread
+  //    owning a contiguous chunk.
+  const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
+  int n_ev = 0;
+  for (int j = j0; j < j1; ++j) n_ev += !hit[lru[j]];
+  int n_evict;
+  int e = block_exclusive_scan(n_ev, scratch, n_evict);
+  int hh = n_evict + (j0 - e);
+  for (int j = j0; j < j1; ++j) {
+    const int s = lru[j];
+    if (hit[s]) order[hh++] = static_cast<int16_t>(s); else order[e++] = static_cast<int16_t>(s);
+  }
+  __syncthreads();
+  // All reads of the mutable state (slot_tokens, lru) are done: arrive; the last CTA writes.
+  if (tid == 0) {
+    int writer = 1;
+    if (a.ctas > 1) {
+      __threadfence();
+      writer = atomicAdd(&a.arrivals[b], 1) == a.ctas - 1;
+      if (writer) { atomicExch(&a.arrivals[b], 0); __threadfence(); }
+    }
+    s_writer = writer;
+  }
+  // 4. Misses in top-k order (first occurrences of unresolved positions) take order[0..m).
+  const int per_k = (K + T - 1) / T, i0 = min(K, tid * per_k), i1 = min(K, i0 + per_k);
+  int n_miss = 0;
+  for (int i = i0; i < i1; ++i) {
+    const int p = tk[i];
+    if (p < 0 || p >= newest) continue;
+    const int v = hval[find(p)];
+    n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
+  }
+  int m;
+  int q = block_exclusive_scan(n_miss, scratch, m);  // barriers also publish s_writer
+  const bool writer = s_writer;
+  for (int i = i0; i < i1 && n_miss; ++i) {
+    const int p = tk[i];
+    if (p < 0 || p >= newest) continue;
+    const int v = hval[find(p)];
+    if ((v & 0xffff) != 0xffff || (v >> 16) != i) continue;
+    const int victim = order[q];  // q < n_evict because B >= K
+    mpos[q] = p;
+    msrc[q] = a.host_rows[r * a.hr_stride + p];
+    mdst[q] = rows[victim];
+    ++q;
+  }
+  __syncthreads();
+  // The table is only read above and only written here: the barrier keeps the passes apart.
+  for (int x = tid; x < m; x += T) {
+    const int p = mpos[x], victim = order[x], h = find(p);
+    hval[h] = (hval[h] & ~0xffff) | victim;
+    if (writer) stok[victim] = p;
+  }
+  __syncthreads();
+  if (writer) {
+    for (int i = tid; i < K; i += T) {
+      const int p = tk[i];
+      int row = -1;
+      if (p == newest) row = rows[B];
+      else if (p >= 0 && p < newest) row = rows[hval[find(p)] & 0xffff];
+      out[i] = row;
+    }
+    // New LRU = order rotated left by m over the evictables, then the hits.
+    for (int j = tid; j < B; j += T) {
+      const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
+      lru[j] = order[at];
+    }
+    if (a.write_plan) {
+      for (int x = tid; x < m; x += T) {
+        a.plan_src[b * a.plan_stride + x] = msrc[x];
+        a.plan_dst[b * a.plan_stride + x] = mdst[x];
+      }
+      if (tid == 0) a.plan_count[b] = m;
+    }
+  }
+  if (a.copy) {
+    const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
+    const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
+    copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
+  }
+}
+
+using tvm::ffi::TensorView;
+
+template <int K, int B, int ITEM>
+void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
+                    TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
+                    TensorView lru, TensorView host_rows, TensorView host_cache,
+                    TensorView device_cache, TensorView out_rows, TensorView plan_src,
+                    TensorView plan_dst, TensorView plan_count, TensorView arrivals,
+                    int64_t ctas, int64_t block, int64_t write_plan, int64_t copy) {
+  check_tensor(top_k, "top_k", 2, kDLInt, 32);
+  const int dev = top_k.device().device_id;
+  check_cuda(top_k, "top_k", dev);
+  const int64_t bs = top_k.size(0);
+  HS_CHECK(top_k.size(1) == K, "top_k has " << top_k.size(1) << " columns; this build is for k=" << K);
+  const int req64 = check_index(req_index, "req_index", bs, dev);
+  const int len64 = check_index(seq_lens, "seq_lens", bs, dev);
+  check_tensor(num_real, "num_real_reqs", 1, kDLInt, 32);
+  check_cuda(num_real, "num_real_reqs", dev);
+  check_tensor(slot_tokens, "slot_tokens", 2, kDLInt, 32);
+  check_tensor(slot_rows, "slot_rows", 2, kDLInt, 32);
+  check_tensor(lru, "lru", 2, kDLInt, 16);
+  check_tensor(host_rows, "host_rows", 2, kDLInt, 64);
+  check_tensor(host_cache, "host_cache", 2, kDLUInt, 8);
+  check_tensor(device_cache, "device_cache", 2, kDLUInt, 8);
+  check_tensor(out_rows, "out_rows", 2, kDLInt, 32);
+  for (auto* t : {&slot_tokens, &slot_rows, &lru, &host_rows, &device_cache, &out_rows})
+    check_cuda(*t, "a state/output tensor", dev);
+  check_host(host_cache, "host_cache");
+  const int64_t R = lru.size(0);
+  HS_CHECK(lru.size(1) == B, "lru has " << lru.size(1) << " slots; this build is for B=" << B);
+  HS_CHECK(slot_tokens.size(0) == R && slot_tokens.size(1) == B + 1, "slot_tokens must be [R, B+1]");
+  HS_CHECK(slot_rows.size(0) == R && slot_rows.size(1) == B + 1, "slot_rows must be [R, B+1]");
+  HS_CHECK(host_rows.size(0) == R, "host_rows must have R=" << R << " rows");
+  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
+           "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
+  HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == K, "out_rows must be [bs, k]");
+  HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
+           "block size " << block << " must be a multiple of 32 in [32, 1024]");
+  HS_CHECK(ctas >= 1 && ctas <= 1024, "ctas per request " << ctas << " must be in [1, 1024]");
+  HS_CHECK(bs <= 65535, "batch " << bs << " exceeds the grid limit 65535");
+  if (write_plan) {
+    check_tensor(plan_src, "plan.src", 2, kDLInt, 64);
+    check_tensor(plan_dst, "plan.dst", 2, kDLInt, 32);
+    check_tensor(plan_count, "plan.count", 1, kDLInt, 32);
+    for (auto* t : {&plan_src, &plan_dst, &plan_count}) check_cuda(*t, "plan tensor", dev);
+    HS_CHECK(plan_src.size(0) == bs && plan_src.size(1) >= K && plan_dst.size(0) == bs &&
+                 plan_dst.size(1) == plan_src.size(1) && plan_count.size(0) == bs &&
+                 plan_dst.stride(0) == plan_src.stride(0) && (bs <= 1 || plan_count.stride(0) == 1),
+             "plan must be src [bs, >=k] int64, dst like src (same strides), count [bs]");
+  }
+  if (ctas > 1) {
+    check_tensor(arrivals, "arrivals", 1, kDLInt, 32);
+    check_cuda(arrivals, "arrivals", dev);
+    HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
+  }
+  if (bs == 0) return;
+
+  ResolveArgs a;
+  a.top_k = ptr<const int32_t>(top_k); a.topk_stride = top_k.stride(0);
+  a.req_index = ptr<const void>(req_index); a.req64 = req64;
+  a.seq_lens = ptr<const void>(seq_lens); a.len64 = len64;
+  a.num_real = ptr<const int32_t>(num_real);
+  a.slot_tokens = ptr<int32_t>(slot_tokens); a.st_stride = slot_tokens.stride(0);
+  a.slot_rows = ptr<const int32_t>(slot_rows); a.sr_stride = slot_rows.stride(0);
+  a.lru = ptr<int16_t>(lru); a.lru_stride = lru.stride(0);
+  a.host_rows = ptr<const int64_t>(host_rows); a.hr_stride = host_rows.stride(0);
+  // Pinned memory is mapped at the same address on the device (UVA, 64-bit Linux).
+  a.host_cache = ptr<const uint8_t>(host_cache); a.hc_stride = host_cache.stride(0);
+  a.device_cache = ptr<uint8_t>(device_cache); a.dc_stride = device_cache.stride(0);
+  a.out_rows = ptr<int32_t>(out_rows); a.out_stride = out_rows.stride(0);
+  a.write_plan = write_plan != 0;
+  a.plan_src = write_plan ? ptr<int64_t>(plan_src) : nullptr;
+  a.plan_dst = write_plan ? ptr<int32_t>(plan_dst) : nullptr;
+  a.plan_count = write_plan ? ptr<int32_t>(plan_count) : nullptr;
+  a.plan_stride = write_plan ? plan_src.stride(0) : 0;
+  a.arrivals = ctas > 1 ? ptr<int32_t>(arrivals) : nullptr;
+  a.ctas = static_cast<int>(ctas);
+  a.copy = copy != 0;
+
+  using L = Layout<K, B>;
+  auto kernel = resolve_kernel<K, B, ITEM>;
+  static bool smem_set = false;  // once per instantiation, before any capture normally
+  if (!smem_set) { set_smem(kernel, L::bytes); smem_set = true; }
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
+  kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),
+           static_cast<unsigned>(block), L::bytes, stream>>>(a);
+  HS_CUDA(cudaGetLastError());
+}
+
+}  // namespace hisparse

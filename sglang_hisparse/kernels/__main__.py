@@ -1,0 +1,76 @@
+"""``python -m sglang_hisparse.kernels``: precompile every kernel specialization a setup needs.
+
+Builds the resolve module for each ``(top_k, B, item)`` and the replay module for each item
+size into the JIT cache (see ``_jit.py``), in parallel, so that the first decode step does not
+pay for nvcc. Examples::
+
+    python -m sglang_hisparse.kernels                                  # defaults: k 2048, B 4096
+    python -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 8192 --items 656
+    python -m sglang_hisparse.kernels --grid tests --jobs 8           # GPU tests + benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import _jit
+
+#: (k, B, item) specializations the GPU tests and benchmarks use: every k in {64, 512, 2048},
+#: B in {k, 2k, 4k} for some item, both item sizes for each k, plus the benchmark shapes.
+TEST_GRID: tuple[tuple[int, int, int], ...] = (
+    (64, 64, 656), (64, 128, 1152), (64, 256, 656),
+    (512, 512, 1152), (512, 1024, 656), (512, 2048, 1152),
+    (2048, 2048, 656), (2048, 2048, 1152), (2048, 4096, 656), (2048, 4096, 1152),
+    (2048, 8192, 656),
+)
+ITEMS = (656, 1152)
+
+
+def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print) -> None:
+    """Build the given resolve ``(k, B, item)`` specs and replay ``items`` (and the benchmark's
+    gather ceiling when ``gather``) with ``jobs`` parallel builds."""
+    tasks = [("resolve", s) for s in resolve_specs] + [("replay", (i,)) for i in items]
+    tasks += [("gather", (i,)) for i in items] if gather else []
+    getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
+               "gather": _jit.gather_module}
+
+    def one(task):
+        kind, args = task
+        t0 = time.perf_counter()
+        getters[kind](*args)
+        return f"{kind}{args}: {time.perf_counter() - t0:.1f} s"
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for line in pool.map(one, tasks):
+            log(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_hisparse.kernels", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--top-k", type=int, nargs="+", default=[2048], help="top-k values (k)")
+    ap.add_argument("--buffer", type=int, nargs="+", default=[4096],
+                    help="device_buffer_size values (B >= k)")
+    ap.add_argument("--items", type=int, nargs="+", default=list(ITEMS),
+                    help="KV row sizes in bytes (656 fp8 DSA, 1152 bf16 MLA)")
+    ap.add_argument("--grid", choices=["tests"], help="build the GPU test/benchmark grid instead")
+    ap.add_argument("--jobs", type=int, default=4, help="parallel builds")
+    args = ap.parse_args(argv)
+    if args.grid == "tests":
+        specs, items = list(TEST_GRID), list(ITEMS)
+    else:
+        specs = [(k, b, i) for k in args.top_k for b in args.buffer for i in args.items if b >= k]
+        items = args.items
+        if not specs:
+            print("no (top_k, buffer) pair with buffer >= top_k; nothing to build", file=sys.stderr)
+            return 2
+    print(f"JIT cache: {_jit.cache_dir()}  target: sm {_jit.cuda_arch()}")
+    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

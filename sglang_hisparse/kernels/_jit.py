@@ -1,0 +1,154 @@
+"""Build cache for the CUDA kernels: tvm-ffi JIT, keyed on exactly the template arguments.
+
+One module per resolve specialization ``(k, B, item_bytes)`` (it exports one function; block
+size, CTAs per request, batch and the plan/no-IO flags are runtime arguments, so one build
+serves every ``swap_in_block_size``) and one per replay item size. Builds go to
+``$SGLANG_HISPARSE_JIT_CACHE`` (default ``~/.cache/sglang_hisparse/jit``), never into the
+installed package, under a directory named after the arguments and a hash of the sources,
+compiler flags and target; an ``fcntl`` lock around each build lets TP ranks share the cache.
+``python -m sglang_hisparse.kernels`` precompiles every specialization a config needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+_SOURCES = ("common.cuh", "resolve.cuh", "replay.cuh", "gather.cuh")
+_CFLAGS = ("-lineinfo", "--expt-relaxed-constexpr")
+
+_RESOLVE_ARGS = (
+    "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
+    "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
+    "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
+    "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
+    "int64_t block, int64_t write_plan, int64_t copy"
+)
+_RESOLVE_CALL = (
+    "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
+    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy"
+)
+_REPLAY_ARGS = (
+    "TensorView plan_src, TensorView plan_dst, TensorView plan_count, TensorView num_real, "
+    "TensorView host_cache, TensorView device_cache, int64_t ctas, int64_t block"
+)
+_REPLAY_CALL = "plan_src, plan_dst, plan_count, num_real, host_cache, device_cache, ctas, block"
+
+
+def source_dir() -> Path:
+    """Directory holding the .cuh sources: the wheel's ``sglang_hisparse.jit_kernels`` package,
+    else ``<repo>/jit_kernels`` of a plain checkout."""
+    try:
+        from importlib.resources import files
+
+        d = Path(str(files("sglang_hisparse.jit_kernels")))
+        if (d / "resolve.cuh").is_file():
+            return d
+    except (ModuleNotFoundError, TypeError):
+        pass
+    d = Path(__file__).resolve().parents[2] / "jit_kernels"
+    if not (d / "resolve.cuh").is_file():
+        raise FileNotFoundError(
+            f"resolve.cuh not found in the package sglang_hisparse.jit_kernels nor in {d}; "
+            "reinstall sglang-hisparse (the wheel ships jit_kernels/*.cuh)."
+        )
+    return d
+
+
+def cache_dir() -> Path:
+    """Build cache root: ``SGLANG_HISPARSE_JIT_CACHE`` or ``~/.cache/sglang_hisparse/jit``."""
+    from sglang_hisparse import envs
+
+    root = envs.get("SGLANG_HISPARSE_JIT_CACHE") or "~/.cache/sglang_hisparse/jit"
+    return Path(root).expanduser()
+
+
+def cuda_arch() -> str:
+    """Target as ``major.minor``: ``TVM_FFI_CUDA_ARCH_LIST`` if set, else the current GPU's,
+    else 9.0 (Hopper) so that builds without a GPU (precompiling) still work."""
+    env = os.environ.get("TVM_FFI_CUDA_ARCH_LIST")
+    if env:
+        return env
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"{major}.{minor}"
+    return "9.0"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build(name: str, wrapper: str, functions: list[str]) -> Any:
+    import tvm_ffi
+    import tvm_ffi.cpp
+
+    src = source_dir()
+    arch = cuda_arch()
+    h = hashlib.sha256()
+    for part in (wrapper, arch, tvm_ffi.__version__, *_CFLAGS):
+        h.update(part.encode())
+    for f in _SOURCES:
+        h.update((src / f).read_bytes())
+    build_dir = cache_dir() / f"{name}_{h.hexdigest()[:16]}"
+    old = os.environ.get("TVM_FFI_CUDA_ARCH_LIST")
+    with _locked(build_dir.with_suffix(".lock")):
+        os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch
+        try:
+            return tvm_ffi.cpp.load_inline(
+                name, cuda_sources=wrapper, functions=functions,
+                extra_cuda_cflags=list(_CFLAGS), extra_include_paths=[str(src)],
+                build_directory=str(build_dir),
+            )
+        finally:
+            if old is None:
+                os.environ.pop("TVM_FFI_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TVM_FFI_CUDA_ARCH_LIST"] = old
+
+
+@functools.cache
+def resolve_module(k: int, B: int, item: int) -> Any:
+    """The compiled resolve launcher for top-k ``k``, ``B`` hot slots, ``item``-byte rows."""
+    wrapper = (
+        '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
+        f"void resolve({_RESOLVE_ARGS}) {{\n"
+        f"  hisparse::resolve_launch<{k}, {B}, {item}>({_RESOLVE_CALL});\n}}\n"
+    )
+    return _build(f"hisparse_resolve_k{k}_b{B}_i{item}", wrapper, ["resolve"])
+
+
+@functools.cache
+def replay_module(item: int) -> Any:
+    """The compiled replay launcher for ``item``-byte rows."""
+    wrapper = (
+        '#include "replay.cuh"\nusing tvm::ffi::TensorView;\n'
+        f"void replay({_REPLAY_ARGS}) {{\n"
+        f"  hisparse::replay_launch<{item}>({_REPLAY_CALL});\n}}\n"
+    )
+    return _build(f"hisparse_replay_i{item}", wrapper, ["replay"])
+
+
+@functools.cache
+def gather_module(item: int) -> Any:
+    """Plain scattered gather (benchmark ceiling): ``gather(src, dst, host_cache, device_cache)``."""
+    wrapper = (
+        '#include "gather.cuh"\nusing tvm::ffi::TensorView;\n'
+        "void gather(TensorView src, TensorView dst, TensorView host_cache, TensorView device_cache) {\n"
+        f"  hisparse::gather_launch<{item}>(src, dst, host_cache, device_cache);\n}}\n"
+    )
+    return _build(f"hisparse_gather_i{item}", wrapper, ["gather"])

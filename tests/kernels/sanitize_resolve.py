@@ -1,0 +1,45 @@
+"""Small kernel-vs-reference sweep to run under compute-sanitizer (memcheck, racecheck).
+
+    compute-sanitizer --tool memcheck  python tests/kernels/sanitize_resolve.py
+    compute-sanitizer --tool racecheck python tests/kernels/sanitize_resolve.py --quick
+
+Exits 1 on any mismatch; the sanitizer's own summary reports memory errors and hazards.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from harness import kernel_result, mismatches, reference_result, scenario
+
+from sglang_hisparse.kernels import ops
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    cases = [(64, 128, 656, 3), (512, 1024, 1152, 3)] + ([] if quick else [(64, 64, 1152, 5)])
+    blocks = (32, 96, 512) if quick else (32, 64, 96, 480, 512, 1024)
+    failed = 0
+    for k, B, item, bs in cases:
+        sc = scenario(k, B, item, bs, seed=k + bs)
+        want = reference_result(sc)
+        for block in blocks:
+            for ctas in (1, 3):
+                got = kernel_result(sc, block_size=block, ctas_per_request=ctas)
+                bad = mismatches(want, got)
+                if bad:
+                    failed += 1
+                    print(f"MISMATCH k={k} B={B} item={item} block={block} ctas={ctas}: {bad}")
+                else:
+                    ops.replay(plan=got[2], num_real_reqs=torch.tensor(
+                        [sc.num_real], dtype=torch.int32, device="cuda"),
+                        host_cache=sc.state.host_cache, device_cache=got[0].device_cache,
+                        ctas=3, block_size=block)
+        torch.cuda.synchronize()
+    print(f"sanitize sweep: {'FAILED ' + str(failed) if failed else 'all cases match'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
