@@ -232,6 +232,7 @@ def _plot(p: planner.Plan, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     top = max(256 * 1024, 2 * max(p.inputs.contexts))
     grid = sorted({2**e for e in range(13, 30) if 2**e <= top} | set(p.inputs.contexts))
@@ -249,6 +250,7 @@ def _plot(p: planner.Plan, path: str) -> None:
     ax2.set_ylabel(f"ms per step at the HiSparse batch ({p.inputs.link_gbps:g} GB/s)")
     ax2.set_xlabel("context length (tokens)")
     ax2.set_xscale("log", base=2)
+    ax2.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _ctx(int(x))))
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
