@@ -184,7 +184,8 @@ class Plan:
     recommendation: str
 
 
-def _index_layers(inputs: PlanInputs, hisparse: bool) -> int:
+def index_layers(inputs: PlanInputs, hisparse: bool) -> int:
+    """Layers that keep an index-K cache on the GPU, without or with HiSparse."""
     model = inputs.model
     # SGLang elides shared layers' index-K only without HiSparse (see module docstring).
     if hisparse and inputs.hisparse_index_layers == "all":
@@ -195,9 +196,9 @@ def _index_layers(inputs: PlanInputs, hisparse: bool) -> int:
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     m, B, k = inputs.model, inputs.hot_slots, inputs.top_k
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
-    full = m.layers * row * n + _index_layers(inputs, False) * idx * n
+    full = m.layers * row * n + index_layers(inputs, False) * idx * n
     hot_kv = m.layers * row * min(n, B + 1)
-    hot_idx = _index_layers(inputs, True) * idx * n
+    hot_idx = index_layers(inputs, True) * idx * n
     host = m.layers * row * n
     ranks_serving = inputs.tp if inputs.dp_attention else 1
     b_full = int(budget // full)
@@ -251,9 +252,9 @@ def break_even_context(inputs: PlanInputs) -> int | None:
     """
     m, g = inputs.model, inputs.min_gain
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
-    a = m.layers * row + _index_layers(inputs, False) * idx
+    a = m.layers * row + index_layers(inputs, False) * idx
     c = m.layers * row * (inputs.hot_slots + 1)
-    d = _index_layers(inputs, True) * idx
+    d = index_layers(inputs, True) * idx
     if a <= g * d:
         return None
     return max(inputs.hot_slots + 1, math.ceil(g * c / (a - g * d)))

@@ -172,7 +172,7 @@ def _gib(b: float) -> str:
 def render(p: planner.Plan) -> str:
     """The terminal report: a header of inputs, one column per context, the verdicts."""
     i, m = p.inputs, p.inputs.model
-    idx_all = planner._index_layers(i, True)
+    idx_all = planner.index_layers(i, True)
     layout = f"TP {i.tp}, {'DP attention' if i.dp_attention else 'KV replicated per rank'}"
     head = [
         f"HiSparse capacity plan: {m.name}, {i.kv_dtype} KV, {i.tp} x {i.gpu_hbm_gib:g} GiB GPUs ({layout})",
@@ -219,8 +219,8 @@ def to_json(p: planner.Plan) -> dict[str, Any]:
     out["inputs"]["model"]["anchors"] = ",".join(map(str, m.anchors))  # one line, not 78
     out["derived"] = {"kv_row_bytes": m.kv_bytes(i.kv_dtype), "index_row_bytes": m.index_bytes,
                       "anchor_layers": len(m.anchors), "top_k": i.top_k, "hot_slots": i.hot_slots,
-                      "index_layers_full": planner._index_layers(i, False),
-                      "index_layers_hisparse": planner._index_layers(i, True)}
+                      "index_layers_full": planner.index_layers(i, False),
+                      "index_layers_hisparse": planner.index_layers(i, True)}
     for row, r in zip(out["contexts"], p.contexts, strict=True):
         row["hisparse_bytes_per_request"] = r.hisparse_bytes_per_request
         row["gain"] = None if math.isinf(r.gain) else r.gain

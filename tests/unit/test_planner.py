@@ -143,6 +143,14 @@ def test_batches_host_and_link_by_hand():
     assert row.turn_on and row.gain == pytest.approx(184 / 24)
 
 
+def test_fp8_rows_shrink_kv_but_not_the_index_cache():
+    row = _plan(kv_dtype="fp8", kv_budget_gib=40).contexts[0]
+    assert row.full_bytes_per_request == 78 * (656 + 132) * K128
+    assert row.hisparse_kv_bytes_per_request == 78 * 656 * 4097
+    assert row.hisparse_index_bytes_per_request == 78 * 132 * K128
+    assert row.h2d_bytes_per_token == pytest.approx(78 * 2048 * 0.134 * 656)
+
+
 def test_without_dp_attention_every_rank_holds_every_request():
     row = _plan(kv_budget_gib=40, dp_attention=False).contexts[0]
     assert (row.node_batch_full, row.node_batch_hisparse) == (3, 23)
