@@ -63,7 +63,7 @@ def make_state(
     host_rows = torch.randint(0, H, (R, max_ctx), generator=g, dtype=torch.int64)
     host_cache = torch.randint(0, 256, (H, item), generator=g, dtype=torch.uint8)
     device_cache = torch.randint(0, 256, (1 + R * (B + 1), item), generator=g, dtype=torch.uint8)
-    if pin:
+    if pin and torch.cuda.is_available():
         host_cache = host_cache.pin_memory()
     dev = torch.device(device)
     return HotState(slot_tokens.to(dev), slot_rows.to(dev), lru.to(dev), host_rows.to(dev),

@@ -18,7 +18,7 @@ from sglang_hisparse.kernels import ops
 
 def main() -> int:
     quick = "--quick" in sys.argv
-    cases = [(64, 128, 656, 3), (512, 1024, 1152, 3)] + ([] if quick else [(64, 64, 1152, 5)])
+    cases = [(64, 128, 1152, 3), (512, 1024, 656, 3)] + ([] if quick else [(64, 64, 656, 5)])
     blocks = (32, 96, 512) if quick else (32, 64, 96, 480, 512, 1024)
     failed = 0
     for k, B, item, bs in cases:

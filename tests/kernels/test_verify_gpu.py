@@ -1,0 +1,157 @@
+"""Verify-step resolve kernel == pure-torch reference, bit for bit (GPU; skipped without CUDA).
+
+Grid (issue 7): n in {1, 3} draft tokens (W = n+1 rows), k in {64, 2048}, B in {4k, (n+2)k};
+item 656 B for B = 4k and 1152 B for B = (n+2)k (both sizes for every (n, k) while keeping the
+number of JIT builds at 8). Each case runs three successive verify steps on a batch that mixes
+long, barely-long, transition (n0 <= B < n0+n), short and padding requests with padding and
+duplicate entries, and compares out_rows, slot_tokens, lru, the plan and every device KV byte.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_hisparse.kernels import ops
+from sglang_hisparse.kernels import verify_reference as vref
+from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
+from sglang_hisparse.kernels.verify_ops import resolve_verify
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="verify kernel tests need a CUDA GPU")
+
+GRID = [(n, k, B, 656 if B == 4 * k else 1152)
+        for n in (1, 3) for k in (64, 2048) for B in (4 * k, (n + 2) * k)]
+
+
+class Case:
+    """A CPU reference state and its GPU twin, plus the batch layout."""
+
+    def __init__(self, *, n, k, B, item, seed=0, bs=6, nr=5):
+        W = n + 1
+        self.W, self.k, self.B, self.bs = W, k, B, bs
+        lens = [B + 2, 3 * B + 11, B // 2, B - 1, 2 * B + 7, 2 * B][:bs]  # rows-0 lengths
+        g = torch.Generator().manual_seed(seed)
+        self.req = torch.randperm(bs, generator=g)[:bs].tolist()
+        self.cpu = vref.make_verify_state(seq_lens=lens, B=B, W=W, item=item, pin=True, seed=seed)
+        self.gpu = self._to_gpu(self.cpu)
+        self.nr = torch.tensor([nr], dtype=torch.int32)
+        self.seed = seed
+
+    @staticmethod
+    def _to_gpu(st):
+        return vref.make_verify_state.__globals__["torch"] and type(st)(
+            st.slot_tokens.cuda(), st.slot_rows.cuda(), st.lru.cuda(), st.host_rows.cuda(),
+            st.host_cache, st.device_cache.cuda(), st.seq_lens)
+
+    def seq_lens(self):
+        n0 = self.cpu.seq_lens[self.req]
+        return n0[:, None] + torch.arange(self.W)
+
+    def topk(self, step: int, churn: float) -> torch.Tensor:
+        tk = vref.make_verify_topk(self.cpu, self.req, W=self.W, k=self.k, churn=churn,
+                                   pad_entries=min(3, self.k // 8), seed=self.seed * 10 + step)
+        d = self.k // 16
+        tk[:, 1:, :d] = tk[:, :1, d:2 * d]  # positions shared across rows, within rows too
+        tk[:, :, 2 * d:3 * d] = tk[:, :, 3 * d:4 * d]
+        return tk
+
+    def args(self, st, tk, dev):
+        return dict(top_k=tk.to(dev), req_index=torch.tensor(self.req, device=dev),
+                    seq_lens=self.seq_lens().to(dev, torch.int32), num_real_reqs=self.nr.to(dev),
+                    slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru,
+                    host_rows=st.host_rows, host_cache=st.host_cache,
+                    device_cache=st.device_cache)
+
+
+def step(case: Case, tk, *, mode=ResolveMode.COPY, plan=True, **launch):
+    """One verify step on both states; returns (cpu out, gpu out, cpu plan, gpu plan)."""
+    W, k, bs = case.W, case.k, case.bs
+    outs, plans = [], []
+    for st, dev in ((case.cpu, "cpu"), (case.gpu, "cuda")):
+        out = torch.full((bs, W, k), 777, dtype=torch.int32, device=dev)
+        p = MissPlan.empty(bs, W * k, dev) if plan else None
+        fn = vref.resolve_verify if dev == "cpu" else resolve_verify
+        fn(**case.args(st, tk, dev), out_rows=out, plan=p, mode=mode, validate=True,
+           **({} if dev == "cpu" else launch))
+        outs.append(out)
+        plans.append(p)
+    torch.cuda.synchronize()
+    return outs[0], outs[1], plans[0], plans[1]
+
+
+def assert_same(case: Case, out_c, out_g, plan_c, plan_g):
+    assert torch.equal(out_g.cpu(), out_c), "out_rows differ"
+    assert torch.equal(case.gpu.slot_tokens.cpu(), case.cpu.slot_tokens), "slot_tokens differ"
+    assert torch.equal(case.gpu.lru.cpu(), case.cpu.lru), "lru differs"
+    assert torch.equal(case.gpu.device_cache.cpu(), case.cpu.device_cache), "device KV differs"
+    if plan_c is not None:
+        assert torch.equal(plan_g.count.cpu(), plan_c.count), "plan counts differ"
+        for b in range(case.bs):
+            c = int(plan_c.count[b])
+            assert torch.equal(plan_g.src[b, :c].cpu(), plan_c.src[b, :c]), f"plan.src row {b}"
+            assert torch.equal(plan_g.dst[b, :c].cpu(), plan_c.dst[b, :c]), f"plan.dst row {b}"
+
+
+@pytest.mark.parametrize("n, k, B, item", GRID)
+def test_kernel_matches_reference(n, k, B, item):
+    case = Case(n=n, k=k, B=B, item=item, seed=n * 7 + k % 13)
+    for s, churn in enumerate((0.3, 0.05, 0.6)):
+        assert_same(case, *step(case, case.topk(s, churn)))
+
+
+@pytest.mark.parametrize("block, ctas", [(32, 1), (128, 3), (1024, None), (96, 32)])
+def test_every_block_size_and_cta_split(block, ctas):
+    case = Case(n=3, k=64, B=256, item=656, seed=block)
+    for s in range(2):
+        assert_same(case, *step(case, case.topk(s, 0.4), block_size=block, ctas_per_request=ctas))
+
+
+def test_no_io_does_bookkeeping_only():
+    case = Case(n=1, k=64, B=256, item=656, seed=3)
+    before = case.gpu.device_cache.clone()
+    out_c, out_g, plan_c, plan_g = step(case, case.topk(0, 0.5), mode=ResolveMode.NO_IO)
+    assert torch.equal(case.gpu.device_cache, before)
+    assert int(plan_c.count.sum()) > 0
+    assert_same(case, out_c, out_g, plan_c, plan_g)
+
+
+def test_plan_replays_with_the_replay_kernel():
+    case = Case(n=3, k=64, B=320, item=1152, seed=4)
+    _, _, plan_c, plan_g = step(case, case.topk(0, 0.6))
+    other = torch.randint(0, 256, case.cpu.host_cache.shape, dtype=torch.uint8).pin_memory()
+    dev_c, dev_g = case.cpu.device_cache.clone(), case.gpu.device_cache.clone()
+    ops.replay(plan=plan_c, num_real_reqs=case.nr, host_cache=other, device_cache=dev_c)
+    ops.replay(plan=plan_g, num_real_reqs=case.nr.cuda(), host_cache=other, device_cache=dev_g)
+    torch.cuda.synchronize()
+    assert torch.equal(dev_g.cpu(), dev_c)
+
+
+@pytest.mark.parametrize("n, k, B, item", [(3, 64, 256, 656), (1, 2048, 8192, 656)])
+def test_cuda_graph_capture_and_replay(n, k, B, item):
+    case = Case(n=n, k=k, B=B, item=item, seed=5)
+    W, bs = case.W, case.bs
+    static = case.args(case.gpu, case.topk(0, 0.2), "cuda")
+    out = torch.zeros(bs, W, k, dtype=torch.int32, device="cuda")
+    plan = MissPlan.empty(bs, W * k, "cuda")
+    ops.reserve_workspace("cuda", bs)
+    verify_module_warm = dict(static, out_rows=out, plan=plan, validate=False)
+    # Warm up on a throwaway copy of the state (builds the module, sets smem attributes).
+    scratch = {**verify_module_warm, "slot_tokens": case.gpu.slot_tokens.clone(),
+               "lru": case.gpu.lru.clone(), "device_cache": case.gpu.device_cache.clone()}
+    resolve_verify(**scratch)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        resolve_verify(**verify_module_warm)
+    for s, (churn, nr) in enumerate(((0.3, 5), (0.1, 6), (0.5, 2))):
+        tk = case.topk(s + 1, churn)
+        static["top_k"].copy_(tk)
+        static["num_real_reqs"].fill_(nr)
+        case.nr = torch.tensor([nr], dtype=torch.int32)
+        graph.replay()
+        out_c = torch.full((bs, W, k), 777, dtype=torch.int32)
+        plan_c = MissPlan.empty(bs, W * k, "cpu")
+        vref.resolve_verify(**case.args(case.cpu, tk, "cpu"), out_rows=out_c, plan=plan_c)
+        torch.cuda.synchronize()
+        assert_same(case, out_c, out, plan_c, plan)
