@@ -15,6 +15,7 @@ import torch
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import verify_reference as vref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
+from sglang_hisparse.kernels.synthetic import HotState
 from sglang_hisparse.kernels.verify_ops import resolve_verify
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -40,9 +41,8 @@ class Case:
 
     @staticmethod
     def _to_gpu(st):
-        return vref.make_verify_state.__globals__["torch"] and type(st)(
-            st.slot_tokens.cuda(), st.slot_rows.cuda(), st.lru.cuda(), st.host_rows.cuda(),
-            st.host_cache, st.device_cache.cuda(), st.seq_lens)
+        return HotState(st.slot_tokens.cuda(), st.slot_rows.cuda(), st.lru.cuda(),
+                        st.host_rows.cuda(), st.host_cache, st.device_cache.cuda(), st.seq_lens)
 
     def seq_lens(self):
         n0 = self.cpu.seq_lens[self.req]
@@ -135,15 +135,14 @@ def test_cuda_graph_capture_and_replay(n, k, B, item):
     out = torch.zeros(bs, W, k, dtype=torch.int32, device="cuda")
     plan = MissPlan.empty(bs, W * k, "cuda")
     ops.reserve_workspace("cuda", bs)
-    verify_module_warm = dict(static, out_rows=out, plan=plan, validate=False)
+    call = dict(static, out_rows=out, plan=plan, validate=False)
     # Warm up on a throwaway copy of the state (builds the module, sets smem attributes).
-    scratch = {**verify_module_warm, "slot_tokens": case.gpu.slot_tokens.clone(),
-               "lru": case.gpu.lru.clone(), "device_cache": case.gpu.device_cache.clone()}
-    resolve_verify(**scratch)
+    resolve_verify(**{**call, "slot_tokens": case.gpu.slot_tokens.clone(),
+                      "lru": case.gpu.lru.clone(), "device_cache": case.gpu.device_cache.clone()})
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        resolve_verify(**verify_module_warm)
+        resolve_verify(**call)
     for s, (churn, nr) in enumerate(((0.3, 5), (0.1, 6), (0.5, 2))):
         tk = case.topk(s + 1, churn)
         static["top_k"].copy_(tk)

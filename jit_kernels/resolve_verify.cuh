@@ -1,0 +1,336 @@
+// Verify-step resolve: one launch per layer resolves the union of a request's W = n+1 verify
+// rows (speculative decoding) against its hot buffer and copies the union's misses once.
+//
+// Semantics: sglang_hisparse/kernels/verify_reference.py, bit for bit. Compile-time K (top-k
+// per row), B (history slots), W (verify rows), ITEM (row bytes), PLAN (record the miss plan),
+// COPY (false = no-IO timing oracle); runtime batch, block size (multiple of 32, <= 1024) and
+// CTAs per request. Slots B..B+W-1 hold the verify window outside the LRU.
+#pragma once
+
+#include "common.cuh"
+
+namespace hisparse {
+
+struct VerifyArgs {
+  const int32_t* top_k; int64_t topk_stride;  // [bs, W, K], a request's W*K entries contiguous
+  const void* req_index; bool req64;
+  const void* seq_lens; bool len64; int64_t len_stride;  // [bs, W]; column 0 (= n0) is read
+  const int32_t* num_real;
+  int32_t* slot_tokens; int64_t st_stride;
+  const int32_t* slot_rows; int64_t sr_stride;
+  int16_t* lru; int64_t lru_stride;
+  const int64_t* host_rows; int64_t hr_stride;
+  const uint8_t* host_cache; int64_t hc_stride;
+  uint8_t* device_cache; int64_t dc_stride;
+  int32_t* out_rows; int64_t out_stride;
+  int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
+  int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
+  int ctas;
+};
+
+// Shared memory. The hash (keys + values) is dead once out_rows is written, so the copy phase
+// reuses it for the wide (src, dst) row lists: 8*WK <= 4*H bytes since H >= 2*WK.
+// NOTE: keeping src int64 / dst int32 lists from the start (as the single-row kernel does)
+// would need 12*WK more bytes: 96 KiB at W=4, K=2048, past the 227 KiB limit with B = 5K.
+template <int K, int B, int W>
+struct VerifyLayout {
+  static constexpr int WK = W * K;
+  static constexpr int H = pow2_ceil(2 * WK) < 64 ? 64 : pow2_ceil(2 * WK);  // load <= 1/2
+  static constexpr int kLogH = log2i(H);
+  static constexpr size_t hkey = 0, hval = hkey + 4 * H, mpos = hval + 4 * H;
+  static constexpr size_t mvic = mpos + 4 * WK, order = mvic + 2 * WK, hit = order + 2 * B;
+  static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * 40;
+};
+
+__device__ __forceinline__ int64_t load_index_at(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+// Grid: (ctas, bs). Every CTA of a request repeats the smem-only bookkeeping over the union and
+// copies its 1/ctas share of the misses; the CTA that arrives last, after all have read the old
+// slot_tokens/lru, writes the new state, out_rows and the plan (same scheme as resolve.cuh).
+template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
+__global__ void resolve_verify_kernel(VerifyArgs a) {
+  using L = VerifyLayout<K, B, W>;
+  constexpr int WK = L::WK;
+  static_assert(WK <= 32767 && B <= 32767, "entry indices and slot ids are packed in 16 bits");
+  static_assert(B >= WK, "the union of W rows of K entries must fit in B history slots");
+  static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
+  extern __shared__ __align__(16) uint8_t smem[];
+  int32_t* hkey = reinterpret_cast<int32_t*>(smem + L::hkey);
+  int32_t* hval = reinterpret_cast<int32_t*>(smem + L::hval);  // (first flat index << 16) | slot
+  int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::mpos);  // miss q: its position
+  int16_t* mvic = reinterpret_cast<int16_t*>(smem + L::mvic);  // miss q: its victim slot
+  int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
+  uint8_t* hit = smem + L::hit;
+  int* scratch = reinterpret_cast<int*>(smem + L::scan);
+  __shared__ int s_writer;
+
+  const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, T = blockDim.x;
+  const int32_t* tk = a.top_k + b * a.topk_stride;
+  int32_t* out = a.out_rows + b * a.out_stride;
+  if (b >= *a.num_real) {  // padding row: inert
+    if (c == 0) {
+      for (int i = tid; i < WK; i += T) out[i] = -1;
+      if (PLAN && tid == 0) a.plan_count[b] = 0;
+    }
+    return;
+  }
+  const int64_t r = load_index_at(a.req_index, a.req64, b);
+  const int64_t n0 = load_index_at(a.seq_lens, a.len64, b * a.len_stride);
+  const int64_t N = n0 + W - 1;  // length of the last verify row
+  const int32_t* rows = a.slot_rows + r * a.sr_stride;
+  if (N <= B) {  // short request: token p in slot p (window too), nothing moves
+    if (c == 0) {
+      for (int i = tid; i < WK; i += T) {
+        const int p = tk[i];
+        out[i] = (p >= 0 && p < N) ? rows[p] : -1;
+      }
+      if (PLAN && tid == 0) a.plan_count[b] = 0;
+    }
+    return;
+  }
+  int32_t* stok = a.slot_tokens + r * a.st_stride;
+  int16_t* lru = a.lru + r * a.lru_stride;
+  const int base = static_cast<int>(n0 - 1);  // first window position; history is [0, base)
+
+  // 1. Hash set of the union's history positions, with the first flat index of each.
+  for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
+  for (int s = tid; s < B; s += T) hit[s] = 0;
+  __syncthreads();
+  for (int i = tid; i < WK; i += T) {
+    const int p = tk[i];
+    if (p < 0 || p >= base) continue;  // padding, window, or out of range (caller bug)
+    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    while (true) {
+      const int old = atomicCAS(&hkey[h], -1, p);
+      if (old == -1 || old == p) break;
+      h = (h + 1) & (L::H - 1);
+    }
+    atomicMin(&hval[h], (i << 16) | 0xffff);
+  }
+  __syncthreads();
+  auto find = [&](int p) -> int {
+    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    while (true) {
+      const int key = hkey[h];
+      if (key == p) return static_cast<int>(h);
+      if (key == -1) return -1;
+      h = (h + 1) & (L::H - 1);
+    }
+  };
+  // 2. Hits: history slots whose token is in the union (stale window content never hits).
+  for (int s = tid; s < B; s += T) {
+    const int tok = stok[s];
+    if (tok < 0 || tok >= base) continue;
+    const int h = find(tok);
+    if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | s; hit[s] = 1; }
+  }
+  __syncthreads();
+  // 3. Old LRU -> evictables (old order) then hits (old order); each thread owns one chunk.
+  const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
+  int n_ev = 0;
+  for (int j = j0; j < j1; ++j) n_ev += !hit[lru[j]];
+  int n_evict;
+  int e = block_exclusive_scan(n_ev, scratch, n_evict);
+  int hh = n_evict + (j0 - e);
+  for (int j = j0; j < j1; ++j) {
+    const int s = lru[j];
+    if (hit[s]) order[hh++] = static_cast<int16_t>(s); else order[e++] = static_cast<int16_t>(s);
+  }
+  __syncthreads();
+  // All reads of the mutable state are done: arrive; the last CTA of the request writes.
+  if (tid == 0) {
+    int writer = 1;
+    if (a.ctas > 1) {
+      __threadfence();
+      writer = atomicAdd(&a.arrivals[b], 1) == a.ctas - 1;
+      if (writer) { atomicExch(&a.arrivals[b], 0); __threadfence(); }
+    }
+    s_writer = writer;
+  }
+  // 4. Misses in flat order (row 0's top-k, then row 1's, ...) take order[0..m).
+  const int per_k = (WK + T - 1) / T, i0 = min(WK, tid * per_k), i1 = min(WK, i0 + per_k);
+  int n_miss = 0;
+  for (int i = i0; i < i1; ++i) {
+    const int p = tk[i];
+    if (p < 0 || p >= base) continue;
+    const int v = hval[find(p)];
+    n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
+  }
+  int m;
+  int q = block_exclusive_scan(n_miss, scratch, m);  // its barriers also publish s_writer
+  const bool writer = s_writer;
+  for (int i = i0; i < i1 && n_miss; ++i) {
+    const int p = tk[i];
+    if (p < 0 || p >= base) continue;
+    const int h = find(p);
+    const int v = hval[h];
+    if ((v & 0xffff) != 0xffff || (v >> 16) != i) continue;
+    const int victim = order[q];  // q < n_evict: |union| <= W*K <= B
+    hval[h] = (v & ~0xffff) | victim;
+    mpos[q] = p;
+    mvic[q] = static_cast<int16_t>(victim);
+    if (writer) stok[victim] = p;
+    ++q;
+  }
+  __syncthreads();
+  if (writer) {
+    for (int i = tid; i < WK; i += T) {
+      const int p = tk[i];
+      int row = -1;
+      if (p >= base && p < N) row = rows[B + (p - base)];
+      else if (p >= 0 && p < base) row = rows[hval[find(p)] & 0xffff];
+      out[i] = row;
+    }
+    // New LRU = evictables rotated left by m (rest, then the misses), then the hits.
+    for (int j = tid; j < B; j += T) {
+      const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
+      lru[j] = order[at];
+    }
+    if (PLAN) {
+      for (int x = tid; x < m; x += T) {
+        a.plan_src[b * a.plan_stride + x] = a.host_rows[r * a.hr_stride + mpos[x]];
+        a.plan_dst[b * a.plan_stride + x] = rows[mvic[x]];
+      }
+      if (tid == 0) a.plan_count[b] = m;
+    }
+  }
+  if (COPY) {
+    __syncthreads();  // the hash is dead: reuse it for this CTA's (src, dst) row lists
+    int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::hkey);
+    int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::hval);
+    const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
+    const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
+    for (int x = q0 + tid; x < q1; x += T) {
+      msrc[x] = a.host_rows[r * a.hr_stride + mpos[x]];
+      mdst[x] = rows[mvic[x]];
+    }
+    __syncthreads();
+    copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
+  }
+}
+
+template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
+void launch_verify(const VerifyArgs& a, int64_t bs, int64_t block, cudaStream_t stream) {
+  auto kernel = resolve_verify_kernel<K, B, W, ITEM, PLAN, COPY>;
+  constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
+  static bool smem_set = false;  // once per instantiation (a host attribute, capture-safe)
+  if (!smem_set) { set_smem(kernel, bytes); smem_set = true; }
+  kernel<<<dim3(static_cast<unsigned>(a.ctas), static_cast<unsigned>(bs)),
+           static_cast<unsigned>(block), bytes, stream>>>(a);
+  HS_CUDA(cudaGetLastError());
+}
+
+// ctas <= 0 picks CTAs per request so that the whole batch is one resident wave (at most 32 per
+// request): each extra CTA repeats the bookkeeping, so a second wave would only add latency.
+template <int K, int B, int W, int ITEM>
+int verify_auto_ctas(int dev, int64_t bs, int64_t block) {
+  constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
+  int sms = 0, per_sm = 0;
+  HS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  auto kernel = resolve_verify_kernel<K, B, W, ITEM, true, true>;
+  set_smem(kernel, bytes);
+  HS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block),
+                                                        bytes));
+  HS_CHECK(per_sm >= 1, "resolve_verify needs " << bytes << " B of shared memory per CTA (k="
+                        << K << " B=" << B << " W=" << W << ") at block " << block
+                        << ": more than this GPU offers; lower device_buffer_size or top_k");
+  const int64_t c = static_cast<int64_t>(sms) * per_sm / (bs > 0 ? bs : 1);
+  return static_cast<int>(c < 1 ? 1 : (c > 32 ? 32 : c));
+}
+
+template <int K, int B, int W, int ITEM>
+void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
+                           TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
+                           TensorView lru, TensorView host_rows, TensorView host_cache,
+                           TensorView device_cache, TensorView out_rows, TensorView plan_src,
+                           TensorView plan_dst, TensorView plan_count, TensorView arrivals,
+                           int64_t ctas, int64_t block, int64_t write_plan, int64_t copy) {
+  check_tensor(top_k, "top_k", 3, kDLInt, 32);
+  const int dev = top_k.device().device_id;
+  check_cuda(top_k, "top_k", dev);
+  const int64_t bs = top_k.size(0);
+  HS_CHECK(top_k.size(1) == W && top_k.size(2) == K,
+           "top_k is [" << bs << ", " << top_k.size(1) << ", " << top_k.size(2)
+                        << "]; this build is for W=" << W << ", k=" << K);
+  HS_CHECK(top_k.stride(1) == K, "top_k's W rows of one request must be contiguous");
+  const int req64 = check_index(req_index, "req_index", bs, dev);
+  check_cuda(seq_lens, "seq_lens", dev);
+  HS_CHECK(seq_lens.ndim() == 2 && seq_lens.size(0) == bs && seq_lens.size(1) == W,
+           "seq_lens must be [bs, W] = [" << bs << ", " << W << "] (dsa_seqlens_expanded.view)");
+  HS_CHECK(seq_lens.dtype().code == kDLInt && (seq_lens.dtype().bits == 32 || seq_lens.dtype().bits == 64),
+           "seq_lens must be int32 or int64");
+  check_tensor(num_real, "num_real_reqs", 1, kDLInt, 32);
+  check_cuda(num_real, "num_real_reqs", dev);
+  check_tensor(slot_tokens, "slot_tokens", 2, kDLInt, 32);
+  check_tensor(slot_rows, "slot_rows", 2, kDLInt, 32);
+  check_tensor(lru, "lru", 2, kDLInt, 16);
+  check_tensor(host_rows, "host_rows", 2, kDLInt, 64);
+  check_tensor(host_cache, "host_cache", 2, kDLUInt, 8);
+  check_tensor(device_cache, "device_cache", 2, kDLUInt, 8);
+  check_tensor(out_rows, "out_rows", 3, kDLInt, 32);
+  for (auto* t : {&slot_tokens, &slot_rows, &lru, &host_rows, &device_cache, &out_rows})
+    check_cuda(*t, "a state/output tensor", dev);
+  check_host(host_cache, "host_cache");
+  const int64_t R = lru.size(0);
+  HS_CHECK(lru.size(1) == B, "lru has " << lru.size(1) << " slots; this build is for B=" << B);
+  HS_CHECK(slot_tokens.size(0) == R && slot_tokens.size(1) == B + W, "slot_tokens must be [R, B+W]");
+  HS_CHECK(slot_rows.size(0) == R && slot_rows.size(1) == B + W, "slot_rows must be [R, B+W]");
+  HS_CHECK(host_rows.size(0) == R, "host_rows must have R=" << R << " rows");
+  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
+           "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
+  HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == W && out_rows.size(2) == K &&
+               out_rows.stride(1) == K,
+           "out_rows must be [bs, W, k] with a request's rows contiguous");
+  HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
+           "block size " << block << " must be a multiple of 32 in [32, 1024]");
+  HS_CHECK(ctas <= 1024, "ctas per request " << ctas << " must be <= 1024 (0 = auto)");
+  HS_CHECK(bs <= 65535, "batch " << bs << " exceeds the grid limit 65535");
+  if (write_plan) {
+    check_tensor(plan_src, "plan.src", 2, kDLInt, 64);
+    check_tensor(plan_dst, "plan.dst", 2, kDLInt, 32);
+    check_tensor(plan_count, "plan.count", 1, kDLInt, 32);
+    for (auto* t : {&plan_src, &plan_dst, &plan_count}) check_cuda(*t, "plan tensor", dev);
+    HS_CHECK(plan_src.size(0) == bs && plan_src.size(1) >= W * K && plan_dst.size(0) == bs &&
+                 plan_dst.size(1) == plan_src.size(1) && plan_count.size(0) == bs &&
+                 plan_dst.stride(0) == plan_src.stride(0),
+             "plan must be src [bs, >=W*k] int64, dst like src (same strides), count [bs]");
+  }
+  if (bs == 0) return;
+  if (ctas <= 0) ctas = verify_auto_ctas<K, B, W, ITEM>(dev, bs, block);
+  if (ctas > 1) {
+    check_tensor(arrivals, "arrivals", 1, kDLInt, 32);
+    check_cuda(arrivals, "arrivals", dev);
+    HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
+  }
+
+  VerifyArgs a;
+  a.top_k = ptr<const int32_t>(top_k); a.topk_stride = top_k.stride(0);
+  a.req_index = ptr<const void>(req_index); a.req64 = req64;
+  a.seq_lens = ptr<const void>(seq_lens); a.len64 = seq_lens.dtype().bits == 64;
+  a.len_stride = seq_lens.stride(0);
+  a.num_real = ptr<const int32_t>(num_real);
+  a.slot_tokens = ptr<int32_t>(slot_tokens); a.st_stride = slot_tokens.stride(0);
+  a.slot_rows = ptr<const int32_t>(slot_rows); a.sr_stride = slot_rows.stride(0);
+  a.lru = ptr<int16_t>(lru); a.lru_stride = lru.stride(0);
+  a.host_rows = ptr<const int64_t>(host_rows); a.hr_stride = host_rows.stride(0);
+  // Pinned memory is mapped at the same address on the device (UVA, 64-bit Linux).
+  a.host_cache = ptr<const uint8_t>(host_cache); a.hc_stride = host_cache.stride(0);
+  a.device_cache = ptr<uint8_t>(device_cache); a.dc_stride = device_cache.stride(0);
+  a.out_rows = ptr<int32_t>(out_rows); a.out_stride = out_rows.stride(0);
+  a.plan_src = write_plan ? ptr<int64_t>(plan_src) : nullptr;
+  a.plan_dst = write_plan ? ptr<int32_t>(plan_dst) : nullptr;
+  a.plan_count = write_plan ? ptr<int32_t>(plan_count) : nullptr;
+  a.plan_stride = write_plan ? plan_src.stride(0) : 0;
+  a.arrivals = ctas > 1 ? ptr<int32_t>(arrivals) : nullptr;
+  a.ctas = static_cast<int>(ctas);
+
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
+  if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true>(a, bs, block, stream);
+  else if (write_plan) launch_verify<K, B, W, ITEM, true, false>(a, bs, block, stream);
+  else if (copy) launch_verify<K, B, W, ITEM, false, true>(a, bs, block, stream);
+  else launch_verify<K, B, W, ITEM, false, false>(a, bs, block, stream);
+}
+
+}  // namespace hisparse
