@@ -54,6 +54,8 @@ class HostKVPool:
     pin:             pin with cudaHostRegister; default: when CUDA is available
     available_bytes: override the measured free host memory (tests); ``ranks_per_host``
                      splits it between ranks that each build this pool
+    storage:         an existing uint8 [L, host_rows_total, I] buffer to use instead of
+                     allocating (already budget-checked and pinned by its owner)
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class HostKVPool:
         pin: bool | None = None,
         available_bytes: int | None = None,
         ranks_per_host: int = 1,
+        storage: torch.Tensor | None = None,
     ):
         for name, value in (
             ("num_layers", num_layers),
@@ -91,6 +94,20 @@ class HostKVPool:
             capacity_tokens=capacity_tokens,
             page_size=page_size,
         )
+        if storage is not None:
+            # Someone else (SGLang's HiCache pool) sized, budget-checked, allocated and pinned it.
+            want = (num_layers, self.rows.total_ids, item_bytes)
+            if storage.dtype != torch.uint8 or tuple(storage.shape) != want:
+                raise ValueError(
+                    f"HostKVPool: storage is {storage.dtype} {tuple(storage.shape)}, expected uint8 {want}."
+                )
+            self.nbytes, self.kv = required, storage
+            self.host_rows = torch.full(
+                (max_requests, max_context), -1, dtype=torch.int64, device=self.device
+            )
+            self._pages: list[list[int]] = [[] for _ in range(max_requests)]
+            self._registered: list[int] = []
+            return
         check_host_budget(
             required,
             what=f"HiSparse host KV pool ({num_layers} layers x {self.rows.total_ids} rows x {item_bytes} B)",

@@ -1,0 +1,384 @@
+"""SGLang-facing memory classes: thin adapters over the SGLang-free memory core.
+
+Under ``--enable-hisparse`` SGLang 0.5.23's ``kv_cache_configurator`` constructs (names bound
+at import time in ``sglang.srt.mem_cache.kv_cache_configurator``; the plugin replaces them):
+
+* ``HiSparseDSATokenToKVPool`` (``_build_dsa_kv_pool``)            → ``HiSparseDSAPool``
+* ``HiSparseTokenToKVPoolAllocator`` (``_build_token_to_kv_pool_allocator``) → ``HiSparseTokenAllocator``
+
+and the coordinator builds the host pool with ``build_host_pool``. All allocation logic is
+in ``sglang_hisparse.allocator`` / ``host_pool``; these classes translate SGLang's call
+shapes (``prefix_lens_cpu``, ``loc_info``, PD host-slot requests) into core calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, unwrap_write_loc
+
+from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
+from sglang_hisparse.memory_budget import check_host_budget
+
+__all__ = ["HiCacheHostPool", "HiSparseDSAPool", "HiSparseTokenAllocator", "build_host_pool"]
+
+
+class HiSparseDSAPool(DSATokenToKVPool):
+    """DSA KV pool whose KV rows are device rows and whose indexer keys are logical.
+
+    ``size`` = device rows. The indexer key cache is sized ``size * host_to_device_ratio``
+    (every logical id; it never leaves the GPU). KV writes and reads take logical locations
+    and translate them through the allocator's mapping (registered by the allocator).
+    """
+
+    def __init__(self, size: int, *args: Any, host_to_device_ratio: int = 2, **kwargs: Any):
+        if host_to_device_ratio < 1:
+            raise ValueError(
+                f"host_to_device_ratio = {host_to_device_ratio} must be >= 1 (--hisparse-config)."
+            )
+        kwargs["index_buf_size"] = size * host_to_device_ratio
+        super().__init__(size, *args, **kwargs)
+        self.host_to_device_ratio = host_to_device_ratio
+        self.bytes_per_token = self.kv_cache_dim * self.store_dtype.itemsize
+        self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        """Called by ``HiSparseTokenAllocator``: int64 [logical ids + 1], last element -1."""
+        self.full_to_hisparse_device_index_mapping = mapping
+
+    def translate_loc_to_hisparse_device(self, loc: torch.Tensor) -> torch.Tensor:
+        """Device rows of logical ``loc`` (any shape); negative entries (padding) pass through."""
+        mapping = self.full_to_hisparse_device_index_mapping
+        if mapping is None:
+            raise ValueError(
+                "HiSparseDSAPool: no mapping registered; construct HiSparseTokenAllocator with this pool as kvcache."
+            )
+        loc = loc.to(torch.int64)
+        return torch.where(loc >= 0, mapping[loc.clamp(min=0)], loc)
+
+    # SGLang's other spellings of the same translation
+    _translate_loc_to_hisparse_device = translate_loc_to_hisparse_device
+    translate_loc_from_full_to_hisparse_device = translate_loc_to_hisparse_device
+
+    def translate_loc_from_full_to_compressed(self, loc: torch.Tensor) -> torch.Tensor:
+        return loc  # DSA has no compressed layers: compression ratio 1
+
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, layer_id_override=None):
+        loc, _, _ = unwrap_write_loc(loc_info)
+        super().set_kv_buffer(
+            layer, self.translate_loc_to_hisparse_device(loc), cache_k, cache_v, layer_id_override
+        )
+
+    def set_mla_kv_buffer(
+        self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=None
+    ):
+        loc, _, _ = unwrap_write_loc(loc_info)
+        super().set_mla_kv_buffer(
+            layer,
+            self.translate_loc_to_hisparse_device(loc),
+            cache_k_nope,
+            cache_k_rope,
+            layer_id_override,
+        )
+
+    def get_mla_kv_buffer(self, layer, loc, dst_dtype=None):
+        return super().get_mla_kv_buffer(
+            layer, self.translate_loc_to_hisparse_device(loc), dst_dtype
+        )
+
+    def transfer_values_on_device(
+        self, dst_indices: torch.Tensor, src_indices: torch.Tensor
+    ) -> None:
+        """Copy device rows ``src`` → ``dst`` in every layer (physical rows, no translation)."""
+        if src_indices.numel() == 0:
+            return
+        for buf in self.kv_buffer:
+            buf[dst_indices] = buf[src_indices]
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError(
+            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError(
+            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
+        )
+
+
+class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
+    """SGLang's token allocator interface over ``DualSpaceAllocator`` (``self.core``).
+
+    Constructor: exactly the arguments of ``kv_cache_configurator._build_token_to_kv_pool_allocator``
+    (``size`` = device rows). ``size`` / ``size_full`` report logical capacity, which is what
+    the scheduler admits against; ``available_size`` is the smaller of the two spaces.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kvcache: Any,
+        need_sort: bool,
+        host_to_device_ratio: int = 2,
+    ):
+        # NOTE: BaseTokenToKVPoolAllocator.__init__ assigns ``self.size``, which is a
+        # read-only property here (logical capacity), so the base attributes are set by hand.
+        self.page_size, self.dtype, self.device = page_size, dtype, device
+        self._kvcache, self.need_sort = kvcache, need_sort
+        self.free_pages = None
+        self.release_pages = None
+        self.free_group = None
+        self.compress_ratio = 1
+        self.core = DualSpaceAllocator(
+            size, host_to_device_ratio=host_to_device_ratio, page_size=page_size, device=device
+        )
+        self._spec_scratch = 0
+        self._spec_buffer = 0
+        kvcache.register_mapping(self.core.mapping)
+
+    # ---- what SGLang's scheduler / PD decode read ----------------------------------------
+    @property
+    def size(self) -> int:
+        return self.core.size_full
+
+    @property
+    def size_full(self) -> int:
+        return self.core.size_full
+
+    @property
+    def logical_attn_allocator(self):
+        return self.core.logical
+
+    @property
+    def hisparse_attn_allocator(self):
+        return self.core.rows
+
+    @property
+    def hisparse_page_size(self) -> int:
+        return self.page_size
+
+    @property
+    def hisparse_kvcache(self):
+        return self._kvcache
+
+    @property
+    def full_to_hisparse_device_index_mapping(self) -> torch.Tensor:
+        return self.core.mapping
+
+    def available_size(self) -> int:
+        return self.core.available_size()
+
+    def debug_print(self) -> str:
+        c = self.core
+        return (
+            f"#logical available: {c.logical.available_size()}/{c.size_full}, "
+            f"#device available: {c.rows.available_size()}/{c.size_device}, hot buffers: {len(c.hot_request_slots())}"
+        )
+
+    def check_integrity(self) -> None:
+        self.core.check_integrity()
+
+    # ---- allocation ----------------------------------------------------------------------
+    def alloc(self, need_size: int):
+        return self.core.alloc(need_size)
+
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens,
+        *args,
+        **kwargs,
+    ):
+        return self.core.alloc_extend(prefix_lens_cpu, seq_lens_cpu, last_loc)
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
+        return self.core.alloc_decode(seq_lens_cpu, last_loc)
+
+    def alloc_logical_only(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens,
+        *args,
+        **kwargs,
+    ):
+        return self.core.alloc_logical_extend(prefix_lens_cpu, seq_lens_cpu, last_loc)
+
+    def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
+        return last_locs
+
+    def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
+        return self._kvcache.translate_loc_to_hisparse_device(last_locs)
+
+    # ---- frees: immediate, because a freed id must stop translating at once ---------------
+    def free(self, free_index: torch.Tensor) -> None:
+        self.core.free(free_index)
+
+    def free_group_begin(self) -> None:
+        return None
+
+    def free_group_end(self) -> None:
+        return None
+
+    def clear(self) -> None:
+        self.core.clear()
+
+    def resize(self, config) -> None:
+        raise NotImplementedError(
+            "HiSparse: resizing the KV pool at runtime is unsupported (the mapping and host pool are sized once)."
+        )
+
+    # ---- speculative decoding reserve ----------------------------------------------------
+    def configure_spec_scratch(self, capacity: int, *, device_buffer_size: int = 0) -> None:
+        """Per-request device rows speculative decoding needs beyond the prompt's rows."""
+        for name, v in (("capacity", capacity), ("device_buffer_size", device_buffer_size)):
+            if v < 0 or v % self.page_size:
+                raise ValueError(
+                    f"configure_spec_scratch: {name} = {v} must be a non-negative multiple of page_size = {self.page_size}."
+                )
+        self._spec_scratch = capacity
+        self._spec_buffer = device_buffer_size if capacity else 0
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        # The hot buffer reuses the prompt's device rows, so only rows the prompt does not
+        # cover are extra; scratch is charged once, when the request gets its slot.
+        prompt_rows = -(-prefill_tokens // self.page_size) * self.page_size
+        return max(self._spec_buffer - prompt_rows, 0) + (
+            0 if has_req_pool_slot else self._spec_scratch
+        )
+
+
+class HiCacheHostPool(HostKVPool):
+    """Core host pool over the buffer of SGLang's HiCache ``MLATokenToKVPoolHost``.
+
+    HiCache provides the storage, its pinning and the PD registration info
+    (``get_contiguous_buf_infos``); row allocation per request is the core's.
+    """
+
+    def __init__(
+        self,
+        hicache: Any,
+        *,
+        max_requests: int,
+        max_context: int,
+        device: str | torch.device,
+        capacity_tokens: int,
+    ):
+        buf = hicache.kv_buffer
+        storage = buf.view(torch.uint8).reshape(buf.shape[0], buf.shape[1], -1)
+        super().__init__(
+            num_layers=storage.shape[0],
+            item_bytes=storage.shape[2],
+            capacity_tokens=capacity_tokens,
+            page_size=hicache.page_size,
+            max_requests=max_requests,
+            max_context=max_context,
+            device=device,
+            storage=storage,
+        )
+        self.hicache = hicache
+
+    @property
+    def layer_num(self) -> int:
+        return self.hicache.layer_num
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+    def get_contiguous_buf_infos(self):
+        return self.hicache.get_contiguous_buf_infos()
+
+    def alloc_paged_token_slots(
+        self,
+        req_to_host_pool: torch.Tensor,
+        req_to_host_pool_allocated_len: torch.Tensor | None,
+        req_pool_idx: int,
+        start_pos: int,
+        num_tokens: int,
+    ) -> torch.Tensor:
+        """PD decode: host rows (int64 [num_tokens], on ``req_to_host_pool``'s device) of
+        positions ``start_pos..start_pos+num_tokens-1``, extending the request lazily."""
+        end = start_pos + num_tokens
+        if num_tokens > 0 and not self.ensure(req_pool_idx, end):
+            raise RuntimeError(
+                f"HiSparse host pool exhausted: request slot {req_pool_idx} needs {end} positions, "
+                f"{self.available_size()} of {self.size} host rows free. Lower the decode batch "
+                f"or raise host_to_device_ratio."
+            )
+        if req_to_host_pool is not self.host_rows:
+            n = self.allocated_len(req_pool_idx)
+            req_to_host_pool[req_pool_idx, :n] = self.host_rows[req_pool_idx, :n].to(
+                req_to_host_pool.device
+            )
+        if req_to_host_pool_allocated_len is not None:
+            req_to_host_pool_allocated_len[req_pool_idx] = self.allocated_len(req_pool_idx)
+        return req_to_host_pool[req_pool_idx, start_pos:end]
+
+    def destroy(self) -> None:
+        super().destroy()
+        self.hicache.destroy()
+
+
+def build_host_pool(
+    device_pool: Any,
+    *,
+    ratio: int,
+    page_size: int,
+    max_requests: int,
+    max_context: int,
+    device: str | torch.device,
+    pin_memory: bool | None = None,
+    ranks_per_host: int = 1,
+) -> HiCacheHostPool:
+    """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
+
+    Our budget check (both figures in GiB and the fix) runs before HiCache allocates and pins.
+    """
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    capacity = device_pool.size * ratio
+    item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
+    check_host_budget(
+        host_pool_bytes(
+            num_layers=device_pool.layer_num,
+            item_bytes=item_bytes,
+            capacity_tokens=capacity,
+            page_size=page_size,
+        ),
+        what=f"HiSparse host KV pool ({device_pool.layer_num} layers x {capacity} rows x {item_bytes} B)",
+        ranks_per_host=ranks_per_host,
+    )
+    hicache = MLATokenToKVPoolHost(
+        buffer_info=device_pool.get_device_pool_infos()[0].buffer_info,
+        device_capacity_tokens=device_pool.size,
+        start_layer=device_pool.start_layer,
+        end_layer=device_pool.end_layer,
+        target_layer_num=device_pool.layer_num,
+        host_to_device_ratio=ratio,
+        host_size=0,
+        page_size=page_size,
+        layout="layer_first",
+        override_kv_cache_dim=device_pool.kv_cache_dim,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+    )
+    return HiCacheHostPool(
+        hicache,
+        max_requests=max_requests,
+        max_context=max_context,
+        device=device,
+        capacity_tokens=capacity,
+    )
