@@ -6,7 +6,7 @@ GPU benchmark, and over the SGLang-facing wrappers in a server:
 
 ``allocator`` (a :class:`~sglang_hisparse.allocator.DualSpaceAllocator`)
     ``shrink_to_hot_buffer``, ``alloc_hot_buffer``, ``grow_hot_buffer``,
-    ``release_hot_buffer``, ``translate``, ``map_tokens``, ``unmap``, ``rows``.
+    ``release_hot_buffer``, ``translate``, ``rebind``, ``rows``.
 
 ``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.host_pool.HostKVPool`)
     ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),

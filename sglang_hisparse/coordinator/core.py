@@ -187,10 +187,11 @@ class HiSparseCore:
         new_logical: torch.Tensor,
         req_index_cpu: list[int],
         seq_lens_cpu: list[int],
+        new_logical_cpu: torch.Tensor | None = None,
     ) -> None:
         self.step.map_last_loc(
             req_index=req_index, seq_lens=seq_lens, new_logical=new_logical,
-            req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu,
+            req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu, new_logical_cpu=new_logical_cpu,
         )
 
     def wait_for_pending_backup(self) -> None:

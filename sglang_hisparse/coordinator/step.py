@@ -10,7 +10,8 @@ length just became ``n`` (new token ``p = n-1``, previous newest ``q = n-2``)::
     grow     the new token's slot s = min(p, B) gets a device row if it has none
              (short requests, and slot B on the first growth past B)
     map      slot_tokens[:, r, s] = p;  mapping[out_cache_loc] = slot_rows[r, s], so the
-             forward's KV write of p lands in the hot buffer
+             forward's KV write of p lands in the hot buffer (``allocator.rebind``, which
+             also frees a device row SGLang's page_size-1 ``alloc()`` may have given p)
 
 The forward must not overwrite slot B before the backup read it:
 :meth:`StepMapper.wait_for_pending_backup` (SGLang calls it before the decode forward)
@@ -51,9 +52,12 @@ class StepMapper:
         new_logical: torch.Tensor,
         req_index_cpu: list[int],
         seq_lens_cpu: list[int],
+        new_logical_cpu: torch.Tensor | None = None,
     ) -> None:
         """``req_index``/``seq_lens``/``new_logical`` int [bs] on the device (lengths already
-        include the new token); the ``_cpu`` lists carry the same values on the host."""
+        include the new token); the ``_cpu`` lists carry the same values on the host.
+        ``new_logical_cpu`` (optional) lets the allocator free device rows a page_size-1
+        ``alloc()`` gave the new ids without reading them back (see ``allocator.rebind``)."""
         ctx, st, B = self.ctx, self.ctx.state, self.ctx.buffer_size
         if len(req_index_cpu) != len(seq_lens_cpu):
             raise ValueError(
@@ -93,7 +97,7 @@ class StepMapper:
         r_dev = req_index.to(dev, torch.int64)
         s_dev = torch.tensor(new_slot, dtype=torch.int64).to(dev, non_blocking=True)
         st.slot_tokens[:, r_dev, s_dev] = (seq_lens.to(dev) - 1).to(torch.int32)
-        ctx.allocator.map_tokens(new_logical, st.slot_rows[r_dev, s_dev])
+        ctx.allocator.rebind(new_logical, st.slot_rows[r_dev, s_dev], logical_ids_cpu=new_logical_cpu)
         if ctx.recorder is not None:
             ctx.recorder.begin_step(req_index_cpu, seq_lens_cpu)
         ctx.telemetry.add_step()

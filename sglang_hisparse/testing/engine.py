@@ -90,8 +90,12 @@ class DecodeEngine:
         skip_io: bool | None = None,
         check: bool = True,
         max_batch: int = 16,
+        decode_alloc_rows: bool = False,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
+        # SGLang's page_size-1 decode takes ids with ``alloc(bs)``, which maps fresh device
+        # rows; the coordinator's rebind must hand them back. Off: logical-only alloc_decode.
+        self.decode_alloc_rows = decode_alloc_rows and sizes.page_size == 1
         self.device = torch.device(device)
         L, item = model.num_layers, model.item_bytes
         self.allocator = DualSpaceAllocator(
@@ -217,7 +221,10 @@ class DecodeEngine:
         seq_cpu = torch.tensor([q.seq_len + 1 for q in batch], dtype=torch.int64)
         req_cpu = torch.tensor([q.req_pool_idx for q in batch], dtype=torch.int64)
         last = self.req_to_token[req_cpu.to(dev), seq_cpu.to(dev) - 2]
-        new_ids = self.allocator.alloc_decode(seq_cpu, last)
+        if self.decode_alloc_rows:
+            new_ids = self.allocator.alloc(bs)
+        else:
+            new_ids = self.allocator.alloc_decode(seq_cpu, last)
         if new_ids is None:
             raise RuntimeError("step: logical ids exhausted")
         for q, nid in zip(batch, new_ids.tolist(), strict=True):
@@ -227,7 +234,7 @@ class DecodeEngine:
         req_index, seq_lens = req_cpu.to(dev), seq_cpu.to(dev)
         self.core.map_last_loc(
             req_index=req_index, seq_lens=seq_lens, new_logical=new_ids,
-            req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(),
+            req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(), new_logical_cpu=new_ids.cpu(),
         )
         self.core.wait_for_pending_backup()
         self.core.num_real_reqs.fill_(bs)

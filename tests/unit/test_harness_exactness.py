@@ -47,7 +47,9 @@ def test_random_lifecycles_are_exact_and_leak_free(config: str, prefetch: bool) 
     spec = ScenarioSpec(max_prompt=sizes.max_ctx // 2, max_new=sizes.buffer_size + 4)
     stats = []
     for seed in range(SEEDS):
-        engine = DecodeEngine(model, sizes, prefetch=prefetch, skip_io=False, max_batch=8)
+        engine = DecodeEngine(
+            model, sizes, prefetch=prefetch, skip_io=False, max_batch=8, decode_alloc_rows=seed % 2 == 1
+        )
         assert engine.core.prefetch_enabled is prefetch
         stats.append(run_scenario(engine, random.Random(1000 * seed + len(config)), spec))
     # 3 configs x 2 modes x this >= 200 lifecycles in total

@@ -1,0 +1,285 @@
+"""``SGLangHiSparseCoordinator``: what SGLang 0.5.23 constructs as its HiSparse coordinator.
+
+The plugin registers this class as a REPLACE of
+``sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator``; ``ModelRunner`` builds it
+with the kwargs of seams §2.1 and the scheduler, batch, DSA backend and PD paths call the
+§2.3 interface. Every call is translated into :class:`HiSparseCore` terms:
+
+```
+SGLang                                      HiSparseCore
+admit_request_into_staging(req)         ->  admit_staging(req.kv.req_pool_idx, req_to_token[r, :extend_end], req)
+collect_ready_reqs() -> [Req]           ->  collect_ready()  (entries carry the Req)
+admit_request_direct(req)               ->  admit_direct(r, seq_len)
+map_last_loc_to_buffer(...)             ->  map_last_loc(...)
+swap_in_selected_pages(ri, sl, tk, l)   ->  swap_in(ri, sl, tk, l)
+request_finished / retract_req /
+abort_staging_request(req)              ->  finish(r)
+get_token_stats()                       ->  HiSparseTokenStats from the allocator / host pool
+```
+
+Memory comes from the allocator SGLang passes: its ``DualSpaceAllocator`` (found by type;
+``HiSparseTokenAllocator.core``) and the per-layer KV of its pool (``get_kvcache()``). The
+pinned host pool is built here, sized to the logical capacity so every admitted token fits:
+over SGLang's HiCache host buffer (``sglang_adapter.memory.build_host_pool``, which also
+serves PD's RDMA registration) when the pool is SGLang's, else a core ``HostKVPool``.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.device_pool import DeviceKVPool
+from sglang_hisparse.host_pool import HostKVPool
+
+logger = logging.getLogger("sglang_hisparse")
+
+
+def _find(obj: Any, cls: type, what: str, depth: int = 2) -> Any:
+    """``obj`` itself or the first attribute (searched ``depth`` levels deep) of type ``cls``."""
+    if isinstance(obj, cls):
+        return obj
+    frontier = [obj]
+    for _ in range(depth):
+        nxt = []
+        for o in frontier:
+            for value in list(getattr(o, "__dict__", {}).values()):
+                if isinstance(value, cls):
+                    return value
+                if hasattr(value, "__dict__") and not isinstance(value, torch.Tensor | type):
+                    nxt.append(value)
+        frontier = nxt
+    raise ValueError(
+        f"SGLangHiSparseCoordinator: {what} ({type(obj).__name__}) holds no {cls.__name__}. "
+        f"Launch with the sglang-hisparse plugin installed so SGLang builds our allocator and pools."
+    )
+
+
+def _seq_len_of(req: Any) -> int:
+    """Tokens with KV when a request joins decode: prompt + outputs - 1 (the last output's
+    KV is computed by the next step), as SGLang's ``_build_hisparse_decode_batch`` counts."""
+    return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+
+
+def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
+    """Per-layer device KV as uint8 [rows, I] views, and the first layer id on this rank.
+
+    ``kvcache`` is SGLang's DSA pool (our ``HiSparseDSAPool``: ``kv_buffer[l]`` [rows, 1,
+    kv_cache_dim] of its store dtype) or a core ``DeviceKVPool`` (tests, benchmarks).
+    """
+    if isinstance(kvcache, DeviceKVPool):
+        return list(kvcache.kv), 0
+    bufs = getattr(kvcache, "kv_buffer", None)
+    if bufs is None:
+        raise ValueError(
+            f"SGLangHiSparseCoordinator: the KV pool ({type(kvcache).__name__}) has no kv_buffer; "
+            f"launch with the sglang-hisparse plugin installed so SGLang builds HiSparseDSAPool."
+        )
+    layers = [buf.view(torch.uint8).reshape(buf.shape[0], -1) for buf in bufs]
+    return layers, int(getattr(kvcache, "start_layer", 0) or 0)
+
+
+class SGLangHiSparseCoordinator:
+    """Drop-in for SGLang's ``HiSparseCoordinator`` (constructor kwargs: seams §2.1)."""
+
+    def __init__(
+        self,
+        req_to_token_pool: Any,
+        token_to_kv_pool_allocator: Any,
+        top_k: int,
+        device_buffer_size: int,
+        device: str | torch.device,
+        tp_group: Any,
+        host_to_device_ratio: int = 2,
+        swap_in_block_size: int = 512,
+        shared_index_layers: list[bool] | None = None,
+        num_draft_tokens: int = 0,
+    ) -> None:
+        if num_draft_tokens:
+            raise ValueError(
+                f"num_draft_tokens = {num_draft_tokens}: sglang-hisparse does not support "
+                f"speculative decoding yet. Launch without --speculative-algorithm."
+            )
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.top_k = top_k
+        self.device_buffer_size = device_buffer_size
+        self.device = device
+        self.tp_group = tp_group
+        self.swap_in_block_size = swap_in_block_size
+        self.host_to_device_ratio = host_to_device_ratio
+        self.compress_ratio = 1
+
+        self.dual: DualSpaceAllocator = _find(token_to_kv_pool_allocator, DualSpaceAllocator, "token_to_kv_pool_allocator")
+        kvcache = token_to_kv_pool_allocator.get_kvcache()
+        self.mem_pool_device = kvcache
+        device_kv, start_layer = _device_layers(kvcache)
+        req_to_token = req_to_token_pool.req_to_token
+        num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
+        self.host_pool = self._build_host_pool(kvcache, device_kv, num_reqs, max_ctx)
+        self.core = HiSparseCore(
+            top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
+            allocator=self.dual, host=self.host_pool, device_kv=device_kv,
+            host_kv=self.host_pool.kv, device=device, shared_index_layers=shared_index_layers,
+            start_layer=start_layer, tp_group=tp_group,
+        )
+        # PD decode reads these (disaggregation/decode.py); no speculative scratch here.
+        self.mem_pool_host = self.host_pool
+        self.req_to_host_pool = self.host_pool.host_rows
+        self.padded_buffer_size = self.dual.max_hot_pages(device_buffer_size) * self.dual.page_size
+        self.spec_swap = SimpleNamespace(scratch_capacity=0)
+        logger.info(
+            "HiSparse (sglang-hisparse): top_k=%d, B=%d, %d layers, %d request slots, host pool "
+            "%.2f GiB, shared-index prefetch %s",
+            top_k, device_buffer_size, len(device_kv), num_reqs,
+            self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
+        )
+
+    def _build_host_pool(
+        self, kvcache: Any, device_kv: list[torch.Tensor], num_reqs: int, max_ctx: int
+    ) -> HostKVPool:
+        if hasattr(kvcache, "get_device_pool_infos"):
+            from sglang_hisparse.sglang_adapter.memory import build_host_pool
+
+            return build_host_pool(
+                kvcache, ratio=self.host_to_device_ratio, page_size=self.dual.page_size,
+                max_requests=num_reqs, max_context=max_ctx, device=self.device,
+            )
+        return HostKVPool(
+            num_layers=len(device_kv), item_bytes=int(device_kv[0].shape[1]),
+            capacity_tokens=self.dual.size_full, page_size=self.dual.page_size,
+            max_requests=num_reqs, max_context=max_ctx, device=self.device,
+        )
+
+    # -- attributes SGLang reads ------------------------------------------------------------
+    @property
+    def num_real_reqs(self) -> torch.Tensor:
+        """int32 [1] device tensor; the model runner fills it with the real batch size."""
+        return self.core.num_real_reqs
+
+    @property
+    def ack_staging_queue(self) -> list[Any]:
+        """Requests still staging (items carry ``.req``)."""
+        return self.core.staging_queue
+
+    @property
+    def req_to_host_pool_allocated_len(self) -> torch.Tensor:
+        """int64 [R]: host positions allocated per request slot (PD admission reads it)."""
+        pool = self.host_pool
+        return torch.tensor([pool.allocated_len(r) for r in range(pool.max_requests)], dtype=torch.int64)
+
+    def host_token_len(self, kv_allocated_len: int) -> int:
+        return int(kv_allocated_len)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def set_decode_producer_stream(self, stream: Any) -> None:
+        self.core.set_producer_stream(stream)
+
+    def admit_request_into_staging(self, req: Any) -> None:
+        r = req.kv.req_pool_idx
+        n = int(req.extend_end)
+        req.hisparse_staging = True
+        self.core.admit_staging(r, self.req_to_token_pool.req_to_token[r, :n], req)
+
+    def collect_ready_reqs(self) -> list[Any]:
+        ready = [entry.req for entry in self.core.collect_ready()]
+        for req in ready:
+            req.hisparse_staging = False
+        return ready
+
+    def has_ongoing_staging(self) -> bool:
+        return self.core.has_ongoing_staging()
+
+    def admit_request_direct(self, req: Any) -> None:
+        r, n = req.kv.req_pool_idx, _seq_len_of(req)
+        have = self.host_pool.allocated_len(r)
+        if have < n:
+            raise ValueError(
+                f"admit_request_direct: request {getattr(req, 'rid', '?')} (slot {r}) needs {n} host "
+                f"positions but the PD transfer allocated {have}; the KV must be in the host pool first."
+            )
+        self.core.admit_direct(r, n)
+        req.hisparse_staging = False
+
+    def request_finished(self, req: Any) -> None:
+        r = req.kv.req_pool_idx
+        if r is not None:
+            self.core.finish(r)
+        req.hisparse_staging = False
+
+    def retract_req(self, req: Any) -> None:
+        self.request_finished(req)
+
+    def abort_staging_request(self, req: Any) -> None:
+        self.request_finished(req)
+
+    # -- per step -------------------------------------------------------------------------------
+    def map_last_loc_to_buffer(
+        self,
+        seq_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        req_pool_indices_cpu: torch.Tensor,
+    ) -> None:
+        self.core.map_last_loc(
+            req_index=req_pool_indices, seq_lens=seq_lens, new_logical=out_cache_loc,
+            req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
+            seq_lens_cpu=[int(x) for x in seq_lens_cpu.tolist()],
+        )
+
+    def wait_for_pending_backup(self) -> None:
+        self.core.wait_for_pending_backup()
+
+    def swap_in_selected_pages(
+        self,
+        req_pool_indices: torch.Tensor,
+        compressed_seq_lens: torch.Tensor,
+        top_k_result: torch.Tensor,
+        layer_id: int,
+    ) -> torch.Tensor:
+        return self.core.swap_in(req_pool_indices, compressed_seq_lens, top_k_result, layer_id)
+
+    def swap_in_selected_blocks(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError(
+            "sglang-hisparse supports DSA models (DeepSeek-V3.2, GLM-5.x); the MiniMax block "
+            "variant is not implemented. Disable the plugin for this model."
+        )
+
+    # -- speculative decoding (unsupported: num_draft_tokens must be 0) -------------------------
+    def allocate_spec_scratch(self, req_pool_indices: list[int]) -> None:
+        return None  # SGLang calls this for every new batch; nothing to reserve without spec
+
+    def prepare_spec_verify(self, batch: Any) -> None:
+        raise NotImplementedError("sglang-hisparse does not support speculative decoding yet.")
+
+    def commit_spec_accept_tokens(self, batch: Any, accept_indices: torch.Tensor) -> None:
+        raise NotImplementedError("sglang-hisparse does not support speculative decoding yet.")
+
+    # -- reporting / teardown -------------------------------------------------------------------
+    def get_token_stats(self) -> Any:
+        from sglang.srt.managers.hisparse_coordinator import HiSparseTokenStats
+
+        dev_cap = self.dual.size_device
+        dev_used = self.dual.rows.used_size()
+        host_cap = self.host_pool.size
+        host_used = host_cap - self.host_pool.available_size()
+        return HiSparseTokenStats(
+            device_tokens=dev_used,
+            device_token_usage=dev_used / dev_cap if dev_cap else 0.0,
+            host_tokens=host_used,
+            host_token_usage=host_used / host_cap if host_cap else 0.0,
+        )
+
+    def telemetry(self) -> dict[str, float | int]:
+        """Cumulative counters (hit rate, misses/step, bytes moved, staging/backups); syncs."""
+        return self.core.telemetry.snapshot().as_dict()
+
+    def destroy(self) -> None:
+        self.core.destroy()
+        self.host_pool.destroy()
