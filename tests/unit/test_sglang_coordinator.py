@@ -1,0 +1,222 @@
+"""``SGLangHiSparseCoordinator`` against SGLang 0.5.23's real classes on CPU.
+
+Built with the kwargs ``ModelRunner.maybe_init_hisparse_coordinator`` passes
+(model_runner.py:1042-1058) over our SGLang-facing allocator/pool (built as
+``kv_cache_configurator`` builds them) and SGLang's own ``ReqToTokenPool`` and ``Req``, then
+driven through the calls the scheduler, ``prepare_for_decode``, the DSA backend and the PD
+decode path make (seams §2.2).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.managers.hisparse_coordinator")
+
+from sglang.srt.managers.hisparse_coordinator import (  # noqa: E402
+    HiSparseCoordinator,
+    HiSparseTokenStats,
+)
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+from sglang_hisparse.coordinator.state import Phase  # noqa: E402
+from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator  # noqa: E402
+from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator  # noqa: E402
+
+DEVICE_ROWS, PAGE, RATIO, LAYERS = 1024, 64, 2, 2  # DSA pools use 64-token pages
+TOP_K, B, R, MAX_CTX = 16, 64, 4, 512
+
+
+def t(*xs: int) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.int64)
+
+
+def _kv(p: int, layer: int) -> int:
+    return (3 * p + 40 * layer) % 251
+
+
+class Server:
+    """The pieces SGLang would build, plus the coordinator under test."""
+
+    def __init__(self, shared: list[bool] | None = None) -> None:
+        self.pool = HiSparseDSAPool(
+            DEVICE_ROWS, page_size=PAGE, dtype=torch.float8_e4m3fn, kv_lora_rank=512,
+            qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", kv_cache_dim=656,
+            enable_memory_saver=False, start_layer=0, end_layer=LAYERS, index_head_dim=128,
+            index_kpool=1, index_kpool_compress=False, tail_extra_slots=0,
+            max_running_requests=R, host_to_device_ratio=RATIO,
+        )
+        self.alloc = HiSparseTokenAllocator(
+            DEVICE_ROWS, page_size=PAGE, dtype=torch.float8_e4m3fn, device="cpu",
+            kvcache=self.pool, need_sort=False, host_to_device_ratio=RATIO,
+        )
+        self.req_to_token_pool = ReqToTokenPool(
+            size=R, max_context_len=MAX_CTX, device="cpu", enable_memory_saver=False
+        )
+        # model_runner.py:1042-1058
+        self.coord = SGLangHiSparseCoordinator(
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.alloc,
+            top_k=TOP_K,
+            device_buffer_size=B,
+            device="cpu",
+            tp_group=None,
+            host_to_device_ratio=RATIO,
+            swap_in_block_size=512,
+            shared_index_layers=shared,
+            num_draft_tokens=0,
+        )
+        self.layers = self.coord.core.ctx.device_kv
+
+    def new_req(self, r: int, n: int) -> Req:
+        req = Req(f"rid{r}", "", list(range(n)), SamplingParams(max_new_tokens=8))
+        req.kv.req_pool_idx = r
+        return req
+
+    def prefill(self, r: int, n: int) -> Req:
+        req = self.new_req(r, n)
+        ids = self.alloc.alloc_extend(t(0), t(0), t(n), t(n), t(-1), n)
+        self.req_to_token_pool.req_to_token[r, :n] = ids.to(torch.int32)
+        rows = self.pool.translate_loc_to_hisparse_device(ids)
+        for layer in range(LAYERS):
+            for p in range(n):
+                self.layers[layer][rows[p]] = _kv(p, layer)
+        req.extend_end = n
+        req.kv.kv_allocated_len = n
+        req.output_ids.append(7)  # the token sampled by the prefill forward
+        return req
+
+    def decode_step(self, reqs: list[Req]) -> None:
+        """prepare_for_decode (alloc_for_decode, seq_lens += 1, map_last_loc_to_buffer) and
+        the new token's KV write through the pool's translation."""
+        rs = [q.kv.req_pool_idx for q in reqs]
+        lens = [q.kv.kv_allocated_len + 1 for q in reqs]
+        last = t(*[int(self.req_to_token_pool.req_to_token[r, n - 2]) for r, n in zip(rs, lens, strict=True)])
+        loc = self.alloc.alloc_decode(t(*lens), t(*lens), last)
+        for q, r, n, x in zip(reqs, rs, lens, loc.tolist(), strict=True):
+            self.req_to_token_pool.req_to_token[r, n - 1] = x
+            q.kv.kv_allocated_len = n
+        self.coord.map_last_loc_to_buffer(t(*lens), loc, t(*rs), t(*lens), t(*rs))
+        self.coord.wait_for_pending_backup()
+        self.coord.num_real_reqs.fill_(len(reqs))
+        rows = self.pool.translate_loc_to_hisparse_device(loc)
+        for layer in range(LAYERS):
+            for row, n in zip(rows.tolist(), lens, strict=True):
+                self.layers[layer][row] = _kv(n - 1, layer)
+
+    def release(self, req: Req) -> None:
+        """request_finished, then release_kv_cache's allocator.free of the logical ids."""
+        r, n = req.kv.req_pool_idx, req.kv.kv_allocated_len
+        self.coord.request_finished(req)
+        self.alloc.free(self.req_to_token_pool.req_to_token[r, :n].to(torch.int64))
+
+    def assert_empty(self) -> None:
+        self.alloc.core.check_integrity()
+        self.coord.host_pool.check_integrity()
+        assert self.alloc.core.logical.used_size() == 0 and self.alloc.core.rows.used_size() == 0
+        assert self.coord.host_pool.rows.used_size() == 0
+        assert all(p is Phase.FREE for p in self.coord.core.state.phase)
+
+
+def test_constructor_takes_the_native_keyword_arguments() -> None:
+    native = set(inspect.signature(HiSparseCoordinator.__init__).parameters)
+    ours = set(inspect.signature(SGLangHiSparseCoordinator.__init__).parameters)
+    assert native == ours
+
+
+def test_staging_decode_swap_in_and_finish_through_sglang_calls() -> None:
+    srv = Server(shared=[False, True])
+    coord = srv.coord
+    assert coord.core.prefetch_enabled and coord.padded_buffer_size == 2 * PAGE
+    req = srv.prefill(1, 100)  # long: 100 > B
+    coord.admit_request_into_staging(req)
+    assert req.hisparse_staging and coord.has_ongoing_staging()
+    assert coord.ack_staging_queue[0].req is req
+    assert coord.collect_ready_reqs() == [req]
+    assert not req.hisparse_staging and not coord.has_ongoing_staging()
+    st = coord.core.state
+    assert st.slot_tokens[0, 1, B].item() == 99 and st.rows_held[1] == B + 1
+
+    srv.decode_step([req])  # seq_len 101: token 100 -> slot B
+    assert int(srv.pool.translate_loc_to_hisparse_device(
+        srv.req_to_token_pool.req_to_token[1, 100:101].to(torch.int64))[0]) == int(st.slot_rows[1, B])
+    top_k = torch.tensor([[100, 3, 80, 99] + [-1] * (TOP_K - 4)], dtype=torch.int32)
+    for layer in range(LAYERS):  # layer 1 shares layer 0's index: replayed, same rows
+        rows = coord.swap_in_selected_pages(t(1), t(101), top_k, layer)
+        got = [int(srv.layers[layer][row, 0]) for row in rows[0, :4].tolist()]
+        assert got == [_kv(p, layer) for p in (100, 3, 80, 99)]
+        assert rows[0, 4:].tolist() == [-1] * (TOP_K - 4)
+
+    stats = coord.get_token_stats()
+    assert isinstance(stats, HiSparseTokenStats)
+    assert stats.device_tokens == srv.alloc.core.rows.used_size() > 0
+    assert stats.host_tokens >= 100 and 0.0 < stats.host_token_usage < 1.0
+    counters = coord.telemetry()
+    assert counters["misses"] == 2 and counters["staged_requests"] == 1
+
+    srv.release(req)
+    srv.assert_empty()
+
+
+def test_short_request_grows_and_pd_direct_admission_preloads() -> None:
+    srv = Server()
+    coord = srv.coord
+    short = srv.prefill(0, 10)
+    coord.admit_request_into_staging(short)
+    coord.collect_ready_reqs()
+    # PD: logical ids only, host rows from the transfer path, then direct admission
+    pd = srv.new_req(2, 30)
+    ids = srv.alloc.alloc_logical_only(t(0), t(0), t(30), t(30), t(-1), 30)
+    srv.req_to_token_pool.req_to_token[2, :30] = ids.to(torch.int32)
+    host_rows = coord.mem_pool_host.alloc_paged_token_slots(
+        coord.req_to_host_pool, coord.req_to_host_pool_allocated_len, 2, 0, coord.host_token_len(30)
+    )
+    for layer in range(LAYERS):
+        coord.host_pool.kv[layer, host_rows] = torch.tensor([_kv(p, layer) for p in range(30)], dtype=torch.uint8)[:, None]
+    pd.kv.kv_allocated_len = 30
+    pd.output_ids.append(7)
+    coord.admit_request_direct(pd)
+    assert not pd.hisparse_staging and coord.core.state.rows_held[2] == 30
+
+    for _ in range(3):
+        srv.decode_step([short, pd])
+    coord.num_real_reqs.fill_(2)
+    top_k = torch.full((2, TOP_K), -1, dtype=torch.int32)
+    top_k[0, :3] = torch.tensor([12, 0, 9])
+    top_k[1, :3] = torch.tensor([32, 1, 29])
+    rows = coord.swap_in_selected_pages(t(0, 2), t(13, 33), top_k, 1)
+    got = [[int(srv.layers[1][row, 0]) for row in rows[b, :3].tolist()] for b in range(2)]
+    assert got == [[_kv(p, 1) for p in (12, 0, 9)], [_kv(p, 1) for p in (32, 1, 29)]]
+    for req in (short, pd):
+        srv.release(req)
+    srv.assert_empty()
+
+
+def test_retract_while_staging_and_finish_before_staging_release_everything() -> None:
+    srv = Server()
+    staged = srv.prefill(0, 70)
+    srv.coord.admit_request_into_staging(staged)
+    srv.coord.retract_req(staged)  # schedule_batch.release_req -> retract_req
+    assert not staged.hisparse_staging and not srv.coord.has_ongoing_staging()
+    srv.release(staged)
+    finished_in_prefill = srv.prefill(1, 5)
+    srv.release(finished_in_prefill)  # batch_result_processor: finished prefill
+    srv.assert_empty()
+
+
+def test_unsupported_paths_say_so() -> None:
+    srv = Server()
+    with pytest.raises(ValueError, match="speculative"):
+        SGLangHiSparseCoordinator(
+            req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
+            top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=3,
+        )
+    with pytest.raises(NotImplementedError, match="MiniMax"):
+        srv.coord.swap_in_selected_blocks()
+    srv.coord.allocate_spec_scratch([0, 1])  # called for every new batch: a no-op
+    srv.coord.destroy()
