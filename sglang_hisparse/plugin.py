@@ -137,12 +137,24 @@ def register() -> None:
     )
 
 
+def is_ours(obj: object, ours: object) -> bool:
+    """``obj`` is ``ours``, or HookRegistry's REPLACE wrapper around it.
+
+    NOTE: HookRegistry substitutes replacement classes directly but wraps replacement
+    functions in a ``functools.wraps(original)`` closure that calls ours; the closure cell is
+    the only link back to our function.
+    """
+    if obj is ours:
+        return True
+    return any(getattr(c, "cell_contents", None) is ours for c in (getattr(obj, "__closure__", None) or ()))
+
+
 def applied() -> dict[str, bool]:
     """For each target: does SGLang's name now resolve to our replacement? (doctor, tests)"""
     out = {}
     for t in TARGETS:
         try:
-            out[t.target] = pkgutil.resolve_name(t.target) is load_replacement(t)
+            out[t.target] = is_ours(pkgutil.resolve_name(t.target), load_replacement(t))
         except Exception:
             out[t.target] = False
     return out

@@ -50,7 +50,6 @@ BAD = [
     ([], r"requires the radix cache off.*Add --disable-radix-cache"),
     (OK + ["--enable-mixed-chunk"], r"does not support --enable-mixed-chunk.*Remove --enable-mixed-chunk"),
     (OK + ["--speculative-algorithm", "EAGLE"], r"--speculative-algorithm EAGLE is not yet supported by sglang-hisparse"),
-    (OK + ["--kv-cache-dtype", "fp8_e5m2"], r"--kv-cache-dtype fp8_e5m2 is not supported.*Use"),
     (OK + ["--kv-cache-dtype", "bfloat16", "--dsa-decode-backend", "flashmla_kv"], r"--dsa-decode-backend flashmla_kv cannot read.*\['flashmla_sparse'\]"),
     (OK + ["--kv-cache-dtype", "fp8_e4m3", "--dsa-prefill-backend", "flashmla_sparse"], r"--dsa-prefill-backend flashmla_sparse cannot read"),
     (OK + ["--hisparse-config", '{"device_buffer_size": 4096'], r"not valid JSON: .* column 28"),
