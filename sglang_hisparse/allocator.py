@@ -150,8 +150,8 @@ class DualSpaceAllocator(HotBufferMixin):
                     f"prefill device row, so a chunk cannot continue their page. Chunked prefill must "
                     f"run before the request is shrunk to its hot buffer."
                 )
-        ids = self.logical.alloc_extend(p, seq_lens, last).cpu()
-        rows = self.rows.alloc_extend(p, seq_lens, dev_last).cpu()
+        ids = self.logical.alloc_extend_cpu(p, seq_lens, last)
+        rows = self.rows.alloc_extend_cpu(p, seq_lens, dev_last)
         self._bind_prefill(ids, rows)
         return ids.to(self.device, non_blocking=True)
 

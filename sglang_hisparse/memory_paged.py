@@ -189,12 +189,19 @@ class PagedIdAllocator:
     def alloc_extend(
         self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
+        """``alloc_extend_cpu``, returned on ``device``."""
+        ids = self.alloc_extend_cpu(prefix_lens, seq_lens, last_loc)
+        return None if ids is None else ids.to(self.device, non_blocking=True)
+
+    def alloc_extend_cpu(
+        self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
         """Ids for positions ``prefix_lens[i] .. seq_lens[i]-1`` of each request, concatenated.
 
         A request whose prefix ends mid-page continues that page (``last_loc[i] + 1, ...``);
         the rest takes fresh pages, position ``q`` at offset ``q % page_size``. All inputs are
         per-request int tensors (CPU, or ``last_loc`` anywhere: it is read only when a prefix
-        ends mid-page). Returns int64 [sum(seq-prefix)] on ``device`` or None (no change).
+        ends mid-page). Returns int64 [sum(seq-prefix)] on the CPU, or None (no change).
         """
         p = _as_cpu_int64(prefix_lens, "prefix_lens")
         s = _as_cpu_int64(seq_lens, "seq_lens")
@@ -221,8 +228,7 @@ class PagedIdAllocator:
                 ids = self.page_ids_to_ids(pages[used : used + n_new])[: si - q]
                 out.append(ids)
                 used += n_new
-        ids = torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
-        return ids.to(self.device, non_blocking=True)
+        return torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One id per request for the token at position ``seq_lens[i] - 1`` (seq_lens CPU).

@@ -17,7 +17,11 @@ from typing import Any
 
 import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, unwrap_write_loc
+from sglang.srt.mem_cache.memory_pool import (
+    DSATokenToKVPool,
+    MLATokenToKVPool,
+    unwrap_write_loc,
+)
 
 from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
@@ -88,6 +92,16 @@ class HiSparseDSAPool(DSATokenToKVPool):
         return super().get_mla_kv_buffer(
             layer, self.translate_loc_to_hisparse_device(loc), dst_dtype
         )
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Speculative accept: KV moves between the translated device rows, indexer keys
+        between the logical locations."""
+        MLATokenToKVPool.move_kv_cache(
+            self,
+            self.translate_loc_to_hisparse_device(tgt_loc),
+            self.translate_loc_to_hisparse_device(src_loc),
+        )
+        self.index_key_cache.move(tgt_loc, src_loc)
 
     def transfer_values_on_device(
         self, dst_indices: torch.Tensor, src_indices: torch.Tensor
