@@ -38,8 +38,9 @@ class Pool:
     def __init__(self, gib: float):
         self.flat = torch.empty(int(gib * 2**30), dtype=torch.uint8, pin_memory=True)
 
-    def rows(self, item: int) -> torch.Tensor:
-        n = self.flat.numel() // item
+    def rows(self, item: int, gib: float | None = None) -> torch.Tensor:
+        size = self.flat.numel() if gib is None else int(gib * 2**30)
+        n = size // item
         return self.flat[: n * item].view(n, item)
 
 
@@ -180,6 +181,21 @@ def replay_small(pool, *, bs, per_req, item, steps, reps):
     return rec
 
 
+def ceiling_probe(pool, *, item, gib, rows, steps, reps):
+    """Plain gather of ``rows`` random rows from a ``gib`` slice of the pool: separates the
+    per-row cost (host address translation, request count) from the per-byte cost."""
+    host = pool.rows(item, gib)
+    g = torch.Generator(device=DEV).manual_seed(2)
+    src = torch.randint(0, host.shape[0], (rows,), generator=g, device=DEV)
+    dst = torch.randperm(rows * 2, generator=g, device=DEV)[:rows].int()
+    dev_cache = torch.empty(rows * 2, item, dtype=torch.uint8, device=DEV)
+    gather = _jit.gather_module(item).gather
+    us = time_graph(lambda t: gather(src, dst, host, dev_cache), lambda: None, steps, reps)
+    return dict(kind="ceiling_probe", item=item, pool_gib=gib, rows=rows, us=round(us, 2),
+                gbps=round(rows * item / (us * 1e-6) / 1e9, 2),
+                mrows_per_s=round(rows / us, 2))
+
+
 def uneven_churns(bs, mean, seed):
     g = torch.Generator().manual_seed(seed)
     w = torch.rand(bs, generator=g) ** 3  # skewed: a few requests carry most of the misses
@@ -197,6 +213,10 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--pool-gib", type=float, default=4.0, help="pinned host pool size")
     args = ap.parse_args(argv)
+    from sglang_hisparse.kernels.__main__ import precompile
+
+    precompile([(2048, B, i) for B in (2048, 4096) for i in (656, 1152)], [640, 656, 704, 1152],
+               jobs=8, gather=True, log=lambda line: None)
     pool = Pool(args.pool_gib)
     recs = []
     t0 = time.time()
@@ -222,6 +242,7 @@ def main(argv=None) -> int:
                 steps=S, reps=R, block=blk, ctas=ctas)))
     sweep = [(1, c, b) for c in (1, 8, 16, 32, 64) for b in (512, 1024)]
     sweep += [(16, c, 512) for c in (1, 4, 8, 16)] + [(64, c, 512) for c in (1, 2, 4)]
+    sweep += [(64, 4, 256), (64, 4, 1024), (16, 16, 1024)]
     if args.quick:
         sweep = [(1, c, 512) for c in (8, 32)]
     for bs, ctas, b in sweep:
@@ -231,6 +252,9 @@ def main(argv=None) -> int:
     for bs, per_req in ((100, 2), (16, 307)):
         for item in (656, 1152):
             add(replay_small(pool, bs=bs, per_req=per_req, item=item, steps=S, reps=R))
+    for item in (640, 656, 704, 1152):
+        for gib in (0.25, args.pool_gib):
+            add(ceiling_probe(pool, item=item, gib=gib, rows=4912, steps=S, reps=R))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 steps=S, reps=R, seconds=round(time.time() - t0, 1))
     Path(args.out).write_text(json.dumps(dict(meta=meta, records=recs), indent=1))

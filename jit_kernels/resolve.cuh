@@ -32,12 +32,45 @@ struct Layout {
   static constexpr int H = pow2_ceil(2 * K) < 64 ? 64 : pow2_ceil(2 * K);  // load factor <= 1/2
   static constexpr int kLogH = log2i(H);
   static constexpr size_t hkey = 0, hval = hkey + 4 * H, src = hval + 4 * H, dst = src + 8 * K;
-  static constexpr size_t pos = dst + 4 * K, order = pos + 4 * K, hit = order + 2 * B;
+  static constexpr size_t pos = dst + 4 * K, tk = pos + 4 * K, order = tk + 4 * K;
+  static constexpr size_t lru = order + 2 * B, hit = lru + 2 * B;
   static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * 40;
 };
 
+// Independent global loads each thread keeps in flight in the bookkeeping loops.
+// NOTE: a plain strided loop issues one load per iteration and waits on it before the next
+// (its smem side effects keep the compiler from hoisting); at ~0.5-1 us per L2/DRAM round trip
+// that made bookkeeping cost ~20 us. Loading kBatch values first, then using them, pays one
+// round trip per batch instead.
+constexpr int kBatch = 8;
+
 __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
   return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
+}
+
+__device__ __forceinline__ unsigned hash_slot(int p, int log_h) {
+  return (static_cast<unsigned>(p) * 2654435761u) >> (32 - log_h);
+}
+
+// Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
+template <int K>
+__device__ __forceinline__ void resolve_short(const int32_t* tk, const int32_t* rows, int64_t n,
+                                              int32_t* out) {
+  for (int i0 = threadIdx.x; i0 < K; i0 += blockDim.x * kBatch) {
+    int v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * blockDim.x;
+      v[u] = i < K ? tk[i] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = (v[u] >= 0 && v[u] < n) ? rows[v[u]] : -1;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i < K) out[i] = v[u];
+    }
+  }
 }
 
 // One grid row (blockIdx.y) per batch row, gridDim.x CTAs per request. Every CTA of a request
@@ -46,7 +79,7 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
 // NOTE: the rejected alternative was one bookkeeping CTA handing misses to copy CTAs through
 // global flags: that needs spin-waits (co-residency assumptions) or a second launch.
 template <int K, int B, int ITEM>
-__global__ void resolve_kernel(ResolveArgs a) {
+__global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B>;
   static_assert(K <= 32767 && B <= 32767, "slot ids and top-k indices are packed in 16 bits");
   static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
@@ -56,7 +89,9 @@ __global__ void resolve_kernel(ResolveArgs a) {
   int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);
   int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
   int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);
+  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);
   int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
+  int16_t* lrus = reinterpret_cast<int16_t*>(smem + L::lru);
   uint8_t* hit = smem + L::hit;
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
   __shared__ int s_writer;
@@ -74,12 +109,9 @@ __global__ void resolve_kernel(ResolveArgs a) {
   const int64_t r = load_index(a.req_index, a.req64, b);
   const int64_t n = load_index(a.seq_lens, a.len64, b);
   const int32_t* rows = a.slot_rows + r * a.sr_stride;
-  if (n <= B) {  // short request: token p in slot p, nothing moves
+  if (n <= B) {
     if (c == 0) {
-      for (int i = tid; i < K; i += T) {
-        const int p = tk[i];
-        out[i] = (p >= 0 && p < n) ? rows[p] : -1;
-      }
+      resolve_short<K>(tk, rows, n, out);
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
     }
     return;
@@ -88,14 +120,29 @@ __global__ void resolve_kernel(ResolveArgs a) {
   int16_t* lru = a.lru + r * a.lru_stride;
   const int newest = static_cast<int>(n - 1);
 
-  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each.
+  // 0. Stage top-k and the LRU in shared memory (batched, coalesced); clear the tables.
+  for (int i0 = tid; i0 < K; i0 += T * kBatch) {
+    int v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = i0 + u * T < K ? tk[i0 + u * T] : 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) if (i0 + u * T < K) tks[i0 + u * T] = v[u];
+  }
+  for (int j0 = tid; j0 < B; j0 += T * kBatch) {
+    int16_t v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = j0 + u * T < B ? lru[j0 + u * T] : 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) if (j0 + u * T < B) lrus[j0 + u * T] = v[u];
+  }
   for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
   for (int s = tid; s < B; s += T) hit[s] = 0;
   __syncthreads();
+  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each.
   for (int i = tid; i < K; i += T) {
-    const int p = tk[i];
+    const int p = tks[i];
     if (p < 0 || p >= newest) continue;  // padding, newest, or out of range (caller bug)
-    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    unsigned h = hash_slot(p, L::kLogH);
     while (true) {
       const int old = atomicCAS(&hkey[h], -1, p);
       if (old == -1 || old == p) break;
@@ -105,7 +152,7 @@ __global__ void resolve_kernel(ResolveArgs a) {
   }
   __syncthreads();
   auto find = [&](int p) -> int {
-    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    unsigned h = hash_slot(p, L::kLogH);
     while (true) {
       const int key = hkey[h];
       if (key == p) return static_cast<int>(h);
@@ -113,25 +160,30 @@ __global__ void resolve_kernel(ResolveArgs a) {
       h = (h + 1) & (L::H - 1);
     }
   };
-  // 2. Hits: resident slots whose token is selected.
-  for (int s = tid; s < B; s += T) {
-    const int tok = stok[s];
-    if (tok < 0 || tok >= newest) continue;
-    const int h = find(tok);
-    if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | s; hit[s] = 1; }
+  // 2. Hits: resident slots whose token is selected (slot tokens loaded kBatch at a time).
+  for (int s0 = tid; s0 < B; s0 += T * kBatch) {
+    int tok[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) tok[u] = s0 + u * T < B ? stok[s0 + u * T] : -1;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (tok[u] < 0 || tok[u] >= newest) continue;
+      const int h = find(tok[u]);
+      if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | (s0 + u * T); hit[s0 + u * T] = 1; }
+    }
   }
   __syncthreads();
   // 3. Split the old LRU into evictables (old order) and hits (old order); one scan, each thread
   //    owning a contiguous chunk.
   const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
   int n_ev = 0;
-  for (int j = j0; j < j1; ++j) n_ev += !hit[lru[j]];
+  for (int j = j0; j < j1; ++j) n_ev += !hit[lrus[j]];
   int n_evict;
   int e = block_exclusive_scan(n_ev, scratch, n_evict);
   int hh = n_evict + (j0 - e);
   for (int j = j0; j < j1; ++j) {
-    const int s = lru[j];
-    if (hit[s]) order[hh++] = static_cast<int16_t>(s); else order[e++] = static_cast<int16_t>(s);
+    const int16_t s = lrus[j];
+    if (hit[s]) order[hh++] = s; else order[e++] = s;
   }
   __syncthreads();
   // All reads of the mutable state (slot_tokens, lru) are done: arrive; the last CTA writes.
@@ -148,7 +200,7 @@ __global__ void resolve_kernel(ResolveArgs a) {
   const int per_k = (K + T - 1) / T, i0 = min(K, tid * per_k), i1 = min(K, i0 + per_k);
   int n_miss = 0;
   for (int i = i0; i < i1; ++i) {
-    const int p = tk[i];
+    const int p = tks[i];
     if (p < 0 || p >= newest) continue;
     const int v = hval[find(p)];
     n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
@@ -157,31 +209,50 @@ __global__ void resolve_kernel(ResolveArgs a) {
   int q = block_exclusive_scan(n_miss, scratch, m);  // barriers also publish s_writer
   const bool writer = s_writer;
   for (int i = i0; i < i1 && n_miss; ++i) {
-    const int p = tk[i];
+    const int p = tks[i];
     if (p < 0 || p >= newest) continue;
     const int v = hval[find(p)];
-    if ((v & 0xffff) != 0xffff || (v >> 16) != i) continue;
-    const int victim = order[q];  // q < n_evict because B >= K
-    mpos[q] = p;
-    msrc[q] = a.host_rows[r * a.hr_stride + p];
-    mdst[q] = rows[victim];
-    ++q;
+    if ((v & 0xffff) == 0xffff && (v >> 16) == i) mpos[q++] = p;  // q < n_evict as B >= K
   }
   __syncthreads();
-  // The table is only read above and only written here: the barrier keeps the passes apart.
-  for (int x = tid; x < m; x += T) {
-    const int p = mpos[x], victim = order[x], h = find(p);
-    hval[h] = (hval[h] & ~0xffff) | victim;
-    if (writer) stok[victim] = p;
+  // 5. Per miss: claim its victim in the table (only read before the barrier above), fetch its
+  //    host and device rows (kBatch loads in flight), record the new slot token.
+  for (int x0 = tid; x0 < m; x0 += T * kBatch) {
+    int64_t src[kBatch];
+    int32_t dst[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int x = x0 + u * T;
+      if (x < m) {
+        src[u] = a.host_rows[r * a.hr_stride + mpos[x]];
+        dst[u] = rows[order[x]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int x = x0 + u * T;
+      if (x >= m) continue;
+      const int p = mpos[x], victim = order[x], h = find(p);
+      hval[h] = (hval[h] & ~0xffff) | victim;
+      msrc[x] = src[u];
+      mdst[x] = dst[u];
+      if (writer) stok[victim] = p;
+    }
   }
   __syncthreads();
   if (writer) {
-    for (int i = tid; i < K; i += T) {
-      const int p = tk[i];
-      int row = -1;
-      if (p == newest) row = rows[B];
-      else if (p >= 0 && p < newest) row = rows[hval[find(p)] & 0xffff];
-      out[i] = row;
+    for (int i0 = tid; i0 < K; i0 += T * kBatch) {
+      int row[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * T;
+        const int p = i < K ? tks[i] : -1;
+        row[u] = -1;
+        if (p == newest) row[u] = rows[B];
+        else if (p >= 0 && p < newest) row[u] = rows[hval[find(p)] & 0xffff];
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) if (i0 + u * T < K) out[i0 + u * T] = row[u];
     }
     // New LRU = order rotated left by m over the evictables, then the hits.
     for (int j = tid; j < B; j += T) {
