@@ -82,7 +82,8 @@ class HiSparseCore:
     ``resolve_shared_index_layers``) or None; start_layer: first model layer on this rank;
     max_batch: rows of the per-step output buffers; tp_group: process group whose ranks must
     agree on staging collection (None or a single rank: no collective).
-    ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry.
+    ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry; ``block_size`` is
+    the resolve kernel's threads per CTA (``swap_in_block_size``).
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class HiSparseCore:
         prefetch: bool | None = None,
         skip_io: bool | None = None,
         log_interval_s: float | None = None,
+        block_size: int | None = None,
     ) -> None:
         if buffer_size < top_k:
             raise ValueError(
@@ -139,7 +141,7 @@ class HiSparseCore:
             self.ctx, num_real_reqs=self.num_real_reqs, max_batch=max_batch,
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
-            mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY,
+            mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
         )
 
     # -- sizes ------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class Resolver:
     shared_index_layers: per model layer (as SGLang passes it) or None; ``start_layer`` maps
     model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
     ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
+    ``block_size``: CUDA threads per resolve CTA (``swap_in_block_size``; None: kernel default).
     """
 
     def __init__(
@@ -71,11 +72,13 @@ class Resolver:
         start_layer: int = 0,
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
+        block_size: int | None = None,
     ) -> None:
         self.ctx = ctx
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
+        self.block_size = block_size
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
@@ -99,6 +102,8 @@ class Resolver:
         self.out_rows = torch.full((max_batch, k), -1, dtype=torch.int32, device=dev)
         self.plan = MissPlan.empty(max_batch, k, dev)
         self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
+        if dev.type == "cuda":
+            ops.reserve_workspace(dev, max_batch)  # the kernel's per-row counters, before capture
 
     def swap_in(
         self,
@@ -142,6 +147,7 @@ class Resolver:
             out_rows=out,
             plan=plan,
             mode=self.mode,
+            **({"block_size": self.block_size} if self.block_size and top_k.is_cuda else {}),
         )
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(

@@ -126,7 +126,7 @@ class SGLangHiSparseCoordinator:
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
             host_kv=self.host_pool.kv, device=device, shared_index_layers=shared_index_layers,
-            start_layer=start_layer, tp_group=tp_group,
+            start_layer=start_layer, tp_group=tp_group, block_size=swap_in_block_size,
         )
         # PD decode reads these (disaggregation/decode.py); no speculative scratch here.
         self.mem_pool_host = self.host_pool

@@ -279,6 +279,11 @@ class DecodeEngine:
                 raise Mismatch(f"step {self.steps} layer {layer}: attention differs for requests {bad}")
             self.checked_outputs += bs
 
+    def close(self) -> None:
+        """Drain side streams and unpin the host pool (a later pool may reuse the address)."""
+        self.core.destroy()
+        self.host.destroy()
+
     # -- leak check -----------------------------------------------------------------------------
     def check_no_leaks(self) -> None:
         """With no request alive: every allocator and pool is back to empty and consistent."""
