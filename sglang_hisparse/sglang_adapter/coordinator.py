@@ -127,6 +127,9 @@ class SGLangHiSparseCoordinator:
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
             host_kv=self.host_pool.kv, device=device, shared_index_layers=shared_index_layers,
             start_layer=start_layer, tp_group=tp_group, block_size=swap_in_block_size,
+            # no decode batch (CUDA-graph padded ones included) exceeds the request slots, so
+            # the per-step buffers never grow, in particular not during graph capture
+            max_batch=num_reqs,
         )
         # PD decode reads these (disaggregation/decode.py); no speculative scratch here.
         self.mem_pool_host = self.host_pool
