@@ -164,11 +164,12 @@ class HotBufferMixin:
         self.rows.check_freeable(pages)
         # A device-side lookup table instead of a CPU scan of the mapping: no host sync, and
         # O(logical ids) of trivially parallel work on the GPU.
-        released = torch.zeros(self.rows.total_ids, dtype=torch.bool, device=self.device)
-        released[self.rows.page_ids_to_ids(pages).to(self.device)] = True
+        released = self._released_scratch()
+        rows = self.rows.page_ids_to_ids(pages).to(self.device, non_blocking=True)
+        released[rows] = True
         # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
-        hit = released[self.mapping[:-1]]
-        self.mapping[:-1].masked_fill_(hit, UNMAPPED)
+        self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
+        released[rows] = False
         self.rows.free_pages(pages)
         for pg in buf.pages:
             del self._hot_page_owner[pg]
@@ -180,6 +181,15 @@ class HotBufferMixin:
         if req_slot in self._hot:
             self.release_hot_buffer(req_slot)
         self.free(logical_ids)  # type: ignore[attr-defined]
+
+    def _released_scratch(self) -> torch.Tensor:
+        """bool [device total rows] on ``device``, all False between calls (reused, not reallocated)."""
+        scratch = getattr(self, "_released", None)
+        if scratch is None:
+            scratch = self._released = torch.zeros(
+                self.rows.total_ids, dtype=torch.bool, device=self.device
+            )
+        return scratch
 
     def _buffer(self, req_slot: int, op: str) -> HotBuffer:
         if req_slot not in self._hot:

@@ -222,3 +222,21 @@ def test_dual_page1_decode_alloc_then_rebind_frees_temporary_row():
     a.free_request(0, torch.cat([r0, new]))
     assert a.available_size() == 8
     a.check_integrity()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: mapping and ids on the GPU")
+def test_dual_on_cuda_paged_lifecycle():
+    a = DualSpaceAllocator(32, host_to_device_ratio=2, page_size=4, device="cuda")
+    ids = a.alloc_extend(t(0, 0), t(6, 4), t(-1, -1).cuda())
+    assert ids.is_cuda and a.mapping.is_cuda
+    assert a.translate(ids).tolist() == [4, 5, 6, 7, 8, 9, 12, 13, 14, 15]
+    slot_rows = a.shrink_to_hot_buffer(0, ids[:6], hot_size=4)
+    assert slot_rows.tolist() == [4, 5, 6, 7, 9]
+    new = a.alloc_decode(t(7), ids[5:6])  # last_loc on the GPU: no host read
+    assert new.is_cuda and new.tolist() == [10]
+    a.map_tokens(new, slot_rows[-1:])
+    a.check_integrity()
+    a.free_request(0, torch.cat([ids[:6], new]))
+    a.free(ids[6:])
+    assert a.available_size() == 32
+    a.check_integrity()
