@@ -1,0 +1,269 @@
+"""Batched decode runners for the end-to-end benchmark: full-KV residency and HiSparse.
+
+Both run the same per-step model work (:mod:`e2e_model`) on ``bs`` requests that all have
+the same length (so the indexer gathers one ``[bs, n]`` block and nothing syncs on lengths):
+
+```
+FullKVRunner   every token's KV row on the device: request r owns rows r*cap .. r*cap+cap-1;
+               attention reads rows r*cap + top_k directly.
+HiSparseRunner HiSparseCore driven with SGLang's call protocol, as testing/engine.py does
+               (PD direct admission: prompt KV written straight into the pinned host pool;
+               per step alloc_decode -> map_last_loc -> wait_for_pending_backup ->
+               num_real_reqs -> per layer KV write, indexer, swap_in, attention), but
+               vectorised over the batch instead of per-request Python loops.
+```
+
+``step(check=...)``: when ``check`` holds sampled request positions, each layer's toy
+attention output (``ToyModel.attend``, float32) of those requests is recorded with its top-k,
+and compared with the same output on recomputed oracle bytes (what full-KV residency holds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from e2e_model import BenchModel, ComputeStandIn
+
+from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.device_pool import DeviceKVPool
+from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.memory_paged import ceil_div
+
+
+@dataclass
+class CheckLog:
+    """Sampled outputs: key (rid, seq_len, layer) -> (top_k int32 [k], output float32 [I])."""
+
+    outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    compared: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    churn: list[float] = field(default_factory=list)
+
+
+class _Runner:
+    """Shared batch bookkeeping and the per-layer model work."""
+
+    def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int,
+                 cap: int, device: torch.device, seed0: int = 1000) -> None:
+        self.model, self.compute, self.device = model, compute, device
+        self.bs, self.n, self.cap = bs, n, cap
+        self.seeds = torch.arange(seed0, seed0 + bs, dtype=torch.int64, device=device)
+        self.seeds_cpu = self.seeds.cpu().tolist()
+        self.req_index = torch.arange(bs, dtype=torch.int64, device=device)
+        #: int64 [bs, cap]: token id (full: device row; HiSparse: logical id) per position
+        self.req_to_token = torch.zeros(bs, cap, dtype=torch.int64, device=device)
+        self._prev_topk: dict[int, torch.Tensor] = {}
+
+    # hooks ------------------------------------------------------------------------------------
+    def _index_table(self, layer: int) -> torch.Tensor:
+        """float32 [tokens, D]: the anchor layer's key cache, by token id."""
+        raise NotImplementedError
+
+    def _write_layer(self, layer: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _rows(self, layer: int, top_k: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _kv_layer(self, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    # per step ---------------------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, seq_lens: torch.Tensor, check: list[int] | None,
+                 log: CheckLog | None) -> None:
+        m, toy, n = self.model, self.model.toy, self.n
+        pos = torch.full((self.bs,), n - 1, dtype=torch.int64, device=self.device)
+        top_k = None
+        for layer in range(toy.num_layers):
+            self._write_layer(layer, ids, pos)
+            if not toy.shared[layer]:
+                keys = self._index_table(layer)[self.req_to_token[:, :n]]  # [bs, n, D]
+                top_k = m.select(keys, m.queries(self.seeds, n, layer), n)
+                if check is not None and log is not None:
+                    self._churn(layer, top_k, check, log)
+            rows = self._rows(layer, top_k, seq_lens)
+            self.compute.attention(self._kv_layer(layer), rows)
+            self.compute.dense(layer, self.bs)
+            if check is not None and log is not None:
+                self._check(layer, top_k, rows, check, log)
+
+    def _churn(self, layer: int, top_k: torch.Tensor, check: list[int], log: CheckLog) -> None:
+        for b in check:
+            prev = self._prev_topk.get(layer * 1_000_000 + b)
+            if prev is not None:
+                log.churn.append(1.0 - float(torch.isin(top_k[b], prev).float().mean()))
+            self._prev_topk[layer * 1_000_000 + b] = top_k[b].clone()
+
+    def _check(self, layer: int, top_k: torch.Tensor, rows: torch.Tensor, check: list[int],
+               log: CheckLog) -> None:
+        toy, kv = self.model.toy, self._kv_layer(layer)
+        for b in check:
+            sel, valid = top_k[b], (top_k[b] >= 0)[None]
+            got = toy.attend(kv[rows[b].clamp(min=0).long()][None], valid)[0]
+            want = toy.attend(toy.kv(self.seeds_cpu[b], sel.clamp(min=0), layer)[None], valid)[0]
+            key = (b, self.n, layer)
+            log.compared += 1
+            if not torch.equal(got, want) or not torch.equal(valid, (rows[b] >= 0)[None]):
+                log.mismatches.append(f"request {b} len {self.n} layer {layer}: output != oracle")
+            log.outputs[key] = (sel.cpu(), got.cpu())
+
+
+class FullKVRunner(_Runner):
+    """All KV resident: ``kv`` uint8 [L, bs*cap, I]; anchor keys float32 [A, bs*cap, D]."""
+
+    def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
+                 device: torch.device) -> None:
+        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device)
+        toy = model.toy
+        self.kv = torch.empty(toy.num_layers, bs * cap, toy.item_bytes, dtype=torch.uint8, device=device)
+        self.anchor_slot = {a: i for i, a in enumerate(model.anchors)}
+        self.keys = torch.empty(len(model.anchors), bs * cap, toy.index_dim, dtype=torch.float32, device=device)
+        self.req_to_token.copy_(torch.arange(bs * cap, device=device).view(bs, cap))
+
+    @staticmethod
+    def bytes_per_request(model: BenchModel, cap: int) -> int:
+        toy = model.toy
+        return cap * (toy.num_layers * toy.item_bytes + len(model.anchors) * 4 * toy.index_dim + 8)
+
+    def admit(self) -> None:
+        """Prompt KV and keys of positions 0..n-1 straight into each request's rows."""
+        toy, pos = self.model.toy, torch.arange(self.n, device=self.device)
+        for b, seed in enumerate(self.seeds_cpu):
+            base = b * self.cap
+            for layer in range(toy.num_layers):
+                self.kv[layer, base : base + self.n] = toy.kv(seed, pos, layer)
+                if layer in self.anchor_slot:
+                    self.keys[self.anchor_slot[layer], base : base + self.n] = toy.index_keys(seed, pos, layer)
+
+    def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
+        self.n += 1
+        ids = self.req_to_token[:, self.n - 1]
+        self._forward(ids, None, check, log)
+
+    def _write_layer(self, layer, ids, pos):
+        self.kv[layer].index_copy_(0, ids, self.model.kv_rows(self.seeds, pos, layer))
+        if layer in self.anchor_slot:
+            self.keys[self.anchor_slot[layer]].index_copy_(0, ids, self.model.index_key_rows(self.seeds, pos, layer))
+
+    def _index_table(self, layer):
+        return self.keys[self.anchor_slot[layer]]
+
+    def _rows(self, layer, top_k, seq_lens):
+        return self.req_to_token.gather(1, top_k.long())
+
+    def _kv_layer(self, layer):
+        return self.kv[layer]
+
+
+@dataclass(frozen=True)
+class HiSparsePlan:
+    """Sizes of one HiSparse engine: page size P, device rows, host/device ratio."""
+
+    page: int
+    device_rows: int
+    ratio: int
+    max_ctx: int
+
+
+def hisparse_plan(*, bs: int, cap: int, buffer_size: int, page: int) -> HiSparsePlan:
+    hot = ceil_div(buffer_size + 1, page) * page
+    device_rows = bs * hot + page
+    logical = bs * ceil_div(cap, page) * page + page
+    return HiSparsePlan(page, device_rows, ceil_div(logical, device_rows), ceil_div(cap, page) * page)
+
+
+def hisparse_bytes_per_request(model: BenchModel, *, cap: int, buffer_size: int, page: int) -> int:
+    """HBM per request: hot rows (all layers), logical-space keys (the pool keeps them for
+    every layer), mapping + host_rows + req_to_token entries, slot_tokens/slot_rows/lru."""
+    toy, L = model.toy, model.toy.num_layers
+    hot = ceil_div(buffer_size + 1, page) * page
+    capp = ceil_div(cap, page) * page
+    return L * hot * toy.item_bytes + capp * (L * 4 * toy.index_dim + 24) + (L * 6 + 4) * (buffer_size + 1)
+
+
+class HiSparseRunner(_Runner):
+    """HiSparseCore over a DeviceKVPool and a HostKVPool on ``storage`` (pinned by the owner)."""
+
+    def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
+                 buffer_size: int, page: int, storage: torch.Tensor, prefetch: bool,
+                 skip_io: bool, device: torch.device) -> None:
+        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device)
+        toy = model.toy
+        plan = hisparse_plan(bs=bs, cap=cap, buffer_size=buffer_size, page=page)
+        self.allocator = DualSpaceAllocator(plan.device_rows, host_to_device_ratio=plan.ratio,
+                                            page_size=page, device=device)
+        self.pool = DeviceKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
+                                 allocator=self.allocator, index_item_bytes=4 * toy.index_dim)
+        host_capacity = (storage.shape[1] // page - 1) * page
+        self.host = HostKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
+                               capacity_tokens=host_capacity, page_size=page, max_requests=bs,
+                               max_context=plan.max_ctx, device=device, storage=storage)
+        self.core = HiSparseCore(
+            top_k=toy.top_k, buffer_size=buffer_size, num_reqs=bs, allocator=self.allocator,
+            host=self.host, device_kv=list(self.pool.kv), host_kv=list(self.host.kv),
+            device=device, shared_index_layers=list(toy.shared), max_batch=bs,
+            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0,
+        )
+        self.req_cpu = list(range(bs))
+
+    def admit(self, fill_host: bool) -> None:
+        """PD direct admission; ``fill_host``: write the prompt KV into the host rows (skip
+        when an earlier engine on the same storage already did: same seeds, same rows)."""
+        toy, n, dev = self.model.toy, self.n, self.device
+        pos = torch.arange(n, device=dev)
+        zero, none = torch.zeros(1, dtype=torch.int64), torch.full((1,), -1, dtype=torch.int64)
+        for b, seed in enumerate(self.seeds_cpu):
+            ids = self.allocator.alloc_logical_extend(zero, torch.tensor([n]), none)
+            if ids is None or not self.host.ensure(b, n):
+                raise RuntimeError(f"admit: request {b} does not fit (logical ids or host rows)")
+            self.req_to_token[b, :n] = ids
+            for a in self.model.anchors:
+                self.pool.write_index(a, ids, toy.index_keys(seed, pos, a).view(torch.uint8))
+            if fill_host:
+                rows = self.host.host_row_ids(b, 0, n)
+                start = int(rows[0])
+                contiguous = bool(torch.equal(rows, torch.arange(start, start + n)))
+                for layer in range(toy.num_layers):
+                    data = toy.kv(seed, pos, layer)
+                    if contiguous:  # one bulk device->pinned copy per layer
+                        self.host.kv[layer, start : start + n].copy_(data)
+                    else:
+                        self.host.kv[layer, rows] = data.cpu()
+            self.core.admit_direct(b, n)
+
+    def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
+        self.n += 1
+        n, dev = self.n, self.device
+        seq_cpu = torch.full((self.bs,), n, dtype=torch.int64)
+        last = self.req_to_token[:, n - 2]
+        new_ids = self.allocator.alloc_decode(seq_cpu, last)
+        if new_ids is None:
+            raise RuntimeError("step: logical ids exhausted")
+        self.req_to_token[:, n - 1] = new_ids
+        seq_lens = torch.full((self.bs,), n, dtype=torch.int64, device=dev)
+        self.core.map_last_loc(req_index=self.req_index, seq_lens=seq_lens, new_logical=new_ids,
+                               req_index_cpu=self.req_cpu, seq_lens_cpu=seq_cpu.tolist())
+        self.core.wait_for_pending_backup()
+        self.core.num_real_reqs.fill_(self.bs)
+        self._seq_lens = seq_lens
+        self._forward(new_ids, seq_lens, check, log)
+
+    def _write_layer(self, layer, ids, pos):
+        self.pool.write(layer, ids, self.model.kv_rows(self.seeds, pos, layer))
+        if not self.model.toy.shared[layer]:
+            keys = self.model.index_key_rows(self.seeds, pos, layer)
+            self.pool.write_index(layer, ids, keys.view(torch.uint8))
+
+    def _index_table(self, layer):
+        return self.pool.index_k[layer].view(torch.float32)
+
+    def _rows(self, layer, top_k, seq_lens):
+        return self.core.swap_in(self.req_index, seq_lens, top_k, layer)
+
+    def _kv_layer(self, layer):
+        return self.pool.kv[layer]
+
+    def destroy(self) -> None:
+        self.core.destroy()
