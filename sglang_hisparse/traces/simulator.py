@@ -69,7 +69,7 @@ def simulate_stream(st: Stream, policy_name: str, B: int, *, seed: int = 0) -> S
         policy = make_policy(policy_name, seed=seed + st.stream * 1009 + st.layer)
         policy.reset(B, int(st.seq_lens[-1]), work)
         for i, s in enumerate(work):
-            per_step[t0 + i] = policy.step(i, s)
+            per_step[t0 + i] = policy.step(i, s, int(st.seq_lens[t0 + i]))
     return StreamResult(
         stream=st.stream,
         layer=st.layer,

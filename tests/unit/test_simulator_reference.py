@@ -7,13 +7,15 @@ the per-row ``MissPlan.count`` must equal ``simulate_stream(..., "lru", B).misse
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from sglang_hisparse.kernels.contract import MissPlan
 from sglang_hisparse.kernels.reference import resolve
-from sglang_hisparse.traces.format import Trace, make_header
+from sglang_hisparse.traces.format import Trace, load_trace, make_header
 from sglang_hisparse.traces.simulator import simulate_stream
 from sglang_hisparse.traces.synthetic import SyntheticSpec, generate
 
@@ -119,3 +121,17 @@ def test_lru_plain_differs_from_kernel_order():
         not np.array_equal(simulate_stream(st, "lru-plain", 24).misses_per_step, ref[(st.stream, st.layer)])
         for st in trace.streams()
     )
+
+
+REAL = os.path.join(os.path.dirname(__file__), "..", "data", "smollm2_shakespeare.npz")
+
+
+@pytest.mark.skipif(not os.path.exists(REAL), reason="tests/data/smollm2_shakespeare.npz not present")
+def test_lru_matches_reference_on_real_trace():
+    real = load_trace(REAL)
+    keep = np.flatnonzero((real.layer == 17) & (real.stream == 0))
+    offs = np.zeros(keep.size + 1, np.int64)
+    np.cumsum(np.diff(real.offsets)[keep], out=offs[1:])
+    pos = np.concatenate([real.positions[real.offsets[r]: real.offsets[r + 1]] for r in keep])
+    one = Trace(real.header, real.stream[keep], real.layer[keep], real.seq_len[keep], offs, pos)
+    assert _assert_same(one.truncated(64), 96) > 0

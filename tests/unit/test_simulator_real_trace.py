@@ -1,0 +1,38 @@
+"""The kept real-model trace (SmolLM2-135M oracle top-256 on Hamlet and Macbeth, see
+docs/traces.md): the policy ordering the issue targets. (Exact agreement with the reference
+kernel on it: test_simulator_reference.py.)"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from sglang_hisparse.traces.format import Trace, load_trace
+from sglang_hisparse.traces.simulator import simulate
+
+TRACE = os.path.join(os.path.dirname(__file__), "..", "data", "smollm2_shakespeare.npz")
+pytestmark = pytest.mark.skipif(not os.path.exists(TRACE), reason="tests/data/smollm2_shakespeare.npz not present")
+
+
+def _subset(trace: Trace, layers: set[int], streams: set[int]) -> Trace:
+    keep = np.flatnonzero(np.isin(trace.layer, list(layers)) & np.isin(trace.stream, list(streams)))
+    lens = np.diff(trace.offsets)[keep]
+    offs = np.zeros(keep.size + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    pos = np.concatenate([trace.positions[trace.offsets[r]: trace.offsets[r + 1]] for r in keep])
+    return Trace(trace.header, trace.stream[keep], trace.layer[keep], trace.seq_len[keep], offs, pos)
+
+
+@pytest.fixture(scope="module")
+def real():
+    return load_trace(TRACE)
+
+
+def test_policy_ordering_on_real_trace(real):
+    tr = _subset(real, {12, 22}, {0, 1, 2, 3})
+    rate = {p: simulate(tr, p, [512])["512"]["overall"]["miss_rate"]
+            for p in ("belady", "lru", "fifo", "random", "topk-only", "fra")}
+    assert rate["belady"] < rate["fra"] < rate["lru"] < min(rate["fifo"], rate["random"])
+    assert rate["topk-only"] > 1.5 * rate["lru"]
