@@ -20,10 +20,11 @@ policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
   lru-plain  hits and misses renewed in top-k order
   fifo / random (seeded) / topk-only (only the last selection stays)
   belady     offline optimum on the same trace (a lower bound)
+  fra        ours (proposed kernel option): frequency, recency and token age
   lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
   lru-2      ours: evict by second-to-last selection
 example:
-  python -m sglang_hisparse simulate --trace tests/data/smollm2_hamlet.npz --policy all \\
+  python -m sglang_hisparse simulate --trace tests/data/smollm2_shakespeare.npz --policy all \\
       --buffer 256 --buffer 512 --buffer 1024 --json sim.json --plot sim.png"""
 
 

@@ -12,6 +12,8 @@ Counting: a *lookup* is one distinct selected position of one step (duplicates c
 once; the newest token counts, as a hit). ``miss_rate = misses / lookups``; the ``long_*``
 figures restrict both to steps with ``n > B`` (where misses can happen). Bytes per token
 = misses × item bytes / decode steps, per layer, and summed over the trace's layers.
+Per-stream rates (all layers of one request) are reported too: one stream is one request,
+the unit the policy targets in docs/traces.md are stated on.
 """
 
 from __future__ import annotations
@@ -114,12 +116,19 @@ def summarize(
         b["misses_per_step"] = _rate(b["misses"], b["steps"])
         b["bytes_per_token"] = {str(i): _rate(b["misses"] * i, b["steps"]) for i in items}
         layers[str(layer)] = b
+    by_stream: dict[int, list[StreamResult]] = defaultdict(list)
+    for r in results:
+        by_stream[r.stream].append(r)
+    streams = {}
+    for sid in sorted(by_stream):
+        b = block(by_stream[sid])
+        streams[str(sid)] = {k: b[k] for k in ("lookups", "misses", "miss_rate", "long_miss_rate")}
     overall = block(list(results))
     # A decode token crosses every layer once: sum the per-layer bytes per token.
     overall["bytes_per_token"] = {
         str(i): sum(v["bytes_per_token"][str(i)] or 0.0 for v in layers.values()) for i in items
     }
-    return {"overall": overall, "layers": layers}
+    return {"overall": overall, "layers": layers, "streams": streams}
 
 
 def simulate(

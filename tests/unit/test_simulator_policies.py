@@ -96,3 +96,16 @@ def test_summary_figures():
     assert o["miss_rate"] == pytest.approx(0.5)
     assert s["layers"]["0"]["bytes_per_token"]["656"] == pytest.approx(5 * 656 / 3)
     assert o["bytes_per_token"]["656"] == pytest.approx(5 * 656 / 3)
+
+
+def test_fra_keeps_frequent_tokens_that_lru_evicts():
+    # B=3, slots hold tokens 0 1 2. Token 1 is picked on steps 0-2 (hits 3, last 2).
+    # step 3 (n=13) sel [5 6]: two misses take s0, s2.      LRU [s1 | s0(5) s2(6)]
+    # step 4 (n=14) sel [7]: lru evicts the oldest: token 1. fra scores
+    #   token 1: 0.8*log2(4) - log2(3) - 0.3*log2(13) = -1.10
+    #   token 5: 0.8*log2(2) - log2(2) - 0.3*log2(9)  = -1.15  <- lowest: evicted
+    #   token 6: 0.8*log2(2) - log2(2) - 0.3*log2(8)  = -1.10
+    # step 5 (n=15) sel [1]: lru misses, fra hits.
+    st = _stream([10, 11, 12, 13, 14, 15], [[1], [1], [1], [5, 6], [7], [1]])
+    assert simulate_stream(st, "lru", 3).misses_per_step.tolist() == [0, 0, 0, 2, 1, 1]
+    assert simulate_stream(st, "fra", 3).misses_per_step.tolist() == [0, 0, 0, 2, 1, 0]
