@@ -78,3 +78,19 @@ def test_header_exists_before_close(tmp_path):
     rec.flush()
     assert np.unique(load_trace(rec.path).layer).tolist() == [0, 1]
     rec.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the pinned non_blocking copy path")
+def test_cuda_tensors_pinned_async_path(tmp_path):
+    rec = LiveTraceRecorder(str(tmp_path), sample=1.0)
+    for t in range(4):
+        rec.begin_step([1, 2], [30 + t, 50 + t])
+        tk = torch.arange(8, dtype=torch.int32, device="cuda").repeat(2, 1) + t
+        for layer in range(3):
+            rec.record(layer_id=layer, req_index=torch.tensor([1, 2], device="cuda"),
+                       seq_lens=torch.tensor([30 + t, 50 + t], device="cuda"), top_k=tk)
+    rec.close()
+    tr = load_trace(rec.path)
+    assert tr.num_rows == 24
+    st = next(iter(tr.streams()))
+    assert st.selection(3).tolist() == list(range(3, 11))
