@@ -43,6 +43,7 @@ from e2e_engine import (  # noqa: E402
 from e2e_model import BenchModel, ComputeStandIn  # noqa: E402
 from e2e_report import compare_modes, environment, notes, summarize, write_plot  # noqa: E402
 
+from sglang_hisparse.host_pool import HostKVPool  # noqa: E402
 from sglang_hisparse.memory_paged import ceil_div  # noqa: E402
 from sglang_hisparse.sysmem import available_host_bytes  # noqa: E402
 from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
@@ -66,10 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--item", type=int, default=1152, help="bytes per KV row (576 bf16 = 1152)")
     ap.add_argument("--budget-gib", type=float, default=24.0, help="HBM for KV (both modes)")
     ap.add_argument("--host-gib", type=float, default=None,
-                    help="pinned host pool (default: min(84, 0.75 x available RAM))")
+                    help="pinned host pool (default: min(84, 0.75 x available, available - 10) GiB)")
     ap.add_argument("--max-batch", type=int, default=1024)
-    ap.add_argument("--warmup", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=16, help="timed decode steps per mode")
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=24, help="timed decode steps per mode")
     ap.add_argument("--check-steps", type=int, default=3)
     ap.add_argument("--check-requests", type=int, default=4, help="sampled requests per checked step")
     ap.add_argument("--churn", type=float, default=0.15, help="indexer query noise (0.15: ~12%% of top-k new per step)")
@@ -79,13 +80,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--page", type=int, default=64, help="page size (SGLang DSA uses 64)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--plan-only", action="store_true", help="print the sizes and the machine check, then exit")
     args = ap.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
     if "full" not in args.modes or "noio" not in args.modes:
         ap.error("--modes must include full and noio (ratios are taken against them)")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.plan_only:
         ap.error("--device cuda but CUDA is not available; use --smoke (CPU) or a GPU machine")
     return args
 
@@ -101,7 +103,8 @@ def plan_sizes(args, model: BenchModel) -> dict:
     """Per context: capacity, batches each mode admits, host rows; plus the host pool size."""
     toy, budget = model.toy, int(args.budget_gib * GIB)
     avail_host = available_host_bytes()
-    host_bytes = int((args.host_gib if args.host_gib is not None else min(84.0, 0.75 * avail_host / GIB)) * GIB)
+    auto_gib = min(84.0, 0.75 * avail_host / GIB, avail_host / GIB - 10.0)
+    host_bytes = int((args.host_gib if args.host_gib is not None else auto_gib) * GIB)
     row_bytes = toy.num_layers * toy.item_bytes
     host_pages = host_bytes // (row_bytes * args.page) - 1
     total_steps = args.warmup + args.steps + args.check_steps
@@ -136,7 +139,7 @@ def check_machine(args, model: BenchModel, sizes: dict, device: torch.device) ->
     if host > sizes["host_available_bytes"] - 6 * GIB and not args.smoke:
         raise SystemExit(f"refusing: pinned host pool {host / GIB:.2f} GiB leaves < 6 GiB of the "
                          f"{sizes['host_available_bytes'] / GIB:.2f} GiB available; lower --host-gib")
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(device).total_memory
         weights = model.toy.num_layers * args.dense_mb * 2**20
         bs = max(p["hisparse_batch"] for p in sizes["contexts"])
@@ -227,6 +230,19 @@ def run_context(args, model, compute, plan: dict, storage, device) -> dict:
     return compare_modes(plan, results, args)
 
 
+def _report(args, sizes, device, compute, contexts, t_start) -> dict:
+    report = dict(config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                  sizes={k: v for k, v in sizes.items() if k != "contexts"},
+                  environment=environment(device), notes=notes(args, compute),
+                  contexts=contexts, total_s=time.perf_counter() - t_start,
+                  complete=len(contexts) == len(sizes["contexts"]))
+    report["exact"] = all(c["exact"] for c in contexts)
+    report["targets_met"] = all(c["targets"]["met"] for c in contexts if c["targets"]["applies"])
+    # Written after every context, so a run cut short still leaves what it measured.
+    (args.out / "bench_e2e.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -234,28 +250,25 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args)
     sizes = plan_sizes(args, model)
     check_machine(args, model, sizes, device)
+    if args.plan_only:
+        return 0
     t_start = time.perf_counter()
     max_bs = max(max(p["full_batch"], p["hisparse_batch"]) for p in sizes["contexts"])
     compute = ComputeStandIn(model, max_batch=max_bs, device=device)
     t0 = time.perf_counter()
     # One pinned host buffer for every HiSparse engine (same rows, same content across modes).
-    from sglang_hisparse.host_pool import HostKVPool
-
     carrier = HostKVPool(num_layers=args.layers, item_bytes=args.item,
                          capacity_tokens=sizes["storage_rows"] - args.page, page_size=args.page,
                          max_requests=1, max_context=1, device=device)
     print(f"pinned host pool: {carrier.nbytes / GIB:.2f} GiB in {time.perf_counter() - t0:.1f} s", flush=True)
-    contexts = []
-    for plan in sizes["contexts"]:
-        contexts.append(run_context(args, model, compute, plan, carrier.kv, device))
-    carrier.destroy()
-    report = dict(config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                  sizes={k: v for k, v in sizes.items() if k != "contexts"},
-                  environment=environment(device), notes=notes(args, compute),
-                  contexts=contexts, total_s=time.perf_counter() - t_start)
-    report["exact"] = all(c["exact"] for c in contexts)
-    report["targets_met"] = all(c["targets"]["met"] for c in contexts if c["targets"]["applies"])
-    (args.out / "bench_e2e.json").write_text(json.dumps(report, indent=2))
+    contexts: list[dict] = []
+    try:
+        for plan in sizes["contexts"]:
+            contexts.append(run_context(args, model, compute, plan, carrier.kv, device))
+            report = _report(args, sizes, device, compute, contexts, t_start)
+    finally:
+        _sync(device)
+        carrier.destroy()
     print(summarize(report))
     print(write_plot(report, args.out / "bench_e2e.png"))
     print(f"wrote {args.out / 'bench_e2e.json'}")
