@@ -30,10 +30,10 @@ def test_seams_resolve_to_our_classes(sglang_with_plugin):
     import sglang.srt.managers.scheduler as scheduler
     import sglang.srt.mem_cache.kv_cache_configurator as configurator
     import sglang.srt.mem_cache.sparsity as sparsity
-    from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator
-    from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator
 
     from sglang_hisparse.arg_hook import parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator
+    from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator
 
     assert scheduler.HiSparseCoordinator is SGLangHiSparseCoordinator
     assert configurator.HiSparseTokenToKVPoolAllocator is HiSparseTokenAllocator
