@@ -1,0 +1,140 @@
+"""Host pool adapter: the core ``HostKVPool`` over SGLang HiCache's ``MLATokenToKVPoolHost`` buffer.
+
+HiCache allocates and pins the layer-first buffer and knows how PD registers it for RDMA
+(``get_contiguous_buf_infos``); per-request row allocation is the core's, so the coordinator
+and the tests see one host-pool interface whether SGLang is present or not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
+from sglang_hisparse.memory_budget import check_host_budget
+
+__all__ = ["HiCacheHostPool", "build_host_pool"]
+
+
+class HiCacheHostPool(HostKVPool):
+    """Core host pool over the buffer of SGLang's HiCache ``MLATokenToKVPoolHost``.
+
+    HiCache provides the storage, its pinning and the PD registration info
+    (``get_contiguous_buf_infos``); row allocation per request is the core's.
+    """
+
+    def __init__(
+        self,
+        hicache: Any,
+        *,
+        max_requests: int,
+        max_context: int,
+        device: str | torch.device,
+        capacity_tokens: int,
+    ):
+        buf = hicache.kv_buffer
+        storage = buf.view(torch.uint8).reshape(buf.shape[0], buf.shape[1], -1)
+        super().__init__(
+            num_layers=storage.shape[0],
+            item_bytes=storage.shape[2],
+            capacity_tokens=capacity_tokens,
+            page_size=hicache.page_size,
+            max_requests=max_requests,
+            max_context=max_context,
+            device=device,
+            storage=storage,
+        )
+        self.hicache = hicache
+
+    @property
+    def layer_num(self) -> int:
+        return self.hicache.layer_num
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+    def get_contiguous_buf_infos(self):
+        return self.hicache.get_contiguous_buf_infos()
+
+    def alloc_paged_token_slots(
+        self,
+        req_to_host_pool: torch.Tensor,
+        req_to_host_pool_allocated_len: torch.Tensor | None,
+        req_pool_idx: int,
+        start_pos: int,
+        num_tokens: int,
+    ) -> torch.Tensor:
+        """PD decode: host rows (int64 [num_tokens], on ``req_to_host_pool``'s device) of
+        positions ``start_pos..start_pos+num_tokens-1``, extending the request lazily."""
+        end = start_pos + num_tokens
+        if num_tokens > 0 and not self.ensure(req_pool_idx, end):
+            raise RuntimeError(
+                f"HiSparse host pool exhausted: request slot {req_pool_idx} needs {end} positions, "
+                f"{self.available_size()} of {self.size} host rows free. Lower the decode batch "
+                f"or raise host_to_device_ratio."
+            )
+        if req_to_host_pool is not self.host_rows:
+            n = self.allocated_len(req_pool_idx)
+            req_to_host_pool[req_pool_idx, :n] = self.host_rows[req_pool_idx, :n].to(
+                req_to_host_pool.device
+            )
+        if req_to_host_pool_allocated_len is not None:
+            req_to_host_pool_allocated_len[req_pool_idx] = self.allocated_len(req_pool_idx)
+        return req_to_host_pool[req_pool_idx, start_pos:end]
+
+    def destroy(self) -> None:
+        super().destroy()
+        self.hicache.destroy()
+
+
+def build_host_pool(
+    device_pool: Any,
+    *,
+    ratio: int,
+    page_size: int,
+    max_requests: int,
+    max_context: int,
+    device: str | torch.device,
+    pin_memory: bool | None = None,
+    ranks_per_host: int = 1,
+) -> HiCacheHostPool:
+    """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
+
+    Our budget check (both figures in GiB and the fix) runs before HiCache allocates and pins.
+    """
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    capacity = device_pool.size * ratio
+    item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
+    check_host_budget(
+        host_pool_bytes(
+            num_layers=device_pool.layer_num,
+            item_bytes=item_bytes,
+            capacity_tokens=capacity,
+            page_size=page_size,
+        ),
+        what=f"HiSparse host KV pool ({device_pool.layer_num} layers x {capacity} rows x {item_bytes} B)",
+        ranks_per_host=ranks_per_host,
+    )
+    hicache = MLATokenToKVPoolHost(
+        buffer_info=device_pool.get_device_pool_infos()[0].buffer_info,
+        device_capacity_tokens=device_pool.size,
+        start_layer=device_pool.start_layer,
+        end_layer=device_pool.end_layer,
+        target_layer_num=device_pool.layer_num,
+        host_to_device_ratio=ratio,
+        host_size=0,
+        page_size=page_size,
+        layout="layer_first",
+        override_kv_cache_dim=device_pool.kv_cache_dim,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+    )
+    return HiCacheHostPool(
+        hicache,
+        max_requests=max_requests,
+        max_context=max_context,
+        device=device,
+        capacity_tokens=capacity,
+    )
