@@ -44,6 +44,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--item-bytes", type=int, action="append", default=None, help="bytes per KV row (default 656 and 1152)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy (default 0)")
+    p.add_argument(
+        "--initial",
+        choices=("prefix", "empty"),
+        default="prefix",
+        help="buffer of a request that starts longer than B: tokens 0..B-1 (local prefill, "
+        "default) or empty (PD direct admission)",
+    )
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
     p.add_argument("--plot", default=None, help="write a miss-rate-vs-B plot (needs matplotlib)")
     return p
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--item-bytes {bad}: KV row sizes are positive multiples of 16 (e.g. 656, 1152)")
         trace = load_trace(args.trace)
         results = {
-            pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items)
+            pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items,
+                          initial=args.initial)
             for pol in _policies(args.policy)
         }
     except ValueError as e:
@@ -115,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             "top_k": args.top_k,
             "item_bytes": items,
             "seed": args.seed,
+            "initial": args.initial,
             "results": results,
         }
         with open(args.json, "w") as f:

@@ -35,6 +35,11 @@ class Policy:
         self.key = np.arange(B, dtype=np.int64)
         self.clock = B
 
+    def clear(self) -> None:
+        """Empty every slot (PD direct admission of a long request starts this way)."""
+        self.where[self.tok[self.tok >= 0]] = -1
+        self.tok[:] = -1
+
     def step(self, t: int, sel: np.ndarray, n: int) -> int:
         """Step ``t`` (0 = first long step) with ``seq_len n``; returns its miss count."""
         self.n = n
@@ -53,7 +58,18 @@ class Policy:
                     f"step selects {sel.size} distinct positions besides the newest, more than the "
                     f"buffer's {self.B} slots; use --buffer >= top-k (or --top-k <= buffer)"
                 )
-            victims = self.victims(t, cand, m, miss_tok)
+            empty = cand[self.tok[cand] < 0]
+            if empty.size:
+                # Empty slots are filled first, in LRU order (the kernel's order puts them
+                # oldest, since every filled slot got a newer stamp); the policy ranks the rest.
+                empty = empty[np.argsort(self.key[empty], kind="stable")][:m]
+                rest = m - empty.size
+                full = cand[self.tok[cand] >= 0]
+                victims = empty if not rest else np.concatenate(
+                    (empty, self.victims(t, full, rest, miss_tok[empty.size:]))
+                )
+            else:
+                victims = self.victims(t, cand, m, miss_tok)
             old = self.tok[victims]
             self.where[old[old >= 0]] = -1
             self.tok[victims] = miss_tok

@@ -5,7 +5,8 @@ resolve kernel:
 
 * step with ``seq_len n <= B``: every token sits in its own slot; no misses.
 * the newest token ``n - 1`` lives in the reserved slot ``B`` and always hits.
-* the first step with ``n > B`` finds slots ``0..B-1`` holding tokens ``0..B-1``.
+* the first step with ``n > B`` finds slots ``0..B-1`` holding tokens ``0..B-1`` (or empty,
+  with ``initial="empty"``, for streams that start long: PD direct admission).
 * later steps: the policy places the misses (``policies.py``).
 
 Counting: a *lookup* is one distinct selected position of one step (duplicates count
@@ -52,8 +53,20 @@ class StreamResult:
     misses_per_step: np.ndarray = field(repr=False)
 
 
-def simulate_stream(st: Stream, policy_name: str, B: int, *, seed: int = 0) -> StreamResult:
-    """Replay one (stream, layer). Returns counts; ``misses_per_step`` int64 [T]."""
+INITIAL = ("prefix", "empty")
+
+
+def simulate_stream(
+    st: Stream, policy_name: str, B: int, *, seed: int = 0, initial: str = "prefix"
+) -> StreamResult:
+    """Replay one (stream, layer). Returns counts; ``misses_per_step`` int64 [T].
+
+    ``initial="empty"`` models PD direct admission: a stream whose *first* step is already
+    longer than ``B`` starts with empty slots (a stream that grows past ``B`` while decoding
+    still finds tokens ``0..B-1``, as the coordinator keeps them).
+    """
+    if initial not in INITIAL:
+        raise ValueError(f"--initial {initial!r}: choose one of {INITIAL}")
     if B < 1:
         raise ValueError(f"--buffer {B}: the hot buffer needs at least one slot")
     T = len(st)
@@ -70,6 +83,8 @@ def simulate_stream(st: Stream, policy_name: str, B: int, *, seed: int = 0) -> S
             work.append(s[s != st.seq_lens[t] - 1])
         policy = make_policy(policy_name, seed=seed + st.stream * 1009 + st.layer)
         policy.reset(B, int(st.seq_lens[-1]), work)
+        if initial == "empty" and t0 == 0:
+            policy.clear()
         for i, s in enumerate(work):
             per_step[t0 + i] = policy.step(i, s, int(st.seq_lens[t0 + i]))
     return StreamResult(
@@ -139,6 +154,7 @@ def simulate(
     top_k: int | None = None,
     seed: int = 0,
     item_bytes: Iterable[int] = DEFAULT_ITEM_BYTES,
+    initial: str = "prefix",
 ) -> dict:
     """Simulate ``policy`` for each buffer size; returns ``{"B": summary, ...}`` (JSON-ready)."""
     make_policy(policy)  # fail fast on a bad name
@@ -147,6 +163,6 @@ def simulate(
     streams = list(trace.streams())
     out = {}
     for B in buffers:
-        results = [simulate_stream(st, policy, int(B), seed=seed) for st in streams]
+        results = [simulate_stream(st, policy, int(B), seed=seed, initial=initial) for st in streams]
         out[str(int(B))] = summarize(results, item_bytes=item_bytes)
     return out

@@ -50,8 +50,9 @@ def _messy_trace(seed: int, streams: int, steps: int, k: int, starts: list[int])
     )
 
 
-def _replay_reference(trace: Trace, B: int) -> dict[tuple[int, int], np.ndarray]:
-    """Per (stream, layer): reference misses per step (int64 [T])."""
+def _replay_reference(trace: Trace, B: int, initial: str = "prefix") -> dict[tuple[int, int], np.ndarray]:
+    """Per (stream, layer): reference misses per step (int64 [T]). ``initial="empty"``:
+    streams that start longer than B get empty slots, as after PD direct admission."""
     out = {}
     by_layer: dict[int, list] = {}
     for st in trace.streams():
@@ -65,6 +66,10 @@ def _replay_reference(trace: Trace, B: int) -> dict[tuple[int, int], np.ndarray]
         slot_tokens = torch.arange(B + 1, dtype=torch.int32).repeat(R, 1)
         slot_rows = (1 + torch.arange(R * (B + 1), dtype=torch.int32)).view(R, B + 1)
         lru = torch.arange(B, dtype=torch.int16).repeat(R, 1)
+        if initial == "empty":
+            for i, st in enumerate(sts):
+                if st.seq_lens[0] > B:
+                    slot_tokens[i, :B] = -1
         host_rows = torch.arange(R * max_ctx, dtype=torch.int64).view(R, max_ctx)
         host_cache = torch.zeros(R * max_ctx, ITEM, dtype=torch.uint8)
         device_cache = torch.zeros(1 + R * (B + 1), ITEM, dtype=torch.uint8)
@@ -92,11 +97,11 @@ def _replay_reference(trace: Trace, B: int) -> dict[tuple[int, int], np.ndarray]
     return out
 
 
-def _assert_same(trace: Trace, B: int) -> int:
-    ref = _replay_reference(trace, B)
+def _assert_same(trace: Trace, B: int, initial: str = "prefix") -> int:
+    ref = _replay_reference(trace, B, initial)
     total = 0
     for st in trace.streams():
-        sim = simulate_stream(st, "lru", B).misses_per_step
+        sim = simulate_stream(st, "lru", B, initial=initial).misses_per_step
         np.testing.assert_array_equal(sim, ref[(st.stream, st.layer)], err_msg=f"stream {st.stream} B={B}")
         total += int(sim.sum())
     return total
@@ -106,6 +111,12 @@ def _assert_same(trace: Trace, B: int) -> int:
 def test_lru_matches_reference_on_messy_selections(B):
     trace = _messy_trace(seed=B, streams=3, steps=40, k=20, starts=[10, 30, 60])
     assert _assert_same(trace, B) > 0  # the comparison must exercise misses
+
+
+def test_lru_matches_reference_with_empty_start():
+    # PD direct admission: the two streams that start longer than B begin with empty slots.
+    trace = _messy_trace(seed=9, streams=3, steps=30, k=20, starts=[10, 40, 80])
+    assert _assert_same(trace, 32, "empty") > _assert_same(trace, 32, "prefix")
 
 
 def test_lru_matches_reference_on_synthetic_trace():
