@@ -2,9 +2,10 @@
 
 Every policy sees the same protocol (docs/architecture.md, hot-buffer rules), driven by
 ``simulator.simulate_stream``: at the first step with ``seq_len > B`` the slots hold tokens
-``0..B-1`` (slot ``s`` = token ``s``, LRU order ``s0..s(B-1)``); then, per step, ``step(t, sel, n)``
-gets the step's sequence length and unique selected positions in top-k order *without* the newest token (it
-lives in the reserved slot and always hits) and returns the number of misses. Hits stay;
+``0..B-1`` (slot ``s`` = token ``s``, LRU order ``s0..s(B-1)``; or empty, see ``clear``);
+then, per step, ``step(t, sel, n)`` gets the sequence length and the unique selected
+positions in top-k order *without* the newest token (it lives in the reserved slot and
+always hits) and returns the number of misses. Hits stay;
 misses must land in slots whose token is not selected this step ("evictable"); which
 evictable slots, and how the order/state changes, is the policy.
 

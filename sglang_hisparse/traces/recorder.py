@@ -110,7 +110,9 @@ class LiveTraceRecorder:
         for b, (r, n) in enumerate(zip(req_index_cpu, seq_lens_cpu, strict=True)):
             r, n = int(r), int(n)
             sid, last = self._slots.get(r, (-2, 0))
-            if sid == -2 or n <= last:  # a new request life in slot r
+            # Decode grows a request by exactly one token per step: anything else in slot r
+            # is a new request life (the previous one finished without ``release``).
+            if sid == -2 or n != last + 1:
                 if sid >= 0:
                     self._live_sampled -= 1
                 sid = -1
