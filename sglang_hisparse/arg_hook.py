@@ -16,7 +16,7 @@ from typing import Any
 
 from sglang_hisparse import SUPPORTED_SGLANG
 from sglang_hisparse.config import FLAG, HiSparseConfig
-from sglang_hisparse.sysmem import available_host_bytes, gib
+from sglang_hisparse.memory_budget import GIB, available_host_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,10 @@ def validate_hisparse(server_args: Any) -> None:
         getattr(view, "dsa_prefill_backend", None),
         getattr(view, "dsa_decode_backend", None),
     )
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
 
 
 def host_pool_bytes(*, device_rows: int, ratio: int, layers: int, row_bytes: int) -> int:
