@@ -157,6 +157,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def dense_ms(compute: ComputeStandIn, layers: int, bs: int, device: torch.device, reps: int = 3) -> float:
+    """Time of one step's dense stand-in alone (the batch-independent share of a step)."""
+    def once() -> None:
+        for layer in range(layers):
+            compute.dense(layer, bs)
+
+    once()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        once()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
 def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) -> dict:
     """Warm up, time ``args.steps`` steps, then the checked steps; return the mode's record."""
     for _ in range(args.warmup):
@@ -191,6 +206,7 @@ def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) ->
         sel, miss = after.selected - before.selected, after.misses - before.misses
         rec.update(miss_rate=miss / sel if sel else 0.0,
                    h2d_mb_per_step=(after.h2d_bytes - before.h2d_bytes) / args.steps / 2**20)
+    rec["dense_standin_ms"] = dense_ms(runner.compute, args.layers, runner.bs, device)
     rec["exact_vs_oracle"] = None if mode == "noio" else not log.mismatches
     rec["_log"] = log
     return rec
