@@ -11,7 +11,8 @@ Per decode step and layer (``bs`` requests of one length ``n``; ``k`` top-k)::
                        key cache; score = <key, q(seed, n)> + recency * (pos / n)^4;
                        q = stable(seed) + churn * noise(seed, n): ``churn`` sets how much of
                        the top-k changes per step. Elementwise (no matmul) so a request's
-                       scores, hence its top-k, do not depend on the batch it runs in.
+                       scores, hence its top-k (ties broken by position), do not depend
+                       on the batch it runs in.
     attention          gathers the k resolved rows uint8 [bs, k, I], views them as bf16
                        [bs, k, I/2] and runs MLA-shaped decode attention for ``heads`` heads
                        (QK over all I/2 dims, PV over the first 512): the memory traffic a
@@ -92,9 +93,13 @@ class BenchModel:
         scores = keys[:, :, 0] * q[:, 0:1]
         for d in range(1, keys.shape[2]):
             scores = torch.addcmul(scores, keys[:, :, d], q[:, d : d + 1])
-        pos = torch.arange(n, dtype=torch.float32, device=keys.device)
-        scores = scores + self.toy.recency * (pos / n) ** 4
-        return torch.topk(scores, self.toy.top_k, dim=1).indices.to(torch.int32)
+        pos = torch.arange(n, dtype=torch.int64, device=keys.device)
+        scores = scores + self.toy.recency * (pos.to(torch.float32) / n) ** 4
+        # NOTE: float ties would let topk order equal scores differently in different batch
+        # shapes (and across runs), so full-KV and HiSparse could disagree on a column. Keys
+        # (score quantised to 2^-20, position) are unique: one answer, whatever the batch.
+        ranked = torch.round(scores * 2**20).to(torch.int64) * (1 << n.bit_length()) + pos
+        return torch.topk(ranked, self.toy.top_k, dim=1).indices.to(torch.int32)
 
 
 class ComputeStandIn:
