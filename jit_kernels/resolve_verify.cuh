@@ -9,6 +9,9 @@
 
 #include "common.cuh"
 
+#include <map>
+#include <tuple>
+
 namespace hisparse {
 
 struct VerifyArgs {
@@ -224,8 +227,12 @@ void launch_verify(const VerifyArgs& a, int64_t bs, int64_t block, cudaStream_t 
 
 // ctas <= 0 picks CTAs per request so that the whole batch is one resident wave (at most 32 per
 // request): each extra CTA repeats the bookkeeping, so a second wave would only add latency.
+// Memoized per (device, batch, block), so a graph capture reuses what the eager warm-up found.
 template <int K, int B, int W, int ITEM>
 int verify_auto_ctas(int dev, int64_t bs, int64_t block) {
+  static std::map<std::tuple<int, int64_t, int64_t>, int> memo;
+  const auto key = std::make_tuple(dev, bs, block);
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
   int sms = 0, per_sm = 0;
   HS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -237,7 +244,7 @@ int verify_auto_ctas(int dev, int64_t bs, int64_t block) {
                         << K << " B=" << B << " W=" << W << ") at block " << block
                         << ": more than this GPU offers; lower device_buffer_size or top_k");
   const int64_t c = static_cast<int64_t>(sms) * per_sm / (bs > 0 ? bs : 1);
-  return static_cast<int>(c < 1 ? 1 : (c > 32 ? 32 : c));
+  return memo[key] = static_cast<int>(c < 1 ? 1 : (c > 32 ? 32 : c));
 }
 
 template <int K, int B, int W, int ITEM>
