@@ -95,7 +95,11 @@ def notes(args, compute) -> list[str]:
         "(float32 sum of the resolved rows' bytes) are compared bit for bit with the oracle bytes and "
         "with the full-KV mode's outputs at the same request, length and layer.",
         "miss_rate: misses / selected entries over the timed steps (telemetry); topk_churn: fraction "
-        "of an anchor's top-k not selected at the previous step (sampled requests).",
+        "of an anchor's top-k not selected at the previous step (sampled requests); h2d_mb_per_step: "
+        "miss bytes per step over all layers (for noio: the bytes it skipped).",
+        "HiSparse batch sizing counts hot rows (B+1 page-rounded, every layer), the logical-space "
+        "indexer keys, mapping/host_rows/req_to_token entries and slot state per request; "
+        "hbm_kv_alloc_gib is what the mode actually allocated.",
     ]
 
 

@@ -24,7 +24,7 @@ python3 -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 --items 1152 --job
 echo "build: $((SECONDS - t0)) s"
 # The plan (batches, pinned host bytes) is printed before anything large is allocated; the
 # benchmark refuses with exit 1 and a message when the machine cannot hold it.
-timeout 290 python3 benchmarks/bench_e2e.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_e2e.log"
+timeout 250 python3 benchmarks/bench_e2e.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_e2e.log"
 rc=${PIPESTATUS[0]}
 echo "bench_e2e rc=$rc at $((SECONDS - t0)) s (rc 1: outputs not exact or refused; 124: timed out,"
 echo "  bench_e2e.json then holds the contexts that finished)"
