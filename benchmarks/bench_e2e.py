@@ -8,6 +8,8 @@ sync      HiSparse, shared-index prefetch off (every layer resolves on the compu
 prefetch  HiSparse, anchors resolve, shared layers replay the miss plan on a side stream
 noio      HiSparse bookkeeping with no host->device copies (ResolveMode.NO_IO, prefetch on):
           the ceiling; its outputs are NOT exact and are not checked
+full_nodense, prefetch_nodense
+          the same two without the dense stand-in: the toy model's own compute only
 ```
 
 The HiSparse modes run at one batch: the largest the HBM budget admits, capped by the
@@ -49,7 +51,7 @@ from sglang_hisparse.sysmem import available_host_bytes  # noqa: E402
 from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
 
 GIB = 2**30
-MODES = ("full", "sync", "prefetch", "noio")
+MODES = ("full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense")
 SMOKE = dict(contexts=[256, 512], layers=4, anchor_every=2, top_k=16, buffer=32, item=128,
              budget_gib=0.0005, host_gib=0.003, warmup=2, steps=3, check_steps=3, heads=2,
              dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu")
@@ -222,13 +224,15 @@ def run_context(args, model, compute, plan: dict, storage, device) -> dict:
             torch.cuda.empty_cache()
         mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         t0 = time.perf_counter()
-        if mode == "full":
+        compute.dense_enabled = not mode.endswith("_nodense")
+        base = mode.removesuffix("_nodense")
+        if base == "full":
             runner = FullKVRunner(model, compute, bs=plan["full_batch"], n=n, cap=cap, device=device)
             runner.admit()
         else:
             runner = HiSparseRunner(model, compute, bs=plan["hisparse_batch"], n=n, cap=cap,
                                     buffer_size=args.buffer, page=args.page, storage=storage,
-                                    prefetch=mode != "sync", skip_io=mode == "noio", device=device)
+                                    prefetch=base != "sync", skip_io=base == "noio", device=device)
             runner.admit(fill_host=not filled)
             filled = True
         _sync(device)
@@ -237,12 +241,13 @@ def run_context(args, model, compute, plan: dict, storage, device) -> dict:
         rec = run_mode(mode, runner, args, device, check_full)
         rec.update(setup_s=setup_s, hbm_kv_alloc_gib=None if kv_alloc is None else kv_alloc / GIB)
         results[mode] = rec
-        print(f"  {n:>7} {mode:<9} batch {rec['batch']:>5}  step {rec['step_ms']:8.2f} ms  "
+        print(f"  {n:>7} {mode:<16} batch {rec['batch']:>5}  step {rec['step_ms']:8.2f} ms  "
               f"{rec['tokens_per_s']:10.0f} tok/s  miss {rec.get('miss_rate', 0.0):.3f}  "
               f"exact {rec['exact_vs_oracle']}  setup {setup_s:.1f} s", flush=True)
         if hasattr(runner, "destroy"):
             runner.destroy()
         del runner
+    compute.dense_enabled = True
     return compare_modes(plan, results, args)
 
 

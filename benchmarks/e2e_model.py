@@ -124,6 +124,8 @@ class ComputeStandIn:
         self.w_tok = torch.zeros(HIDDEN, tok_cols, dtype=dt, device=device) if tok_cols else None
         self.x = torch.zeros(max_batch, HIDDEN, dtype=dt, device=device)
         self.dtype = dt
+        #: False: ``dense`` does nothing (the benchmark's *_nodense modes)
+        self.dense_enabled = True
 
     @property
     def weight_bytes(self) -> int:
@@ -142,6 +144,8 @@ class ComputeStandIn:
 
     def dense(self, layer: int, bs: int) -> None:
         """The layer's weight stream and per-token GEMM (results unused; only cost matters)."""
+        if not self.dense_enabled:
+            return
         if self.w_stream:
             torch.mm(self.w_stream[layer], self.v_stream)
         if self.w_tok is not None:

@@ -43,14 +43,15 @@ def test_json_has_every_mode_and_context(report):
         assert report[key]
     assert report["environment"]["torch"] == torch.__version__
     for c in report["contexts"]:
-        assert set(c["modes"]) == {"full", "sync", "prefetch", "noio"}
+        assert set(c["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense"}
         for rec in c["modes"].values():
             assert rec["batch"] >= 1 and rec["step_ms"] > 0 and rec["tokens_per_s"] > 0
             assert rec["checked_outputs"] > 0
         for mode in ("sync", "prefetch"):
             assert "exposed_io_us_per_token" in c["modes"][mode]
             assert 0.0 < c["modes"][mode]["miss_rate"] < 1.0
-        assert set(c["ratios"]) >= {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"}
+        assert set(c["ratios"]) >= {"prefetch_over_full", "prefetch_over_noio", "batch_ratio",
+                                    "prefetch_over_full_no_dense"}
         # The smoke sizes are chosen so HiSparse admits more requests than full KV.
         assert c["modes"]["prefetch"]["batch"] > c["modes"]["full"]["batch"]
 
@@ -61,7 +62,7 @@ def test_exactness_flags(report):
         assert c["exact"] is True
         assert c["modes"]["full"]["exact_vs_oracle"] is True
         assert c["modes"]["noio"]["exact_vs_oracle"] is None  # timing oracle: not checked
-        for mode in ("sync", "prefetch"):
+        for mode in ("sync", "prefetch", "prefetch_nodense"):
             rec = c["modes"][mode]
             assert rec["exact_vs_oracle"] is True and rec["exact_vs_full"] is True
             assert rec["compared_with_full"] > 0 and not rec["full_mismatches"]
