@@ -61,6 +61,8 @@ class CoreContext:
     telemetry: Telemetry
     #: ``traces.recorder.LiveTraceRecorder`` when SGLANG_HISPARSE_RECORD_TRACE is set, else None
     recorder: Any = None
+    #: CUDA views of ``host_kv`` (``transfer.cuda_alias``) for sync-free row copies, or None
+    host_kv_cuda: Sequence[torch.Tensor] | None = None
 
     @property
     def num_layers(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext, HostTable
 from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
 from sglang_hisparse.coordinator.resolver import Resolver
@@ -71,6 +72,16 @@ def _make_recorder() -> Any:
     from sglang_hisparse.traces.recorder import LiveTraceRecorder
 
     return LiveTraceRecorder.from_env()
+
+
+def _host_alias(host_kv: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor] | None:
+    """CUDA views of every host layer (see ``transfer.cuda_alias``), or None."""
+    views = [transfer.cuda_alias(t, device) for t in host_kv]
+    if any(v is None for v in views):
+        if device.type == "cuda":
+            logger.warning("HiSparse: host KV is not pinned; staging and backups will sync the host.")
+        return None
+    return views  # type: ignore[return-value]
 
 
 class HiSparseCore:
@@ -128,7 +139,7 @@ class HiSparseCore:
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
             device=device, allocator=allocator, host=host, device_kv=device_kv, host_kv=host_kv,
             state=self.state, streams=self.streams, telemetry=self.telemetry,
-            recorder=_make_recorder(),
+            recorder=_make_recorder(), host_kv_cuda=_host_alias(host_kv, device),
         )
         #: int32 [1]: real batch size of the current forward (the model runner fills it)
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)

@@ -3,25 +3,62 @@
 ``to_host(ctx, dev_rows, host_rows)``: ``host_kv[l][host_rows] = device_kv[l][dev_rows]`` for
 every layer (staging after prefill, per-step write-through backup).
 ``to_device(ctx, host_rows, dev_rows)``: the reverse (PD direct admission preload).
-Rows are int64 1-D tensors of equal length on the coordinator's device.
+Rows are int64 1-D tensors of equal length on the coordinator's device. They run on
+whatever stream is current; the callers put them on the staging/backup stream.
 
-They run on whatever stream is current; the callers put them on the staging/backup stream.
-
-NOTE: when both arrays live on the same device (CPU tests, or a host pool mirrored on the
-device) this is a gather + ``index_copy_``. Across devices (pinned host, CUDA device) it uses
-the kernel layer's row-copy op when it has one; otherwise it falls back to a gather on the
-source side and an ``index_copy_`` on the destination side, which needs the destination
-row ids on the destination's device (a device→host read of the ids, i.e. a host sync for
-device→host copies). The fallback is correct but not overlap-friendly; a zero-copy kernel
-(GPU threads writing the pinned host rows directly, as the resolve kernel reads them) is
-the intended GPU path.
+On CUDA the pinned host pool is also seen through :func:`cuda_alias`: a CUDA tensor over the
+same (registered, device-mapped) host memory. Gathers and ``index_copy_`` then run as GPU
+kernels that read/write host rows directly over the link, with no host sync, exactly as the
+resolve kernel reads them. NOTE: the rejected alternative, a gather into a bounce buffer and
+an ``index_copy_`` on the CPU, needs the host row ids and the data on the CPU, i.e. a sync
+per backup that would stall the overlap scheduler; it stays only as the fallback when the
+host memory is not pinned (then correct but synchronous).
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
-from sglang_hisparse.coordinator.context import CoreContext
+if TYPE_CHECKING:
+    from sglang_hisparse.coordinator.context import CoreContext
+
+logger = logging.getLogger("sglang_hisparse")
+
+_KDLCUDA = 2  # DLPack device type of CUDA memory
+
+
+def cuda_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A CUDA tensor over ``host``'s memory (same shape/dtype), or None when impossible.
+
+    Requires pinned, device-mapped host memory under unified addressing (cudaHostRegister
+    with the mapped flag, or ``pin_memory``): the GPU then dereferences the host pointer
+    itself. Built by re-labelling the device of a DLPack capsule of ``host``; the capsule's
+    owner keeps ``host`` alive as long as the alias lives.
+    """
+    if device.type != "cuda" or host.device.type != "cpu" or not host.is_pinned():
+        return None
+    try:
+        capsule = torch.utils.dlpack.to_dlpack(host)
+        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        get_pointer.restype = ctypes.c_void_p
+        get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        managed = get_pointer(capsule, b"dltensor")
+        # DLManagedTensor starts with DLTensor {void* data; DLDevice {int32 type, int32 id}; ...}
+        dl_device = (ctypes.c_int32 * 2).from_address(managed + ctypes.sizeof(ctypes.c_void_p))
+        dl_device[0] = _KDLCUDA
+        dl_device[1] = device.index if device.index is not None else torch.cuda.current_device()
+        alias = torch.utils.dlpack.from_dlpack(capsule)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        logger.warning("HiSparse: no CUDA view of the pinned host pool (%s); host copies will sync.", exc)
+        return None
+    if alias.device.type != "cuda" or alias.data_ptr() != host.data_ptr():
+        return None
+    return alias
 
 
 def _copy_rows(
@@ -34,23 +71,21 @@ def _copy_rows(
             0, dst_rows.to(dst.device), src.index_select(0, src_rows.to(src.device))
         )
         return
-    from sglang_hisparse.kernels import ops
-
-    copy_rows = getattr(ops, "copy_rows", None)
-    if copy_rows is not None:
-        copy_rows(src=src, src_rows=src_rows, dst=dst, dst_rows=dst_rows)
-        return
     gathered = src.index_select(0, src_rows.to(src.device))
     dst.index_copy_(0, dst_rows.to(dst.device), gathered.to(dst.device, non_blocking=False))
 
 
+def _host_layers(ctx: CoreContext) -> Sequence[torch.Tensor]:
+    return ctx.host_kv_cuda if ctx.host_kv_cuda is not None else ctx.host_kv
+
+
 def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -> None:
     """Copy device rows to host rows for every layer (see the module docstring)."""
-    for dev_kv, host_kv in zip(ctx.device_kv, ctx.host_kv, strict=True):
+    for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
         _copy_rows(dev_kv, dev_rows, host_kv, host_rows)
 
 
 def to_device(ctx: CoreContext, host_rows: torch.Tensor, dev_rows: torch.Tensor) -> None:
     """Copy host rows to device rows for every layer (see the module docstring)."""
-    for dev_kv, host_kv in zip(ctx.device_kv, ctx.host_kv, strict=True):
+    for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
         _copy_rows(host_kv, host_rows, dev_kv, dev_rows)

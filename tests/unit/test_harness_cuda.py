@@ -139,3 +139,30 @@ def _graph_steps(engine: DecodeEngine, model: ToyModel) -> None:
     for q in list(engine.running):
         engine.release(q, "finish")
     engine.check_no_leaks()
+
+
+def test_cuda_alias_of_the_pinned_host_pool_reads_and_writes_host_rows() -> None:
+    from sglang_hisparse.coordinator.transfer import cuda_alias
+    from sglang_hisparse.host_pool import HostKVPool
+
+    dev = torch.device("cuda")
+    pool = HostKVPool(num_layers=2, item_bytes=32, capacity_tokens=64, page_size=1,
+                      max_requests=2, max_context=16, device=dev)  # cudaHostRegister'd
+    try:
+        alias = cuda_alias(pool.kv, dev)
+        assert alias is not None and alias.is_cuda and alias.shape == pool.kv.shape
+        rows = torch.tensor([5, 9], device=dev)
+        alias[1].index_copy_(0, rows, torch.full((2, 32), 7, dtype=torch.uint8, device=dev))
+        torch.cuda.synchronize()
+        assert pool.kv[1, 5].tolist() == [7] * 32 and pool.kv[1, 9].tolist() == [7] * 32
+        pool.kv[0, 3] = 42
+        assert alias[0].index_select(0, torch.tensor([3], device=dev)).cpu().tolist() == [[42] * 32]
+    finally:
+        del alias
+        pool.destroy()
+    assert cuda_alias(torch.zeros(4, 16, dtype=torch.uint8), dev) is None  # pageable: no alias
+    engine = DecodeEngine(*SMALL, device="cuda", skip_io=False)
+    try:
+        assert engine.core.ctx.host_kv_cuda is not None  # the harness runs the sync-free path
+    finally:
+        engine.close()
