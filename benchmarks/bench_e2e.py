@@ -208,6 +208,8 @@ def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) ->
         sel, miss = after.selected - before.selected, after.misses - before.misses
         rec.update(miss_rate=miss / sel if sel else 0.0,
                    h2d_mb_per_step=(after.h2d_bytes - before.h2d_bytes) / args.steps / 2**20)
+    if hasattr(runner, "backup_path"):
+        rec["backup_path"] = runner.backup_path
     rec["dense_standin_ms"] = dense_ms(runner.compute, args.layers, runner.bs, device)
     rec["exact_vs_oracle"] = None if mode == "noio" else not log.mismatches
     rec["_log"] = log

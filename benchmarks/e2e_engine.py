@@ -265,5 +265,14 @@ class HiSparseRunner(_Runner):
     def _kv_layer(self, layer):
         return self.pool.kv[layer]
 
+    @property
+    def backup_path(self) -> str:
+        """How the coordinator writes the per-step backup to host (it changed over time)."""
+        if getattr(self.core.ctx, "host_kv_cuda", None) is not None:
+            return "zero-copy: GPU kernels on a CUDA alias of the pinned pool, no host sync"
+        if self.device.type == "cuda":
+            return "fallback: gather + blocking copy to host, one host sync per layer per step"
+        return "cpu"
+
     def destroy(self) -> None:
         self.core.destroy()

@@ -92,9 +92,9 @@ def notes(args, compute) -> list[str]:
         "torch.topk; the real DSA indexer (64 heads x 128 dims fp8) costs more per token.",
         "full_nodense / prefetch_nodense: the same modes with the dense stand-in off (the toy's own "
         "compute only); ratios.prefetch_over_full_no_dense is the throughput ratio without it.",
-        "Both modes run eagerly (no CUDA graphs). HiSparse's per-step write-through backup uses the "
-        "transfer fallback (index_select + blocking copy to host), which syncs the host once per "
-        "layer per step; full KV has no such sync. The no-IO oracle pays it too.",
+        "Both modes run eagerly (no CUDA graphs). modes.*.backup_path says how HiSparse's per-step "
+        "write-through backup ran: with the synchronous fallback the host waits for the previous "
+        "step once per layer per step (the no-IO oracle pays it too; full KV has no backup).",
         "exposed_io_us_per_token = (mode step - no-IO step) / batch; for sync it also includes the "
         "shared layers' own resolve bookkeeping (with prefetch those layers only wait for a replay).",
         "Exactness: on --check-steps steps after timing, sampled requests' toy attention outputs "
