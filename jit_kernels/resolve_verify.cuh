@@ -215,11 +215,20 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
 }
 
 template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
-void launch_verify(const VerifyArgs& a, int64_t bs, int64_t block, cudaStream_t stream) {
+void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cudaStream_t stream) {
   auto kernel = resolve_verify_kernel<K, B, W, ITEM, PLAN, COPY>;
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
   static bool smem_set = false;  // once per instantiation (a host attribute, capture-safe)
-  if (!smem_set) { set_smem(kernel, bytes); smem_set = true; }
+  if (!smem_set) {
+    int optin = 0;
+    HS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    HS_CHECK(bytes <= static_cast<size_t>(optin),
+             "resolve_verify needs " << bytes << " B of shared memory per CTA for k=" << K
+             << " B=" << B << " W=" << W << " (about 8*pow2(2*W*k) + 6*W*k + 3*B), but this "
+             << "GPU allows " << optin << " B; lower device_buffer_size or the draft count");
+    set_smem(kernel, bytes);
+    smem_set = true;
+  }
   kernel<<<dim3(static_cast<unsigned>(a.ctas), static_cast<unsigned>(bs)),
            static_cast<unsigned>(block), bytes, stream>>>(a);
   HS_CUDA(cudaGetLastError());
@@ -334,10 +343,10 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   a.ctas = static_cast<int>(ctas);
 
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
-  if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true>(a, bs, block, stream);
-  else if (write_plan) launch_verify<K, B, W, ITEM, true, false>(a, bs, block, stream);
-  else if (copy) launch_verify<K, B, W, ITEM, false, true>(a, bs, block, stream);
-  else launch_verify<K, B, W, ITEM, false, false>(a, bs, block, stream);
+  if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true>(a, dev, bs, block, stream);
+  else if (write_plan) launch_verify<K, B, W, ITEM, true, false>(a, dev, bs, block, stream);
+  else if (copy) launch_verify<K, B, W, ITEM, false, true>(a, dev, bs, block, stream);
+  else launch_verify<K, B, W, ITEM, false, false>(a, dev, bs, block, stream);
 }
 
 }  // namespace hisparse
