@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"record-trace: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # gguf / accelerate missing: transformers says which
+        print(f"record-trace: {e}\n  install the optional extra: pip install gguf accelerate", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 
