@@ -76,7 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--check-steps", type=int, default=3)
     ap.add_argument("--check-requests", type=int, default=4, help="sampled requests per checked step")
     ap.add_argument("--churn", type=float, default=0.15, help="indexer query noise (0.15: ~12%% of top-k new per step)")
-    ap.add_argument("--heads", type=int, default=16, help="attention heads per GPU in the timed attention")
+    ap.add_argument("--heads", type=int, default=16, help="attention heads per GPU (--attention gather)")
+    ap.add_argument("--attention", choices=["bag", "gather"], default="bag",
+                    help="timed attention: bag = read each selected row once (fused-kernel traffic); "
+                         "gather = materialise rows + 16-head bmm attention")
     ap.add_argument("--dense-mb", type=float, default=1400.0, help="weights streamed per layer (MB)")
     ap.add_argument("--dense-mflop", type=float, default=88.0, help="dense MFLOP per token per layer")
     ap.add_argument("--page", type=int, default=64, help="page size (SGLang DSA uses 64)")
@@ -97,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_model(args: argparse.Namespace) -> BenchModel:
     shared = tuple(i % args.anchor_every != 0 for i in range(args.layers))
     toy = ToyModel(num_layers=args.layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
-    return BenchModel(toy, churn=args.churn, heads=args.heads, dense_mb=args.dense_mb,
+    return BenchModel(toy, churn=args.churn, heads=args.heads, attention=args.attention, dense_mb=args.dense_mb,
                       dense_mflop=args.dense_mflop)
 
 
@@ -159,21 +162,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def dense_ms(compute: ComputeStandIn, layers: int, bs: int, device: torch.device, reps: int = 3) -> float:
-    """Time of one step's dense stand-in alone (the batch-independent share of a step)."""
-    def once() -> None:
-        for layer in range(layers):
-            compute.dense(layer, bs)
-
-    once()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        once()
-    _sync(device)
-    return (time.perf_counter() - t0) * 1e3 / reps
-
-
 def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) -> dict:
     """Warm up, time ``args.steps`` steps, then the checked steps; return the mode's record."""
     for _ in range(args.warmup):
@@ -210,7 +198,7 @@ def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) ->
                    h2d_mb_per_step=(after.h2d_bytes - before.h2d_bytes) / args.steps / 2**20)
     if hasattr(runner, "backup_path"):
         rec["backup_path"] = runner.backup_path
-    rec["dense_standin_ms"] = dense_ms(runner.compute, args.layers, runner.bs, device)
+    rec.update(runner.profile())
     rec["exact_vs_oracle"] = None if mode == "noio" else not log.mismatches
     rec["_log"] = log
     return rec

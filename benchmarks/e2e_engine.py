@@ -20,6 +20,7 @@ and compared with the same output on recomputed oracle bytes (what full-KV resid
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,11 @@ from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
 from sglang_hisparse.memory_paged import ceil_div
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -84,10 +90,40 @@ class _Runner:
                 if check is not None and log is not None:
                     self._churn(layer, top_k, check, log)
             rows = self._rows(layer, top_k, seq_lens)
+            self._last_rows = rows
             self.compute.attention(self._kv_layer(layer), rows)
             self.compute.dense(layer, self.bs)
             if check is not None and log is not None:
                 self._check(layer, top_k, rows, check, log)
+
+    def profile(self, reps: int = 3) -> dict[str, float]:
+        """ms per step of each model component alone at this batch and length (no coordinator,
+        no IO): the anchors' indexer, every layer's attention, every layer's dense stand-in."""
+        m, n, L = self.model, self.n, self.model.toy.num_layers
+        rows = self._last_rows
+
+        def indexer() -> None:
+            for a in m.anchors:
+                m.select(self._index_table(a)[self.req_to_token[:, :n]], m.queries(self.seeds, n, a), n)
+
+        def attention() -> None:
+            for layer in range(L):
+                self.compute.attention(self._kv_layer(layer), rows)
+
+        def dense() -> None:
+            for layer in range(L):
+                self.compute.dense(layer, self.bs)
+
+        out = {}
+        for name, fn in (("indexer_ms", indexer), ("attention_ms", attention), ("dense_standin_ms", dense)):
+            fn()
+            _sync(self.device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            _sync(self.device)
+            out[name] = (time.perf_counter() - t0) * 1e3 / reps
+        return out
 
     def _churn(self, layer: int, top_k: torch.Tensor, check: list[int], log: CheckLog) -> None:
         for b in check:

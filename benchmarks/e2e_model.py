@@ -13,10 +13,12 @@ Per decode step and layer (``bs`` requests of one length ``n``; ``k`` top-k)::
                        the top-k changes per step. Elementwise (no matmul) so a request's
                        scores, hence its top-k (ties broken by position), do not depend
                        on the batch it runs in.
-    attention          gathers the k resolved rows uint8 [bs, k, I], views them as bf16
-                       [bs, k, I/2] and runs MLA-shaped decode attention for ``heads`` heads
-                       (QK over all I/2 dims, PV over the first 512): the memory traffic a
-                       sparse MLA kernel has, plus one materialised gather.
+    attention          ``bag`` (default): one ``embedding_bag`` sum over the k resolved rows
+                       viewed as bf16 [I/2]: reads each selected row once, the traffic of a
+                       fused sparse MLA kernel (the ~71 MFLOP of 16-head math per request and
+                       layer is left out). ``gather``: materialises the rows uint8 [bs, k, I]
+                       and runs MLA-shaped attention for ``heads`` heads with bmm (QK over
+                       all I/2 dims, PV over the first 512): ~4x the traffic.
     dense              stand-in for the layer's weights: streams ``dense_mb`` of bf16 weights
                        once per layer (batch-independent, like MoE expert weights at decode)
                        and does ``dense_mflop`` MFLOP per token (the routed-expert GEMMs).
@@ -46,12 +48,18 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class BenchModel:
     """toy: the content model (L, k, I, D, sharing); churn: query noise amplitude (drives
-    top-k churn); heads: attention heads per GPU; dense_mb / dense_mflop: weight bytes
-    streamed per layer and per-token MFLOP per layer of the dense stand-in."""
+    top-k churn); heads: attention heads per GPU; attention: "bag" or "gather" (module
+    docstring); dense_mb / dense_mflop: weight bytes streamed per layer and per-token MFLOP
+    per layer of the dense stand-in."""
+
+    def __post_init__(self) -> None:
+        if self.attention not in ("bag", "gather"):
+            raise ValueError(f"attention = {self.attention!r}; use 'bag' or 'gather'.")
 
     toy: ToyModel
     churn: float = 0.05
     heads: int = 16
+    attention: str = "bag"
     dense_mb: float = 0.0
     dense_mflop: float = 0.0
 
@@ -135,6 +143,10 @@ class ComputeStandIn:
     def attention(self, kv_layer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """MLA-shaped attention over ``kv_layer`` uint8 [rows_total, I] rows ``rows`` int [bs, k]."""
         bs, k = rows.shape
+        if self.model.attention == "bag":
+            # CPU: float32 view (bf16 bags are slow there); values are meaningless either way.
+            table = kv_layer.view(torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+            return torch.nn.functional.embedding_bag(rows.clamp(min=0).to(torch.int64), table, mode="sum")
         flat = rows.reshape(-1).clamp(min=0).to(torch.int64)
         g = kv_layer.index_select(0, flat).view(bs, k, -1)
         kv = g.view(torch.bfloat16).view(bs, k, self.dim).to(self.dtype)

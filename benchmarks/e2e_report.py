@@ -83,13 +83,23 @@ def notes(args, compute) -> list[str]:
         "dense stand-in is batch-independent. The ratio therefore depends on how large the "
         "batch-independent share of a step is, which the toy model does not have by itself.",
         f"Dense stand-in per layer: streams {args.dense_mb:.0f} MB of bf16 weights (DeepSeek-V3.2 on "
-        f"8 GPUs with EP8: 32 local experts x 3 x 7168 x 2048 fp8 bytes = 1.41 GB, all touched at "
-        f"decode batches) and {args.dense_mflop:.0f} MFLOP per token (8 routed experts' GEMMs / 8 GPUs). "
+        f"8 GPUs: 32 local experts under EP8, or 1/8 of all 256 under TP8, x 3 x 7168 x 2048 fp8 "
+        f"bytes = 1.41 GB, all touched at decode batches) and {args.dense_mflop:.0f} MFLOP per token (8 routed experts' GEMMs / 8 GPUs). "
         f"Weights ({compute.weight_bytes / 2**30:.1f} GiB) are outside the KV budget, as in a server.",
-        f"Timed attention: gathers the k rows and runs {args.heads}-head MLA-shaped attention "
-        "(QK over 576 dims, PV over 512) in bf16 via torch bmm; a fused sparse MLA kernel reads the "
-        "rows once and would be ~2x cheaper. Indexer: elementwise scores over D=8 float32 keys + "
-        "torch.topk; the real DSA indexer (64 heads x 128 dims fp8) costs more per token.",
+        ("Timed attention (--attention bag): one embedding_bag sum over the k selected rows viewed as "
+         "bf16, i.e. each row read once, the memory traffic of a fused sparse MLA kernel over "
+         f"{args.item}-byte rows; the {args.heads}-head math "
+         f"(~{2 * args.heads * args.top_k * (args.item // 2 + min(512, args.item // 2)) / 1e6:.0f} MFLOP "
+         "per request and layer) is left out. "
+         "--attention gather materialises the rows and runs bmm attention (~4x the traffic)."
+         if args.attention == "bag" else
+         f"Timed attention (--attention gather): materialises the k rows and runs {args.heads}-head "
+         "MLA-shaped bmm attention (QK 576 dims, PV 512); ~4x the traffic of a fused sparse MLA kernel."),
+        "Indexer: D=8 float32 keys gathered through the token table, elementwise scores and an int64 "
+        "topk (~0.5 KB of traffic per token and anchor); the real DSA indexer reads ~132 B per token "
+        "(128-dim fp8 keys) but does 64 heads of math. indexer_ms / attention_ms / dense_standin_ms are "
+        "each component alone at the mode's batch; the rest of step_ms is KV/key writes, coordinator "
+        "work, IO and launch gaps.",
         "full_nodense / prefetch_nodense: the same modes with the dense stand-in off (the toy's own "
         "compute only); ratios.prefetch_over_full_no_dense is the throughput ratio without it.",
         "Both modes run eagerly (no CUDA graphs). modes.*.backup_path says how HiSparse's per-step "
