@@ -112,7 +112,7 @@ class Lifecycle:
             r, n = entry.req_slot, entry.logical_ids.numel()
             slot_rows = ctx.allocator.shrink_to_hot_buffer(r, entry.logical_ids, B)
             rows = slot_rows[slot_rows >= 0]  # slots 0..min(n,B)-1, then slot B when n > B
-            ctx.state.install(r, rows.to(ctx.device), n, resident=True)
+            ctx.state.install(r, rows.to(ctx.device, non_blocking=True), n, resident=True)
         return ready
 
     def _agree(self, count: int) -> int:
@@ -139,7 +139,7 @@ class Lifecycle:
                 f"({min(seq_len, B) + (seq_len > B)} rows; {ctx.allocator.rows.available_size()} free). "
                 f"The scheduler admits PD requests against the hot-buffer size; check the admission budget."
             )
-        rows = slot_rows[slot_rows >= 0].to(ctx.device)
+        rows = slot_rows[slot_rows >= 0].to(ctx.device, non_blocking=True)
         short = seq_len <= B
         preload = 0
         if short:

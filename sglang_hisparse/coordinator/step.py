@@ -154,7 +154,7 @@ class StepMapper:
             dev = ctx.device
             r_t = torch.tensor(grow_r, dtype=torch.int64).to(dev, non_blocking=True)
             s_t = torch.tensor(grow_s, dtype=torch.int64).to(dev, non_blocking=True)
-            st.slot_rows[r_t, s_t] = torch.cat(rows).to(dev, torch.int32)
+            st.slot_rows[r_t, s_t] = torch.cat(rows).to(torch.int32).to(dev, non_blocking=True)
 
     def wait_for_pending_backup(self) -> None:
         """Order the current stream after the last backup (no-op on CPU / when none ran)."""

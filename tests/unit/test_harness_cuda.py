@@ -103,10 +103,16 @@ def _graph_steps(engine: DecodeEngine, model: ToyModel) -> None:
         for q, nid in zip(batch, new_ids.tolist(), strict=True):
             q.seq_len += 1
             engine.req_to_token[q.req_pool_idx, q.seq_len - 1] = nid
-        core.map_last_loc(req_index=req_cpu.to(dev), seq_lens=seq_cpu.to(dev), new_logical=new_ids,
-                          req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(),
-                          new_logical_cpu=new_ids.cpu())
-        core.wait_for_pending_backup()
+        req_dev, seq_dev, new_cpu = req_cpu.to(dev), seq_cpu.to(dev), new_ids.cpu()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # the per-step protocol must not sync the host
+        try:
+            core.map_last_loc(req_index=req_dev, seq_lens=seq_dev, new_logical=new_ids,
+                              req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(),
+                              new_logical_cpu=new_cpu)
+            core.wait_for_pending_backup()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         n = len(batch)
         req_s.zero_()
         seq_s.fill_(1)
