@@ -16,11 +16,60 @@ from typing import Any
 
 import torch
 
-from . import _jit, ops, verify_reference
+from . import _jit, verify_reference
 from .contract import MissPlan, ResolveMode, validation_enabled
 from .verify_reference import check_verify_shapes, validate_verify
 
-__all__ = ["resolve_verify", "verify_module"]
+__all__ = ["reserve_verify_workspace", "resolve_verify", "verify_module"]
+
+#: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
+DEFAULT_BLOCK_SIZE = 512
+
+# NOTE: its own arrival counters rather than ops.py's: no coupling to that module's private
+# helpers, and 4 bytes per batch row is nothing.
+_arrivals: dict[torch.device, torch.Tensor] = {}
+
+
+def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None:
+    """Allocate the arrival counters (int32 zeros) for verify batches up to ``max_batch``.
+
+    The first eager call does this implicitly; call it before capturing a CUDA graph of a
+    larger batch than any eager call has seen. The kernel leaves the counters zeroed.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    cur = _arrivals.get(dev)
+    if cur is None or cur.numel() < max_batch:
+        _arrivals[dev] = torch.zeros(max(max_batch, 256), dtype=torch.int32, device=dev)
+
+
+def _workspace(dev: torch.device, bs: int) -> torch.Tensor:
+    cur = _arrivals.get(dev)
+    if cur is None or cur.numel() < bs:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"resolve_verify: batch {bs} needs the arrival workspace, which cannot be "
+                f"allocated during CUDA-graph capture. Call sglang_hisparse.kernels.verify_ops."
+                f"reserve_verify_workspace({str(dev)!r}, {bs}) (or one eager call) before capturing."
+            )
+        reserve_verify_workspace(dev, bs)
+    return _arrivals[dev]
+
+
+def _check_launch(host_cache: torch.Tensor, block: int, ctas: int, validate: bool) -> None:
+    if block < 32 or block % 32 or block > 1024:
+        raise ValueError(
+            f"block_size = {block} must be a positive multiple of 32 no larger than 1024 "
+            f"(CUDA threads per block); e.g. {DEFAULT_BLOCK_SIZE}."
+        )
+    if not 0 <= ctas <= 1024:
+        raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024] (None = automatic).")
+    if validate and not torch.cuda.is_current_stream_capturing() and not host_cache.is_pinned():
+        raise ValueError(
+            "host_cache is a pageable CPU tensor; the kernel reads it from the GPU, so it must be "
+            "pinned (allocate it with pin_memory=True or call .pin_memory())."
+        )
 
 _ARGS = (
     "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
@@ -90,15 +139,14 @@ def resolve_verify(
     if not top_k.is_cuda:
         verify_reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate)
         return
-    if validation_enabled(validate):
+    check = validation_enabled(validate)
+    if check:
         validate_verify(**kw, plan=plan)
-        ops._check_pinned(host_cache)
     bs, W, k, B, item = check_verify_shapes(**kw, plan=plan)
-    block = ops._check_block(block_size or ops.DEFAULT_BLOCK_SIZE)
+    block = block_size or DEFAULT_BLOCK_SIZE
     ctas = 0 if ctas_per_request is None else ctas_per_request
-    if not 0 <= ctas <= 1024:
-        raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024] (None = automatic).")
-    arrivals = ops._workspace(top_k.device, bs)
+    _check_launch(host_cache, block, ctas, check)
+    arrivals = _workspace(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     verify_module(k, B, W, item).resolve_verify(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,

@@ -16,7 +16,7 @@ from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import verify_reference as vref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
 from sglang_hisparse.kernels.synthetic import HotState
-from sglang_hisparse.kernels.verify_ops import resolve_verify
+from sglang_hisparse.kernels.verify_ops import reserve_verify_workspace, resolve_verify
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="verify kernel tests need a CUDA GPU")
@@ -134,7 +134,7 @@ def test_cuda_graph_capture_and_replay(n, k, B, item):
     static = case.args(case.gpu, case.topk(0, 0.2), "cuda")
     out = torch.zeros(bs, W, k, dtype=torch.int32, device="cuda")
     plan = MissPlan.empty(bs, W * k, "cuda")
-    ops.reserve_workspace("cuda", bs)
+    reserve_verify_workspace("cuda", bs)
     call = dict(static, out_rows=out, plan=plan, validate=False)
     # Warm up on a throwaway copy of the state (builds the module, sets smem attributes).
     resolve_verify(**{**call, "slot_tokens": case.gpu.slot_tokens.clone(),

@@ -255,3 +255,18 @@ def test_validation_names_the_problem(case, match):
         kw["slot_tokens"] = st.slot_tokens[:, :9]
     with pytest.raises(ValueError, match=match):
         vref.resolve_verify(**kw)
+
+
+def test_op_dispatches_cpu_tensors_to_the_reference():
+    from sglang_hisparse.kernels import verify_ops
+
+    a, b = hand_state(), hand_state()
+    tk = torch.tensor([[[26, 12], [27, 26], [25, 16]]], dtype=torch.int32)
+    out_ref, _ = run(a, tk)
+    out = torch.empty(1, 3, 2, dtype=torch.int32)
+    verify_ops.resolve_verify(
+        top_k=tk, req_index=torch.tensor([0]), seq_lens=torch.tensor([[31, 32, 33]]),
+        num_real_reqs=torch.tensor([1], dtype=torch.int32), slot_tokens=b.slot_tokens,
+        slot_rows=b.slot_rows, lru=b.lru, host_rows=b.host_rows, host_cache=b.host_cache,
+        device_cache=b.device_cache, out_rows=out, validate=True)
+    assert torch.equal(out, out_ref) and torch.equal(a.lru, b.lru)
