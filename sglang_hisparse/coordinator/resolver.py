@@ -82,13 +82,10 @@ class Resolver:
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
-            local = list(shared_index_layers)[start_layer : start_layer + L]
-            if len(local) != L:
-                raise ValueError(
-                    f"shared_index_layers has {len(shared_index_layers)} entries; layers "
-                    f"{start_layer}..{start_layer + L - 1} need one each."
-                )
-            shared = [bool(x) for x in local]
+            local = [bool(x) for x in list(shared_index_layers)[start_layer : start_layer + L]]
+            # Layers past the pattern (e.g. a pool holding an extra next-n layer) compute
+            # their own index: resolving them synchronously is always correct.
+            shared = local + [False] * (L - len(local))
         groups = build_prefetch_groups(shared)
         self.prefetch = bool(prefetch and groups)
         self.groups = groups if self.prefetch else {}

@@ -295,3 +295,8 @@ def test_explicit_arguments_override_the_environment(monkeypatch, caplog) -> Non
         rig = Rig(shared=[False, True], prefetch=True, skip_io=False)
     assert rig.core.prefetch_enabled and rig.core.resolver.mode is ResolveMode.COPY
     assert "INVALID" not in caplog.text
+
+
+def test_layers_past_the_sharing_pattern_compute_their_own_index() -> None:
+    rig = Rig(shared=[False])  # the pool has 2 layers, the pattern names 1
+    assert rig.core.resolver.groups == {} and rig.core.resolver.is_shared == [False, False]
