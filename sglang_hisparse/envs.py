@@ -84,7 +84,8 @@ _REGISTRY: dict[str, EnvVar] = {
             "SGLANG_HISPARSE_RECORD_SAMPLE",
             float,
             0.01,
-            "Fraction of decode steps recorded when SGLANG_HISPARSE_RECORD_TRACE is set.",
+            "Fraction of requests recorded, each at every decode step and resolved layer, "
+            "when SGLANG_HISPARSE_RECORD_TRACE is set.",
         ),
     )
 }
