@@ -33,8 +33,8 @@ struct Layout {
   static constexpr int kLogH = log2i(H);
   static constexpr size_t hkey = 0, hval = hkey + 4 * H, src = hval + 4 * H, dst = src + 8 * K;
   static constexpr size_t pos = dst + 4 * K, tk = pos + 4 * K, order = tk + 4 * K;
-  static constexpr size_t lru = order + 2 * B, hit = lru + 2 * B;
-  static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * 40;
+  static constexpr size_t lru = order + 2 * B, hit = lru + 2 * B, filt = (hit + B + 15) / 16 * 16;
+  static constexpr size_t scan = filt + H, bytes = scan + 4 * 40;  // filter: 8*H bits
 };
 
 // Independent global loads each thread keeps in flight in the bookkeeping loops.
@@ -51,6 +51,14 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
 __device__ __forceinline__ unsigned hash_slot(int p, int log_h) {
   return (static_cast<unsigned>(p) * 2654435761u) >> (32 - log_h);
 }
+
+// Second, independent hash for the membership filter of the selected positions.
+__device__ __forceinline__ unsigned filter_bit(int p, int log_bits) {
+  return (static_cast<unsigned>(p) * 0x85ebca77u) >> (32 - log_bits);
+}
+
+// Codes stored per top-k entry once it is hashed (tks[i] is overwritten with them).
+constexpr int kPadEntry = -1, kNewestEntry = -2;
 
 // Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
 template <int K>
@@ -88,26 +96,29 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   int32_t* hval = reinterpret_cast<int32_t*>(smem + L::hval);  // (first index << 16) | slot
   int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);
   int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
-  int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);
-  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);
+  int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);  // table index of each miss
+  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);  // positions, then table codes
   int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
   int16_t* lrus = reinterpret_cast<int16_t*>(smem + L::lru);
   uint8_t* hit = smem + L::hit;
+  uint32_t* filt = reinterpret_cast<uint32_t*>(smem + L::filt);
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
   __shared__ int s_writer;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, T = blockDim.x;
   const int32_t* tk = a.top_k + b * a.topk_stride;
   int32_t* out = a.out_rows + b * a.out_stride;
-  if (b >= *a.num_real) {  // padding row: inert
+  // Issued together (one round trip): every batch row's index entries are readable.
+  const int n_real = *a.num_real;
+  const int64_t r = load_index(a.req_index, a.req64, b);
+  const int64_t n = load_index(a.seq_lens, a.len64, b);
+  if (b >= n_real) {  // padding row: inert
     if (c == 0) {
       for (int i = tid; i < K; i += T) out[i] = -1;
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
     }
     return;
   }
-  const int64_t r = load_index(a.req_index, a.req64, b);
-  const int64_t n = load_index(a.seq_lens, a.len64, b);
   const int32_t* rows = a.slot_rows + r * a.sr_stride;
   if (n <= B) {
     if (c == 0) {
@@ -137,18 +148,26 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   }
   for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
   for (int s = tid; s < B; s += T) hit[s] = 0;
+  for (int w = tid; w < L::H / 4; w += T) filt[w] = 0;
   __syncthreads();
-  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each.
+  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each;
+  //    each entry's table index replaces its position in tks, so later passes never probe.
   for (int i = tid; i < K; i += T) {
     const int p = tks[i];
-    if (p < 0 || p >= newest) continue;  // padding, newest, or out of range (caller bug)
-    unsigned h = hash_slot(p, L::kLogH);
-    while (true) {
-      const int old = atomicCAS(&hkey[h], -1, p);
-      if (old == -1 || old == p) break;
-      h = (h + 1) & (L::H - 1);
+    int code = p == newest ? kNewestEntry : kPadEntry;  // padding or out of range (caller bug)
+    if (p >= 0 && p < newest) {
+      unsigned h = hash_slot(p, L::kLogH);
+      while (true) {
+        const int old = atomicCAS(&hkey[h], -1, p);
+        if (old == -1 || old == p) break;
+        h = (h + 1) & (L::H - 1);
+      }
+      atomicMin(&hval[h], (i << 16) | 0xffff);
+      const unsigned f = filter_bit(p, L::kLogH + 3);
+      atomicOr(&filt[f >> 5], 1u << (f & 31));
+      code = static_cast<int>(h);
     }
-    atomicMin(&hval[h], (i << 16) | 0xffff);
+    tks[i] = code;
   }
   __syncthreads();
   auto find = [&](int p) -> int {
@@ -161,6 +180,8 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     }
   };
   // 2. Hits: resident slots whose token is selected (slot tokens loaded kBatch at a time).
+  //    NOTE: a warp's probe loop runs as long as its longest lane's, and most slots are not
+  //    selected (unsuccessful probes are the long ones), so a bit filter rejects those first.
   for (int s0 = tid; s0 < B; s0 += T * kBatch) {
     int tok[kBatch];
 #pragma unroll
@@ -168,6 +189,8 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (tok[u] < 0 || tok[u] >= newest) continue;
+      const unsigned f = filter_bit(tok[u], L::kLogH + 3);
+      if (!((filt[f >> 5] >> (f & 31)) & 1u)) continue;
       const int h = find(tok[u]);
       if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | (s0 + u * T); hit[s0 + u * T] = 1; }
     }
@@ -200,19 +223,19 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   const int per_k = (K + T - 1) / T, i0 = min(K, tid * per_k), i1 = min(K, i0 + per_k);
   int n_miss = 0;
   for (int i = i0; i < i1; ++i) {
-    const int p = tks[i];
-    if (p < 0 || p >= newest) continue;
-    const int v = hval[find(p)];
+    const int h = tks[i];
+    if (h < 0) continue;
+    const int v = hval[h];
     n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
   }
   int m;
   int q = block_exclusive_scan(n_miss, scratch, m);  // barriers also publish s_writer
   const bool writer = s_writer;
   for (int i = i0; i < i1 && n_miss; ++i) {
-    const int p = tks[i];
-    if (p < 0 || p >= newest) continue;
-    const int v = hval[find(p)];
-    if ((v & 0xffff) == 0xffff && (v >> 16) == i) mpos[q++] = p;  // q < n_evict as B >= K
+    const int h = tks[i];
+    if (h < 0) continue;
+    const int v = hval[h];
+    if ((v & 0xffff) == 0xffff && (v >> 16) == i) mpos[q++] = h;  // q < n_evict as B >= K
   }
   __syncthreads();
   // 5. Per miss: claim its victim in the table (only read before the barrier above), fetch its
@@ -224,7 +247,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x < m) {
-        src[u] = a.host_rows[r * a.hr_stride + mpos[x]];
+        src[u] = a.host_rows[r * a.hr_stride + hkey[mpos[x]]];
         dst[u] = rows[order[x]];
       }
     }
@@ -232,7 +255,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x >= m) continue;
-      const int p = mpos[x], victim = order[x], h = find(p);
+      const int h = mpos[x], p = hkey[h], victim = order[x];
       hval[h] = (hval[h] & ~0xffff) | victim;
       msrc[x] = src[u];
       mdst[x] = dst[u];
@@ -246,10 +269,10 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int i = i0 + u * T;
-        const int p = i < K ? tks[i] : -1;
+        const int code = i < K ? tks[i] : kPadEntry;
         row[u] = -1;
-        if (p == newest) row[u] = rows[B];
-        else if (p >= 0 && p < newest) row[u] = rows[hval[find(p)] & 0xffff];
+        if (code == kNewestEntry) row[u] = rows[B];
+        else if (code >= 0) row[u] = rows[hval[code] & 0xffff];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) if (i0 + u * T < K) out[i0 + u * T] = row[u];
