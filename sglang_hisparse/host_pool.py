@@ -11,10 +11,14 @@ positions ``p`` live at ``page[p // P] * P + p % P``. ``free_request`` returns t
 
 The pool is sized, then checked against available host memory (``memory_budget``), and only
 then allocated and pinned, so a too-large ratio fails with both figures in GiB instead of an
-OOM kill half-way through pinning. On CUDA the buffer is pinned with ``cudaHostRegister`` in
-chunks (one huge registration can take seconds and fails outright on some kernels); with
-unified addressing the host pointer is then directly readable by GPU threads, which is what
-the resolve kernel does. On CPU the memory is left unpinned.
+OOM kill half-way through pinning. On CUDA the whole buffer is pinned with one
+``cudaHostRegister``; with unified addressing the host pointer is then directly readable by GPU
+threads, which is what the resolve kernel does. On CPU the memory is left unpinned.
+
+NOTE: one registration, not chunks. A DMA copy (``Tensor.copy_`` → ``cudaMemcpyAsync``) whose
+host range crosses the boundary between two registrations fails with ``invalid argument``;
+the H200 end-to-end run hit exactly that with 1 GiB chunks on an 84 GiB pool (a layer's rows
+span many chunks). One call over 84 GiB took the same ~44 s as the chunked loop.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ from sglang_hisparse.memory_paged import PagedIdAllocator, ceil_div
 
 __all__ = ["HostKVPool", "host_pool_bytes"]
 
-#: registration granularity; bounded so a single cudaHostRegister call stays short
-PIN_CHUNK_BYTES = 1 * GIB
 # cudaHostRegisterPortable | cudaHostRegisterMapped: visible to every context, device-mapped
 _REGISTER_FLAGS = 0x1 | 0x2
 
@@ -132,15 +134,13 @@ class HostKVPool:
     def _pin(self) -> None:
         cudart = torch.cuda.cudart()
         base, total = self.kv.data_ptr(), self.kv.numel()
-        for off in range(0, total, PIN_CHUNK_BYTES):
-            size = min(PIN_CHUNK_BYTES, total - off)
-            err = cudart.cudaHostRegister(base + off, size, _REGISTER_FLAGS)
-            if int(err) != 0:
-                self.destroy()
-                raise RuntimeError(
-                    f"cudaHostRegister failed ({err}) at offset {off / GIB:.2f} GiB of {total / GIB:.2f} GiB."
-                )
-            self._registered.append(base + off)
+        err = cudart.cudaHostRegister(base, total, _REGISTER_FLAGS)
+        if int(err) != 0:
+            raise RuntimeError(
+                f"cudaHostRegister of the {total / GIB:.2f} GiB host KV pool failed ({err}). "
+                f"Check the locked-memory limit (ulimit -l) or lower 'host_to_device_ratio'."
+            )
+        self._registered.append(base)
 
     @property
     def pinned(self) -> bool:
