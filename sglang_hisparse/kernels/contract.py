@@ -93,6 +93,23 @@ def _same(name: str, got: int, want: int, rule: str) -> None:
         raise ValueError(f"{name} = {got} but {rule} = {want}; they must match.")
 
 
+def check_rows_and_strides(**tensors: torch.Tensor) -> int:
+    """Item bytes shared by ``host_cache`` and ``device_cache`` (a positive multiple of 16), and
+    a contiguous last dimension for every tensor given; returns the item size."""
+    host_cache, device_cache = tensors["host_cache"], tensors["device_cache"]
+    item = host_cache.shape[1]
+    _same("device_cache.shape[1] (item bytes)", device_cache.shape[1], item, "host_cache.shape[1]")
+    if item % ROW_ALIGN or item == 0:
+        raise ValueError(
+            f"item size {item} B is not a positive multiple of {ROW_ALIGN}: the kernels copy "
+            f"rows with 16-byte loads. Pad KV rows to a multiple of {ROW_ALIGN} bytes."
+        )
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride {t.stride()}).")
+    return item
+
+
 def check_resolve_shapes(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru,
     host_rows, host_cache, device_cache, out_rows, plan,
@@ -123,18 +140,10 @@ def check_resolve_shapes(
             f"lru has B = {B} slots but top_k has k = {k} columns: every selected position "
             f"needs a hot slot, so B must be >= k (set device_buffer_size >= top_k)."
         )
-    item = host_cache.shape[1]
-    _same("device_cache.shape[1] (item bytes)", device_cache.shape[1], item, "host_cache.shape[1]")
-    if item % ROW_ALIGN or item == 0:
-        raise ValueError(
-            f"item size {item} B is not a positive multiple of {ROW_ALIGN}: the kernels copy "
-            f"rows with 16-byte loads. Pad KV rows to a multiple of {ROW_ALIGN} bytes."
-        )
-    for name, t in (("top_k", top_k), ("out_rows", out_rows), ("slot_tokens", slot_tokens),
-                    ("slot_rows", slot_rows), ("lru", lru), ("host_rows", host_rows),
-                    ("host_cache", host_cache), ("device_cache", device_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last dimension (stride {t.stride()}).")
+    item = check_rows_and_strides(
+        top_k=top_k, out_rows=out_rows, slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru,
+        host_rows=host_rows, host_cache=host_cache, device_cache=device_cache,
+    )
     if plan is not None:
         check_plan_shapes(plan, bs=bs, k=k)
     return bs, k, B, item

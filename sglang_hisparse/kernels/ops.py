@@ -22,6 +22,7 @@ from .contract import (
     validate_resolve,
     validation_enabled,
 )
+from .workspace import ArrivalCounters
 
 __all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
 
@@ -32,7 +33,7 @@ MAX_CTAS_PER_REQUEST = 32
 #: Replay grid: a handful of CTAs, so a side-stream replay overlaps compute.
 DEFAULT_REPLAY_CTAS = 8
 
-_arrivals: dict[torch.device, torch.Tensor] = {}
+_arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
 _sm_count: dict[torch.device, int] = {}
 
 
@@ -42,24 +43,7 @@ def reserve_workspace(device: torch.device | str, max_batch: int) -> None:
     Call before capturing a CUDA graph of a larger batch than any eager call has seen; the
     kernel leaves the counters zeroed after every launch, so one buffer serves all calls.
     """
-    dev = torch.device(device)
-    cur = _arrivals.get(dev)
-    if cur is None or cur.numel() < max_batch:
-        _arrivals[dev] = torch.zeros(max(max_batch, 256), dtype=torch.int32, device=dev)
-
-
-def _workspace(dev: torch.device, bs: int) -> torch.Tensor:
-    cur = _arrivals.get(dev)
-    if cur is None or cur.numel() < bs:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"resolve: batch {bs} needs the arrival workspace, which is smaller "
-                f"({0 if cur is None else cur.numel()}) and cannot be allocated during CUDA-graph "
-                f"capture. Call sglang_hisparse.kernels.ops.reserve_workspace({str(dev)!r}, {bs}) "
-                f"before capturing."
-            )
-        reserve_workspace(dev, bs)
-    return _arrivals[dev]
+    _arrivals.reserve(device, max_batch)
 
 
 def default_ctas_per_request(bs: int, device: torch.device) -> int:
@@ -126,7 +110,7 @@ def resolve(
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
-    arrivals = _workspace(top_k.device, bs)
+    arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     resolve_module(k, B, item).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,

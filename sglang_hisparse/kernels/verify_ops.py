@@ -19,15 +19,18 @@ import torch
 from . import _jit, verify_reference
 from .contract import MissPlan, ResolveMode, validation_enabled
 from .verify_reference import check_verify_shapes, validate_verify
+from .workspace import ArrivalCounters
 
 __all__ = ["reserve_verify_workspace", "resolve_verify", "verify_module"]
 
 #: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
 DEFAULT_BLOCK_SIZE = 512
 
-# NOTE: its own arrival counters rather than ops.py's: no coupling to that module's private
-# helpers, and 4 bytes per batch row is nothing.
-_arrivals: dict[torch.device, torch.Tensor] = {}
+# NOTE: its own counters rather than ops.py's instance: a verify launch and a resolve launch
+# never share a batch, and 4 bytes per batch row is nothing.
+_arrivals = ArrivalCounters(
+    "resolve_verify", "sglang_hisparse.kernels.verify_ops.reserve_verify_workspace"
+)
 
 
 def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None:
@@ -36,25 +39,7 @@ def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None
     The first eager call does this implicitly; call it before capturing a CUDA graph of a
     larger batch than any eager call has seen. The kernel leaves the counters zeroed.
     """
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    cur = _arrivals.get(dev)
-    if cur is None or cur.numel() < max_batch:
-        _arrivals[dev] = torch.zeros(max(max_batch, 256), dtype=torch.int32, device=dev)
-
-
-def _workspace(dev: torch.device, bs: int) -> torch.Tensor:
-    cur = _arrivals.get(dev)
-    if cur is None or cur.numel() < bs:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"resolve_verify: batch {bs} needs the arrival workspace, which cannot be "
-                f"allocated during CUDA-graph capture. Call sglang_hisparse.kernels.verify_ops."
-                f"reserve_verify_workspace({str(dev)!r}, {bs}) (or one eager call) before capturing."
-            )
-        reserve_verify_workspace(dev, bs)
-    return _arrivals[dev]
+    _arrivals.reserve(device, max_batch)
 
 
 def _check_launch(host_cache: torch.Tensor, block: int, ctas: int, validate: bool) -> None:
@@ -146,7 +131,7 @@ def resolve_verify(
     block = block_size or DEFAULT_BLOCK_SIZE
     ctas = 0 if ctas_per_request is None else ctas_per_request
     _check_launch(host_cache, block, ctas, check)
-    arrivals = _workspace(top_k.device, bs)
+    arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     verify_module(k, B, W, item).resolve_verify(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,

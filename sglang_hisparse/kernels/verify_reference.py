@@ -42,13 +42,13 @@ from __future__ import annotations
 import torch
 
 from .contract import (
-    ROW_ALIGN,
     MissPlan,
     ResolveMode,
     _is_capturing,
     _need,
     _same,
     check_plan_shapes,
+    check_rows_and_strides,
     validation_enabled,
 )
 from .reference import _first_occurrence_order
@@ -96,18 +96,10 @@ def check_verify_shapes(
             f"positions: the union must fit, so set device_buffer_size >= {W * k} "
             f"((speculative_num_draft_tokens) * top_k)."
         )
-    item = host_cache.shape[1]
-    _same("device_cache.shape[1] (item bytes)", device_cache.shape[1], item, "host_cache.shape[1]")
-    if item % ROW_ALIGN or item == 0:
-        raise ValueError(
-            f"item size {item} B is not a positive multiple of {ROW_ALIGN}: the kernels copy "
-            f"rows with 16-byte loads. Pad KV rows to a multiple of {ROW_ALIGN} bytes."
-        )
-    for name, t in (("top_k", top_k), ("out_rows", out_rows), ("slot_tokens", slot_tokens),
-                    ("slot_rows", slot_rows), ("lru", lru), ("host_rows", host_rows),
-                    ("host_cache", host_cache), ("device_cache", device_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last dimension (stride {t.stride()}).")
+    item = check_rows_and_strides(
+        top_k=top_k, out_rows=out_rows, slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru,
+        host_rows=host_rows, host_cache=host_cache, device_cache=device_cache,
+    )
     for name, t in (("top_k", top_k), ("out_rows", out_rows)):
         if t.stride(1) != k:
             raise ValueError(f"{name} rows of one request must be contiguous (stride {t.stride()}).")
