@@ -46,7 +46,7 @@ class ArrivalCounters:
         dev = self._key(device)
         cur = self._by_device.get(dev)
         if cur is None or cur.numel() < bs:
-            if torch.cuda.is_current_stream_capturing():
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 have = 0 if cur is None else cur.numel()
                 raise RuntimeError(
                     f"{self._op}: batch {bs} needs the arrival workspace, which is smaller ({have}) "
