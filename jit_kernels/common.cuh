@@ -70,6 +70,38 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int& to
   return res;
 }
 
+// Block-wide: write the old LRU lru[0..B) (slot ids, oldest first) into `order` as the
+// evictable slots (hit[s] == 0) in their old order followed by the hit slots in their old
+// order; returns the number of evictables. Each thread owns one contiguous chunk of the LRU, so
+// one scan places both groups. Ends with a barrier: `order` is readable on return.
+__device__ __forceinline__ int split_lru(const int16_t* lru, const uint8_t* hit, int16_t* order,
+                                         int B, int* scratch) {
+  const int T = blockDim.x, tid = threadIdx.x;
+  const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
+  int n_ev = 0;
+  for (int j = j0; j < j1; ++j) n_ev += !hit[lru[j]];
+  int n_evict;
+  int e = block_exclusive_scan(n_ev, scratch, n_evict);
+  int hh = n_evict + (j0 - e);
+  for (int j = j0; j < j1; ++j) {
+    const int16_t s = lru[j];
+    if (hit[s]) order[hh++] = s; else order[e++] = s;
+  }
+  __syncthreads();
+  return n_evict;
+}
+
+// Called by thread 0 of every CTA of batch row b once it has finished reading the request's
+// mutable state: true in the CTA that arrives last, which alone writes the new state. The last
+// arrival resets the counter, so the zeroed workspace serves the next launch (and graph replay).
+__device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) {
+  if (ctas <= 1) return true;
+  __threadfence();
+  const bool last = atomicAdd(&arrivals[b], 1) == ctas - 1;
+  if (last) { atomicExch(&arrivals[b], 0); __threadfence(); }
+  return last;
+}
+
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory. The
 // rows are flattened into 16-byte pieces spread over all threads, so lanes stay busy whatever
 // the row size (656 B = 41 pieces is not a multiple of a warp's 32).

@@ -198,27 +198,9 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   __syncthreads();
   // 3. Split the old LRU into evictables (old order) and hits (old order); one scan, each thread
   //    owning a contiguous chunk.
-  const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
-  int n_ev = 0;
-  for (int j = j0; j < j1; ++j) n_ev += !hit[lrus[j]];
-  int n_evict;
-  int e = block_exclusive_scan(n_ev, scratch, n_evict);
-  int hh = n_evict + (j0 - e);
-  for (int j = j0; j < j1; ++j) {
-    const int16_t s = lrus[j];
-    if (hit[s]) order[hh++] = s; else order[e++] = s;
-  }
-  __syncthreads();
+  const int n_evict = split_lru(lrus, hit, order, B, scratch);
   // All reads of the mutable state (slot_tokens, lru) are done: arrive; the last CTA writes.
-  if (tid == 0) {
-    int writer = 1;
-    if (a.ctas > 1) {
-      __threadfence();
-      writer = atomicAdd(&a.arrivals[b], 1) == a.ctas - 1;
-      if (writer) { atomicExch(&a.arrivals[b], 0); __threadfence(); }
-    }
-    s_writer = writer;
-  }
+  if (tid == 0) s_writer = arrive_last(a.arrivals, b, a.ctas);
   // 4. Misses in top-k order (first occurrences of unresolved positions) take order[0..m).
   const int per_k = (K + T - 1) / T, i0 = min(K, tid * per_k), i1 = min(K, i0 + per_k);
   int n_miss = 0;

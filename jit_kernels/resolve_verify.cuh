@@ -131,27 +131,9 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   }
   __syncthreads();
   // 3. Old LRU -> evictables (old order) then hits (old order); each thread owns one chunk.
-  const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
-  int n_ev = 0;
-  for (int j = j0; j < j1; ++j) n_ev += !hit[lru[j]];
-  int n_evict;
-  int e = block_exclusive_scan(n_ev, scratch, n_evict);
-  int hh = n_evict + (j0 - e);
-  for (int j = j0; j < j1; ++j) {
-    const int s = lru[j];
-    if (hit[s]) order[hh++] = static_cast<int16_t>(s); else order[e++] = static_cast<int16_t>(s);
-  }
-  __syncthreads();
+  const int n_evict = split_lru(lru, hit, order, B, scratch);
   // All reads of the mutable state are done: arrive; the last CTA of the request writes.
-  if (tid == 0) {
-    int writer = 1;
-    if (a.ctas > 1) {
-      __threadfence();
-      writer = atomicAdd(&a.arrivals[b], 1) == a.ctas - 1;
-      if (writer) { atomicExch(&a.arrivals[b], 0); __threadfence(); }
-    }
-    s_writer = writer;
-  }
+  if (tid == 0) s_writer = arrive_last(a.arrivals, b, a.ctas);
   // 4. Misses in flat order (row 0's top-k, then row 1's, ...) take order[0..m).
   const int per_k = (WK + T - 1) / T, i0 = min(WK, tid * per_k), i1 = min(WK, i0 + per_k);
   int n_miss = 0;
