@@ -9,6 +9,14 @@ It ties the pieces together and is what both the SGLang adapter
     per step:  map_last_loc(...) ─► wait_for_pending_backup() ─► per layer swap_in(...) ─► attention
     end:       finish(r)   (finished, aborted or retracted; any phase)   then allocator.free(ids)
 
+With speculative decoding (``num_draft_tokens`` W >= 1, SGLang's
+``speculative_num_draft_tokens``) every decode step is a verify step and the per-step calls
+are instead (``coordinator.spec.SpecWindow``; collect_ready/admit_direct also give each
+request its W window rows)::
+
+    reserve_spec(slots) at prefill allocation;   per step:  prepare_spec(...) ─► per layer
+    swap_in(req_index, seq_lens [bs*W], top_k [bs, W, k], l) ─► attention ─► commit_spec(accept_index)
+
 Components: ``state`` (:class:`SlotState` tensors), ``lifecycle`` (admission/release),
 ``step`` (per-step backup/growth/mapping), ``resolver`` (per-layer resolve + prefetch
 groups), ``streams`` (CUDA streams or CPU no-ops), ``telemetry`` (counters).
@@ -26,6 +34,7 @@ from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext, HostTable
 from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
 from sglang_hisparse.coordinator.resolver import Resolver
+from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.step import StepMapper
 from sglang_hisparse.coordinator.streams import Streams
@@ -94,7 +103,9 @@ class HiSparseCore:
     max_batch: rows of the per-step output buffers; tp_group: process group whose ranks must
     agree on staging collection (None or a single rank: no collective).
     ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry; ``block_size`` is
-    the resolve kernel's threads per CTA (``swap_in_block_size``).
+    the resolve kernel's threads per CTA (``swap_in_block_size``). ``num_draft_tokens``: W
+    verify rows per request under speculative decoding (0: off, as SGLang passes it); needs
+    ``buffer_size >= W * top_k``.
     """
 
     def __init__(
@@ -116,7 +127,19 @@ class HiSparseCore:
         skip_io: bool | None = None,
         log_interval_s: float | None = None,
         block_size: int | None = None,
+        num_draft_tokens: int = 0,
     ) -> None:
+        if num_draft_tokens < 0:
+            raise ValueError(
+                f"num_draft_tokens = {num_draft_tokens} must be >= 0 (0 = no speculative decoding)."
+            )
+        if num_draft_tokens and buffer_size < num_draft_tokens * top_k:
+            raise ValueError(
+                f"device_buffer_size = {buffer_size} < speculative_num_draft_tokens * top_k = "
+                f"{num_draft_tokens} * {top_k}: a verify step's union of selections must fit the "
+                f"hot buffer. Set device_buffer_size >= {num_draft_tokens * top_k} "
+                f"(default {max(2, num_draft_tokens + 1) * top_k})."
+            )
         if buffer_size < top_k:
             raise ValueError(
                 f"device_buffer_size = {buffer_size} < top_k = {top_k}: every selected position "
@@ -132,8 +155,10 @@ class HiSparseCore:
         self.telemetry = Telemetry(
             device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
         )
+        window = max(1, num_draft_tokens)
         self.state = SlotState(
-            num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device
+            num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
+            window=window,
         )
         self.ctx = CoreContext(
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
@@ -153,7 +178,10 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
+            window=window,
         )
+        #: the verify windows (speculative decoding), or None
+        self.spec = SpecWindow(self.ctx, num_draft_tokens=num_draft_tokens) if num_draft_tokens else None
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -176,7 +204,11 @@ class HiSparseCore:
         self.lifecycle.admit_staging(r, logical_ids, req)
 
     def collect_ready(self) -> list[StagingEntry]:
-        return self.lifecycle.collect_ready()
+        ready = self.lifecycle.collect_ready()
+        if self.spec is not None:
+            for entry in ready:
+                self.spec.admit(entry.req_slot)
+        return ready
 
     def has_ongoing_staging(self) -> bool:
         return self.lifecycle.has_ongoing_staging()
@@ -187,9 +219,18 @@ class HiSparseCore:
 
     def admit_direct(self, r: int, seq_len: int) -> None:
         self.lifecycle.admit_direct(r, seq_len)
+        if self.spec is not None:
+            self.spec.admit(r)
 
     def finish(self, r: int) -> None:
+        if self.spec is not None:
+            self.spec.finish(r)  # before the lifecycle releases (and unmaps) the window rows
         self.lifecycle.finish(r)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """W verify rows per request (0: no speculative decoding)."""
+        return self.spec.W if self.spec is not None else 0
 
     # -- per step ---------------------------------------------------------------------------
     def map_last_loc(
@@ -209,6 +250,37 @@ class HiSparseCore:
 
     def wait_for_pending_backup(self) -> None:
         self.step.wait_for_pending_backup()
+
+    # -- per verify step (speculative decoding) ---------------------------------------------
+    def _require_spec(self, op: str) -> SpecWindow:
+        if self.spec is None:
+            raise ValueError(
+                f"{op}: this coordinator was built with num_draft_tokens = 0 (no speculative "
+                f"decoding); pass num_draft_tokens = speculative_num_draft_tokens."
+            )
+        return self.spec
+
+    def reserve_spec(self, req_slots: list[int]) -> None:
+        """Capacity check for new requests' verify windows (no-op without spec)."""
+        if self.spec is not None:
+            self.spec.reserve(list(req_slots))
+
+    def prepare_spec(
+        self, *, req_index: torch.Tensor, req_index_cpu: list[int], seq_lens_cpu: list[int],
+        out_cache_loc: torch.Tensor, out_cache_loc_cpu: torch.Tensor | None = None,
+    ) -> None:
+        """Before a verify forward: ``seq_lens_cpu`` committed lengths s, ``out_cache_loc``
+        int [bs*W] logical ids of positions s..s+W-1 (see ``SpecWindow.prepare``)."""
+        self._require_spec("prepare_spec").prepare(
+            req_index=req_index, req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu,
+            out_cache_loc=out_cache_loc, out_cache_loc_cpu=out_cache_loc_cpu,
+        )
+        self.telemetry.add_step()
+        self.telemetry.maybe_log()
+
+    def commit_spec(self, accept_index: torch.Tensor, *, validate: bool | None = None) -> None:
+        """After verification: ``accept_index`` int [bs, D] flat rows ``b*W + j``, -1 padded."""
+        self._require_spec("commit_spec").commit(accept_index=accept_index, validate=validate)
 
     def swap_in(
         self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int

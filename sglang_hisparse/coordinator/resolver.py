@@ -22,6 +22,11 @@ NOTE: one ``out_rows`` buffer and one plan buffer serve all layers. Reuse is saf
 groups are consecutive: the next anchor resolves only after the forward consumed every
 shared layer of the previous group, and each of those waited for its replay's event.
 The buffers are sized for ``max_batch`` rows, allocated once (before any CUDA-graph capture).
+
+Speculative verify steps (``window`` W > 1) pass ``top_k`` int32 [bs, W, k]: the anchor runs
+``verify_ops.resolve_verify`` over the union of each request's W rows into its own buffers
+(``out_verify`` [max_batch, W, k], a plan of ``W*k`` columns); shared layers replay that plan
+with the unchanged ``ops.replay`` and return the anchor's ``out_verify`` exactly as above.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import logging
 import torch
 
 from sglang_hisparse.coordinator.context import CoreContext
-from sglang_hisparse.kernels import MissPlan, ResolveMode, ops
+from sglang_hisparse.kernels import MissPlan, ResolveMode, ops, verify_ops
 
 logger = logging.getLogger("sglang_hisparse")
 
@@ -60,6 +65,8 @@ class Resolver:
     model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
     ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
     ``block_size``: CUDA threads per resolve CTA (``swap_in_block_size``; None: kernel default).
+    ``window``: W verify rows per request (1: no speculative decoding; the state must then be
+    built ``B + W`` slots wide).
     """
 
     def __init__(
@@ -73,8 +80,10 @@ class Resolver:
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
+        window: int = 1,
     ) -> None:
         self.ctx = ctx
+        self.window = window
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
@@ -101,6 +110,12 @@ class Resolver:
         self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
         if dev.type == "cuda":
             ops.reserve_workspace(dev, max_batch)  # the kernel's per-row counters, before capture
+        W = self.window
+        if W > 1:
+            self.out_verify = torch.full((max_batch, W, k), -1, dtype=torch.int32, device=dev)
+            self.plan_verify = MissPlan.empty(max_batch, W * k, dev)
+            if dev.type == "cuda":
+                verify_ops.reserve_verify_workspace(dev, max_batch)  # its own counters
 
     def swap_in(
         self,
@@ -109,31 +124,44 @@ class Resolver:
         top_k: torch.Tensor,
         layer_id: int,
     ) -> torch.Tensor:
-        """Device rows of ``top_k`` int32 [bs, k] for model layer ``layer_id``: int32 [bs, k]
-        (-1 for padding entries and rows ``>= num_real_reqs``). A view of a reused buffer:
-        consume it before the next anchor layer resolves."""
+        """Device rows of ``top_k`` for model layer ``layer_id``, aligned with it.
+
+        Decode: ``top_k`` int32 [bs, k], ``seq_lens`` [bs] -> int32 [bs, k]. Verify (W > 1):
+        ``top_k`` [bs, W, k], ``seq_lens`` [bs*W] or [bs, W] (SGLang's
+        ``dsa_seqlens_expanded``: row j of a request has length s + 1 + j) -> int32 [bs, W, k]
+        (SGLang views it [bs*W, k]). -1 for padding entries and rows ``>= num_real_reqs``.
+        A view of a reused buffer: consume it before the next anchor layer resolves."""
         ctx = self.ctx
-        if top_k.dim() != 2 or top_k.shape[1] != ctx.top_k:
+        verify = top_k.dim() == 3
+        if verify:
+            if self.window <= 1 or tuple(top_k.shape[1:]) != (self.window, ctx.top_k):
+                raise ValueError(
+                    f"swap_in: top_k has shape {tuple(top_k.shape)}; a verify step needs "
+                    f"[bs, {self.window}, {ctx.top_k}] (W = num_draft_tokens = {self.window}; "
+                    f"W <= 1 means the coordinator was built without speculative decoding)."
+                )
+        elif top_k.dim() != 2 or top_k.shape[1] != ctx.top_k:
             raise ValueError(
                 f"swap_in: top_k has shape {tuple(top_k.shape)}; expected [bs, {ctx.top_k}] "
-                f"(speculative multi-step verify is not supported by sglang-hisparse yet)."
+                f"(or [bs, W, {ctx.top_k}] for a speculative verify step)."
             )
         bs = top_k.shape[0]
         if bs > self.max_batch:
             # NOTE: allocation on the hot path, only when a batch exceeds every earlier one;
             # servers size max_batch from the CUDA-graph batch sizes so this happens eagerly.
             self._alloc(bs)
-        out = self.out_rows[:bs]
+        out = self.out_verify[:bs] if verify else self.out_rows[:bs]
         li = layer_id - self.start_layer
         if self.is_shared[li]:
             self.events[li].wait(ctx.streams.current())
             return out
         group = self.groups.get(li, [])
-        plan = MissPlan(self.plan.src[:bs], self.plan.dst[:bs], self.plan.count[:bs])
-        ops.resolve(
+        full = self.plan_verify if verify else self.plan
+        plan = MissPlan(full.src[:bs], full.dst[:bs], full.count[:bs])
+        kw = dict(
             top_k=top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32),
             req_index=req_index,
-            seq_lens=seq_lens,
+            seq_lens=seq_lens.reshape(bs, self.window) if verify else seq_lens,
             num_real_reqs=self.num_real_reqs,
             slot_tokens=ctx.state.slot_tokens[li],
             slot_rows=ctx.state.slot_rows,
@@ -146,12 +174,14 @@ class Resolver:
             mode=self.mode,
             **({"block_size": self.block_size} if self.block_size and top_k.is_cuda else {}),
         )
+        (verify_ops.resolve_verify if verify else ops.resolve)(**kw)
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(
-            top_k=top_k, miss_count=plan.count, real_mask=real, item_bytes=ctx.item_bytes,
-            copies=1 + len(group),
+            top_k=kw["top_k"].reshape(bs, -1), miss_count=plan.count, real_mask=real,
+            item_bytes=ctx.item_bytes, copies=1 + len(group),
         )
-        if ctx.recorder is not None:
+        # NOTE: the trace recorder models single-row decode steps; verify steps are not recorded.
+        if ctx.recorder is not None and not verify:
             ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
         if group:
             streams = ctx.streams

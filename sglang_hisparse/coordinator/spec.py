@@ -123,10 +123,16 @@ class SpecWindow:
 
     # -- per verify round ------------------------------------------------------------------
     def prepare(self, *, req_index: torch.Tensor, req_index_cpu: list[int],
-                seq_lens_cpu: list[int], out_cache_loc: torch.Tensor) -> None:
+                seq_lens_cpu: list[int], out_cache_loc: torch.Tensor,
+                out_cache_loc_cpu: torch.Tensor | None = None) -> None:
         """Set up one verify round. ``req_index`` int [bs] (device), ``seq_lens_cpu`` the
         committed lengths s, ``out_cache_loc`` int [bs*W] logical ids of positions s..s+W-1
-        (request-major). After this, the forward's KV writes land in the window slots."""
+        (request-major). After this, the forward's KV writes land in the window slots.
+
+        The ids are moved onto the window rows with ``allocator.rebind``: SGLang's page_size-1
+        spec path takes them with ``alloc()``, which maps fresh device rows that must go back
+        (otherwise every accepted token would hold a device row until its request ends).
+        ``out_cache_loc_cpu`` (same ids on the host) saves rebind its one read-back."""
         ctx, st, B, W = self.ctx, self.ctx.state, self.B, self.W
         if self._round is not None:
             raise ValueError("spec prepare: the previous verify round was never committed.")
@@ -156,7 +162,7 @@ class SpecWindow:
         pos = (base[:, None] + torch.arange(W, device=dev)).reshape(-1)
         short = (base + W <= B).repeat_interleave(W)
         st.slot_tokens[:, r_t, s_t] = pos.to(torch.int32)
-        ctx.allocator.map_tokens(out_cache_loc, st.slot_rows[r_t, s_t])
+        ctx.allocator.rebind(out_cache_loc, st.slot_rows[r_t, s_t], logical_ids_cpu=out_cache_loc_cpu)
         self._round = dict(reqs=list(req_index_cpu), bs=bs, r=r_t, slot=s_t, pos=pos, short=short)
 
     def commit(self, *, accept_index: torch.Tensor, validate: bool | None = None) -> None:

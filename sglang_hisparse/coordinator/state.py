@@ -3,12 +3,16 @@
 Shapes (per TP rank; ``L`` local sparse layers, ``R`` request slots, ``B`` hot slots):
 
 ```
-slot_tokens    [L, R, B+1] int32   logical position held by each slot, -1 empty;
+slot_tokens    [L, R, B+W] int32   logical position held by each slot, -1 empty;
                                    slot B = the newest token once n > B
-slot_rows      [R, B+1]    int32   device KV row behind each slot, -1 = no row held
+slot_rows      [R, B+W]    int32   device KV row behind each slot, -1 = no row held
                                    (same rows for every layer: KV arrays are per layer)
 lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
 ```
+
+``W`` (``window``) is 1 without speculative decoding; with it, W = speculative_num_draft_tokens
+and slots ``B..B+W-1`` are the verify window (``coordinator.spec``; the single-row
+``map_last_loc``/``resolve`` path is not used then).
 
 A request's slots, as it grows (``n`` = tokens, ``B`` = 4):
 
@@ -41,17 +45,21 @@ class SlotState:
     """The state tensors above plus host-side bookkeeping; no policy lives here."""
 
     def __init__(
-        self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device
+        self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
+        window: int = 1,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"SlotState: window = {window} must be >= 1 (1 = no speculative decoding).")
         self.num_layers = num_layers
         self.num_reqs = num_reqs
         self.buffer_size = buffer_size
+        self.window = window
         self.device = torch.device(device)
         B = buffer_size
         self.slot_tokens = torch.full(
-            (num_layers, num_reqs, B + 1), -1, dtype=torch.int32, device=self.device
+            (num_layers, num_reqs, B + window), -1, dtype=torch.int32, device=self.device
         )
-        self.slot_rows = torch.full((num_reqs, B + 1), -1, dtype=torch.int32, device=self.device)
+        self.slot_rows = torch.full((num_reqs, B + window), -1, dtype=torch.int32, device=self.device)
         self._lru_init = torch.arange(B, dtype=torch.int16, device=self.device)
         self.lru = self._lru_init.expand(num_layers, num_reqs, B).clone()
         # Host-side bookkeeping, one entry per request slot.
@@ -101,9 +109,10 @@ class SlotState:
         self.skip_backup[r] = True
 
     def held_rows(self, r: int) -> torch.Tensor:
-        """Device rows request ``r`` holds (int32 [rows_held]; slot B last when held)."""
+        """Device rows request ``r`` holds (int32 [rows_held]; slot B last when held). The
+        verify window's rows (speculative decoding) are tracked by ``coordinator.spec``."""
         B = self.buffer_size
         held = self.rows_held[r]
         if held <= B:
             return self.slot_rows[r, :held]
-        return self.slot_rows[r]
+        return self.slot_rows[r, : B + 1]

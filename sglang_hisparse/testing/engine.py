@@ -91,6 +91,7 @@ class DecodeEngine:
         check: bool = True,
         max_batch: int = 16,
         decode_alloc_rows: bool = False,
+        num_draft_tokens: int = 0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         # SGLang's page_size-1 decode takes ids with ``alloc(bs)``, which maps fresh device
@@ -114,7 +115,7 @@ class DecodeEngine:
             top_k=model.top_k, buffer_size=sizes.buffer_size, num_reqs=sizes.num_reqs,
             allocator=self.allocator, host=self.host, device_kv=self.pool.kv,
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
-            max_batch=max_batch, prefetch=prefetch, skip_io=skip_io,
+            max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
         )
         self.req_to_token = torch.zeros(sizes.num_reqs, sizes.max_ctx, dtype=torch.int64, device=self.device)
         self.free_slots = list(range(sizes.num_reqs))

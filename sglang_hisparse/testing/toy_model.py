@@ -80,6 +80,16 @@ class ToyModel:
         words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
         return words.contiguous().view(torch.uint8)[:, : self.item_bytes].contiguous()
 
+    def kv_salted(self, seed: int, positions: torch.Tensor, salts: torch.Tensor, layer: int) -> torch.Tensor:
+        """Like :meth:`kv` with a per-position ``salts`` int tensor (salt 0 == :meth:`kv`):
+        the KV a verify round computed for a token; a different salt is a different draft."""
+        p = positions.to(torch.int64).reshape(-1, 1)
+        salt = salts.to(torch.int64, copy=False).to(p.device).reshape(-1, 1) * 0x27D4EB2F
+        j = torch.arange(self.item_bytes // 8, dtype=torch.int64, device=p.device)
+        base = _scalar(seed * 1_000_003 + layer * 7_919, 0x85EBCA77)
+        words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1 + salt)
+        return words.contiguous().view(torch.uint8)[:, : self.item_bytes].contiguous()
+
     def _unit(self, x: torch.Tensor) -> torch.Tensor:
         return (_mix(x) & 0xFFFF).to(torch.float32) / 32768.0 - 1.0
 
