@@ -15,6 +15,9 @@ swap_in_selected_pages(ri, sl, tk, l)   ->  swap_in(ri, sl, tk, l)
 request_finished / retract_req /
 abort_staging_request(req)              ->  finish(r)
 get_token_stats()                       ->  HiSparseTokenStats from the allocator / host pool
+allocate_spec_scratch(req_pool_indices) ->  reserve_spec(slots)       (speculative decoding:
+prepare_spec_verify(batch)              ->  prepare_spec(...)          num_draft_tokens = W > 0;
+commit_spec_accept_tokens(batch, ai)    ->  commit_spec(ai)            see coordinator.spec)
 ```
 
 Memory comes from the allocator SGLang passes: its ``DualSpaceAllocator`` (found by type;
@@ -100,11 +103,6 @@ class SGLangHiSparseCoordinator:
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
     ) -> None:
-        if num_draft_tokens:
-            raise ValueError(
-                f"num_draft_tokens = {num_draft_tokens}: sglang-hisparse does not support "
-                f"speculative decoding yet. Launch without --speculative-algorithm."
-            )
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.top_k = top_k
@@ -129,18 +127,27 @@ class SGLangHiSparseCoordinator:
             start_layer=start_layer, tp_group=tp_group, block_size=swap_in_block_size,
             # no decode batch (CUDA-graph padded ones included) exceeds the request slots, so
             # the per-step buffers never grow, in particular not during graph capture
-            max_batch=num_reqs,
+            max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
         )
-        # PD decode reads these (disaggregation/decode.py); no speculative scratch here.
+        # PD decode reads these (disaggregation/decode.py): it admits a request against
+        # padded_buffer_size + spec_swap.scratch_capacity device rows. A verify window adds W
+        # rows to the hot buffer (one of them may be slot B's), so W pages-rounded covers it.
         self.mem_pool_host = self.host_pool
         self.req_to_host_pool = self.host_pool.host_rows
         self.padded_buffer_size = self.dual.max_hot_pages(device_buffer_size) * self.dual.page_size
-        self.spec_swap = SimpleNamespace(scratch_capacity=0)
+        W, page = self.core.num_draft_tokens, self.dual.page_size
+        self.spec_swap = SimpleNamespace(scratch_capacity=-(-W // page) * page)
+        if W and hasattr(token_to_kv_pool_allocator, "configure_spec_scratch"):
+            # the scheduler's admission then charges every new request its window rows
+            token_to_kv_pool_allocator.configure_spec_scratch(
+                self.spec_swap.scratch_capacity, device_buffer_size=self.padded_buffer_size
+            )
         logger.info(
             "HiSparse (sglang-hisparse): top_k=%d, B=%d, %d layers, %d request slots, host pool "
-            "%.2f GiB, shared-index prefetch %s",
+            "%.2f GiB, shared-index prefetch %s, speculative verify window %d",
             top_k, device_buffer_size, len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
+            self.core.num_draft_tokens,
         )
 
     def _build_host_pool(
@@ -254,15 +261,38 @@ class SGLangHiSparseCoordinator:
             "variant is not implemented. Disable the plugin for this model."
         )
 
-    # -- speculative decoding (unsupported: num_draft_tokens must be 0) -------------------------
+    # -- speculative decoding (EAGLE / MTP chains; num_draft_tokens = W > 0) -------------------
     def allocate_spec_scratch(self, req_pool_indices: list[int]) -> None:
-        return None  # SGLang calls this for every new batch; nothing to reserve without spec
+        """New requests' slots (``alloc_for_extend``): a capacity check for their W window rows,
+        which the core takes when the request joins decode. No-op without spec."""
+        self.core.reserve_spec([int(r) for r in req_pool_indices])
 
     def prepare_spec_verify(self, batch: Any) -> None:
-        raise NotImplementedError("sglang-hisparse does not support speculative decoding yet.")
+        """``eagle_prepare_for_verify``, after ``batch.out_cache_loc`` holds the W logical ids
+        of positions ``seq_lens .. seq_lens+W-1`` per request (request-major)."""
+        if not self.core.num_draft_tokens:
+            raise ValueError(
+                "prepare_spec_verify: the coordinator was built with num_draft_tokens = 0; "
+                "SGLang passes speculative_num_draft_tokens when --speculative-algorithm is set."
+            )
+        # NOTE: with SGLang's no-verify-sync mode seq_lens_cpu is None: one read-back then.
+        seq_cpu = getattr(batch, "seq_lens_cpu", None)
+        if seq_cpu is None:
+            seq_cpu = batch.seq_lens.cpu()
+        req_cpu = getattr(batch, "req_pool_indices_cpu", None)
+        if req_cpu is None or len(req_cpu) != len(seq_cpu):
+            req_cpu = [req.kv.req_pool_idx for req in batch.reqs]
+        self.core.prepare_spec(
+            req_index=batch.req_pool_indices,
+            req_index_cpu=[int(x) for x in (req_cpu.tolist() if torch.is_tensor(req_cpu) else req_cpu)],
+            seq_lens_cpu=[int(x) for x in seq_cpu.tolist()],
+            out_cache_loc=batch.out_cache_loc,
+        )
 
     def commit_spec_accept_tokens(self, batch: Any, accept_indices: torch.Tensor) -> None:
-        raise NotImplementedError("sglang-hisparse does not support speculative decoding yet.")
+        """After verification: ``accept_indices`` int [bs, D] flat verify rows ``b*W + j`` of
+        the accepted chain prefix, -1 padded (empty for an idle batch). No host sync."""
+        self.core.commit_spec(accept_indices)
 
     # -- reporting / teardown -------------------------------------------------------------------
     def get_token_stats(self) -> Any:

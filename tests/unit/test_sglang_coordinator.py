@@ -10,6 +10,7 @@ decode path make (seams §2.2).
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def _kv(p: int, layer: int) -> int:
 class Server:
     """The pieces SGLang would build, plus the coordinator under test."""
 
-    def __init__(self, shared: list[bool] | None = None) -> None:
+    def __init__(self, shared: list[bool] | None = None, num_draft_tokens: int = 0) -> None:
         self.pool = HiSparseDSAPool(
             DEVICE_ROWS, page_size=PAGE, dtype=torch.float8_e4m3fn, kv_lora_rank=512,
             qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", kv_cache_dim=656,
@@ -69,7 +70,7 @@ class Server:
             host_to_device_ratio=RATIO,
             swap_in_block_size=512,
             shared_index_layers=shared,
-            num_draft_tokens=0,
+            num_draft_tokens=num_draft_tokens,
         )
         self.layers = self.coord.core.ctx.device_kv
 
@@ -211,12 +212,75 @@ def test_retract_while_staging_and_finish_before_staging_release_everything() ->
 
 def test_unsupported_paths_say_so() -> None:
     srv = Server()
-    with pytest.raises(ValueError, match="speculative"):
+    with pytest.raises(ValueError, match=r"device_buffer_size = 64 < speculative_num_draft_tokens \* top_k = 5 \* 16.*>= 80"):
         SGLangHiSparseCoordinator(
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
-            top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=3,
+            top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=5,
         )
     with pytest.raises(NotImplementedError, match="MiniMax"):
         srv.coord.swap_in_selected_blocks()
-    srv.coord.allocate_spec_scratch([0, 1])  # called for every new batch: a no-op
+    srv.coord.allocate_spec_scratch([0, 1])  # called for every new batch: a no-op without spec
+    with pytest.raises(ValueError, match="num_draft_tokens = 0"):
+        srv.coord.prepare_spec_verify(SimpleNamespace())
     srv.coord.destroy()
+
+
+W = 3
+
+
+def _verify_batch(srv: Server, reqs: list[Req], seq: list[int]) -> SimpleNamespace:
+    """alloc_for_spec_decode (page_size 64: alloc_logical_only for positions not yet
+    allocated) + eagle_prepare_for_verify's out_cache_loc; SGLang's no-verify-sync mode
+    leaves seq_lens_cpu None."""
+    r2t = srv.req_to_token_pool.req_to_token
+    for q, s in zip(reqs, seq, strict=True):
+        r, have = q.kv.req_pool_idx, q.kv.kv_allocated_len
+        if have < s + W:
+            last = t(int(r2t[r, have - 1]))
+            ids = srv.alloc.alloc_logical_only(t(have), t(have), t(s + W), t(s + W), last, s + W - have)
+            r2t[r, have : s + W] = ids.to(torch.int32)
+            q.kv.kv_allocated_len = s + W
+    rs = [q.kv.req_pool_idx for q in reqs]
+    loc = torch.cat([r2t[r, s : s + W].to(torch.int64) for r, s in zip(rs, seq, strict=True)])
+    return SimpleNamespace(reqs=reqs, req_pool_indices=t(*rs), req_pool_indices_cpu=t(*rs),
+                           seq_lens=t(*seq), seq_lens_cpu=None, out_cache_loc=loc)
+
+
+def test_speculative_verify_rounds_through_sglang_calls() -> None:
+    """allocate_spec_scratch -> staging/collect -> prepare_spec_verify -> target-verify
+    swap_in_selected_pages (3-D top-k, dsa_seqlens_expanded) -> commit_spec_accept_tokens,
+    twice; accepted drafts come back from host in the next round; finish leaks nothing."""
+    srv = Server(shared=[False, True], num_draft_tokens=W)
+    coord = srv.coord
+    assert coord.spec_swap.scratch_capacity == PAGE and srv.alloc.request_slot_reserve(
+        has_req_pool_slot=False, prefill_tokens=100) == PAGE
+    coord.allocate_spec_scratch([1])  # alloc_for_extend
+    req = srv.prefill(1, 100)
+    coord.admit_request_into_staging(req)
+    assert coord.collect_ready_reqs() == [req]
+    for rnd, (s, picks, accept) in enumerate([
+        (100, [[100, 3, 80], [101, 3, 50], [102, 100, 7]], [0, 1, -1]),  # accept 100, 101
+        (102, [[101, 100, 3], [103, 101, 2], [104, 102, 101]], [0, -1, -1]),  # 101 missed back
+    ]):
+        batch = _verify_batch(srv, [req], [s])
+        coord.prepare_spec_verify(batch)
+        rows_w = srv.pool.translate_loc_to_hisparse_device(batch.out_cache_loc)
+        for layer in range(LAYERS):  # the verify forward's KV writes, salted by round
+            for j, row in enumerate(rows_w.tolist()):
+                srv.layers[layer][row] = (_kv(s + j, layer) + 50 * (rnd + 1)) % 256
+        coord.num_real_reqs.fill_(1)
+        top_k = torch.full((1, W, TOP_K), -1, dtype=torch.int32)
+        top_k[0, :, :3] = torch.tensor(picks)
+        expanded = torch.tensor([s + 1 + j for j in range(W)], dtype=torch.int32)
+        for layer in range(LAYERS):  # dsa_backend forward_extend (target verify)
+            out = coord.swap_in_selected_pages(t(1), expanded, top_k, layer).view(W, -1)
+            got = [[int(srv.layers[layer][x, 0]) for x in out[j, :3].tolist()] for j in range(W)]
+            # window: this round's salt; 100, 101: accepted in round 0 (salt 50); prompt: 0
+            want = [[(_kv(p, layer) + (50 * (rnd + 1) if p >= s else 50 if p >= 100 else 0)) % 256
+                     for p in row] for row in picks]
+            assert got == want, (rnd, layer)
+        coord.commit_spec_accept_tokens(batch=batch, accept_indices=torch.tensor([accept], dtype=torch.int32))
+        coord.core.spec.check_integrity()
+    coord.commit_spec_accept_tokens(batch=None, accept_indices=torch.empty(0, dtype=torch.int32))  # idle
+    srv.release(req)
+    srv.assert_empty()
