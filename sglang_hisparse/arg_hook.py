@@ -85,13 +85,7 @@ def validate_hisparse(server_args: Any) -> None:
             "is built from requests whose prompt is safe on host and cannot merge a prefill "
             "chunk. Remove --enable-mixed-chunk."
         )
-    spec = cfg.speculative_algorithm
-    if spec is not None and str(spec).upper() != "NONE":
-        raise ValueError(
-            f"--enable-hisparse with --speculative-algorithm {spec} is not yet supported by "
-            f"sglang-hisparse (verify steps need a multi-row resolve). Remove "
-            f"--speculative-algorithm, or {A_B_HINT}."
-        )
+    num_draft_tokens = _check_speculative(cfg, view)
     try:
         from sglang.srt.runtime_context import get_platform
 
@@ -118,7 +112,9 @@ def validate_hisparse(server_args: Any) -> None:
                 f"{sorted(allowed)}, or omit --dsa-{label}-backend to let SGLang choose."
             )
 
-    config = HiSparseConfig.from_json(cfg.hisparse_config, model_top_k=int(index_topk))
+    config = HiSparseConfig.from_json(
+        cfg.hisparse_config, model_top_k=int(index_topk), num_draft_tokens=num_draft_tokens
+    )
     _check_host_memory(view, hf_config, config, kv_dtype)
     logger.info(
         "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, DSA backends %s/%s).",
@@ -128,6 +124,40 @@ def validate_hisparse(server_args: Any) -> None:
         getattr(view, "dsa_prefill_backend", None),
         getattr(view, "dsa_decode_backend", None),
     )
+
+
+#: speculative algorithms whose target verify is SGLang's EAGLE chain path (NEXTN resolves to EAGLE)
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+
+
+def _check_speculative(cfg: Any, view: Any) -> int:
+    """W = speculative_num_draft_tokens as SGLang resolved it (0 without speculation), after
+    rejecting what the verify window cannot serve."""
+    spec = cfg.speculative_algorithm
+    if spec is None or str(spec).upper() == "NONE":
+        return 0
+    if str(spec).upper() not in SPEC_ALGORITHMS:
+        raise ValueError(
+            f"--enable-hisparse with --speculative-algorithm {spec} is not supported by "
+            f"sglang-hisparse: only the EAGLE chain verify path ({', '.join(SPEC_ALGORITHMS)}) "
+            f"drives its verify window. Use one of those, or {A_B_HINT}."
+        )
+    topk = getattr(view, "speculative_eagle_topk", None) or 1
+    if topk != 1:
+        raise ValueError(
+            f"--enable-hisparse with --speculative-eagle-topk {topk}: tree verify is not "
+            f"supported. sglang-hisparse commits the accepted tokens as a chain prefix of the "
+            f"verify rows (row j = position s+j), which a tree's accepted path is not. Use "
+            f"--speculative-eagle-topk 1."
+        )
+    if getattr(cfg, "speculative_adaptive", False):
+        raise ValueError(
+            "--enable-hisparse does not support --speculative-adaptive: the verify window is "
+            "sized once at startup (W = --speculative-num-draft-tokens slots per request, the "
+            "hot buffer validated against W * top_k, kernels built for W). Remove "
+            "--speculative-adaptive and set --speculative-num-draft-tokens."
+        )
+    return int(getattr(view, "speculative_num_draft_tokens", None) or 0)
 
 
 def gib(n: float) -> str:
@@ -177,10 +207,16 @@ def parse_hisparse_config() -> HiSparseConfig:
 
     The model's ``index_topk`` is not known at its call sites; the coordinator re-derives
     the config with it (and :func:`validate_hisparse` already rejected a disagreement).
+    Under speculative decoding the default ``device_buffer_size`` depends on
+    ``speculative_num_draft_tokens``, so pool sizing and the coordinator read it here too.
     """
-    from sglang.srt.runtime_context import get_memory
+    from sglang.srt.runtime_context import get_memory, get_spec
 
-    return HiSparseConfig.from_json(get_memory().hisparse_config)
+    spec = get_spec()
+    algo = getattr(spec, "speculative_algorithm", None)
+    on = algo is not None and str(algo).upper() != "NONE"
+    W = int(getattr(spec, "speculative_num_draft_tokens", None) or 0) if on else 0
+    return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
 __all__ = ["validate_hisparse", "parse_hisparse_config", "kv_row_bytes", "SUPPORTED_SGLANG"]

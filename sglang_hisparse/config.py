@@ -32,7 +32,8 @@ class HiSparseConfig:
     """Effective HiSparse settings for one server.
 
     top_k:                positions the indexer selects per layer per step (the model's ``index_topk``)
-    device_buffer_size:   B, hot slots per request per layer on the GPU (B >= top_k; default 2*top_k)
+    device_buffer_size:   B, hot slots per request per layer on the GPU (B >= top_k; default 2*top_k;
+                          with speculative decoding B >= W*top_k, default max(2, W+1)*top_k)
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
     swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024)
     """
@@ -47,18 +48,24 @@ class HiSparseConfig:
         return tuple(cls.__dataclass_fields__)
 
     @classmethod
-    def from_json(cls, text: str | None, *, model_top_k: int | None = None) -> HiSparseConfig:
+    def from_json(
+        cls, text: str | None, *, model_top_k: int | None = None, num_draft_tokens: int = 0
+    ) -> HiSparseConfig:
         """Parse and validate ``--hisparse-config``.
 
         ``model_top_k`` is the model's ``index_topk`` when known; it is the top-k used, and a
         JSON ``top_k`` that disagrees with it is rejected (the buffer would be sized for the
-        wrong k).
+        wrong k). ``num_draft_tokens`` W (speculative decoding; 0 = off) is the number of
+        verify rows per request: their union must fit, so ``device_buffer_size >= W * top_k``,
+        and the default becomes ``max(2, W + 1) * top_k``.
         """
         raw = _parse_json(text)
-        return cls.from_dict(raw, model_top_k=model_top_k)
+        return cls.from_dict(raw, model_top_k=model_top_k, num_draft_tokens=num_draft_tokens)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], *, model_top_k: int | None = None) -> HiSparseConfig:
+    def from_dict(
+        cls, raw: dict[str, Any], *, model_top_k: int | None = None, num_draft_tokens: int = 0
+    ) -> HiSparseConfig:
         unknown = sorted(set(raw) - set(cls.keys()))
         if unknown:
             raise ValueError(
@@ -82,7 +89,26 @@ class HiSparseConfig:
         if top_k < 1:
             raise ValueError(f"{FLAG}: 'top_k' = {top_k} must be >= 1; use the model's index_topk (e.g. 2048).")
 
-        buffer = raw.get("device_buffer_size", 2 * top_k)
+        W = int(num_draft_tokens or 0)
+        if W < 0:
+            raise ValueError(f"speculative_num_draft_tokens = {W} must be >= 0 (0 = no speculative decoding).")
+        if W * top_k > MAX_DEVICE_BUFFER_SIZE:
+            raise ValueError(
+                f"speculative_num_draft_tokens * top_k = {W} * {top_k} = {W * top_k} exceeds "
+                f"{MAX_DEVICE_BUFFER_SIZE}, the largest {FLAG} 'device_buffer_size' (int16 slot "
+                f"ids), but a verify step's union of selections must fit the hot buffer. Use "
+                f"--speculative-num-draft-tokens {MAX_DEVICE_BUFFER_SIZE // top_k} or fewer."
+            )
+        default = min(max(2, W + 1) * top_k, MAX_DEVICE_BUFFER_SIZE) if W else 2 * top_k
+        buffer = raw.get("device_buffer_size", default)
+        if W and buffer < W * top_k:
+            raise ValueError(
+                f"{FLAG}: 'device_buffer_size' = {buffer} must be >= speculative_num_draft_tokens "
+                f"* top_k = {W} * {top_k} = {W * top_k}: a verify step resolves the union of its "
+                f"{W} rows' selections at once. Set it to at least {W * top_k} "
+                f"({max(2, W + 1) * top_k}, i.e. (W+1)*top_k, is the default), or lower "
+                f"--speculative-num-draft-tokens."
+            )
         if buffer < top_k:
             raise ValueError(
                 f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "

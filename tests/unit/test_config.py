@@ -53,3 +53,26 @@ def test_frozen():
     cfg = HiSparseConfig()
     with pytest.raises(AttributeError):
         cfg.top_k = 1  # type: ignore[misc]
+
+
+def test_speculative_default_buffer_holds_w_plus_one_selections():
+    assert HiSparseConfig.from_json(None, num_draft_tokens=4).device_buffer_size == 5 * 2048
+    assert HiSparseConfig.from_json(None, model_top_k=512, num_draft_tokens=2).device_buffer_size == 3 * 512
+    # W = 1 and W = 0 keep the non-speculative default and checks
+    assert HiSparseConfig.from_json(None, num_draft_tokens=1).device_buffer_size == 2 * 2048
+    assert HiSparseConfig.from_json('{"device_buffer_size": 2048}', num_draft_tokens=1).device_buffer_size == 2048
+    assert HiSparseConfig.from_json('{"device_buffer_size": 8192}', num_draft_tokens=4).device_buffer_size == 8192
+
+
+@pytest.mark.parametrize(
+    "text, W, match",
+    [
+        ('{"device_buffer_size": 4096}', 4, r"'device_buffer_size' = 4096 must be >= speculative_num_draft_tokens \* top_k = 4 \* 2048 = 8192.*at least 8192 \(10240"),
+        ('{"device_buffer_size": 8191}', 4, r"at least 8192"),
+        (None, 16, r"16 \* 2048 = 32768 exceeds 32767.*--speculative-num-draft-tokens 15 or fewer"),
+        (None, -1, r"speculative_num_draft_tokens = -1 must be >= 0"),
+    ],
+)
+def test_speculative_buffer_rejections_give_the_number(text, W, match):
+    with pytest.raises(ValueError, match=match):
+        HiSparseConfig.from_json(text, num_draft_tokens=W)

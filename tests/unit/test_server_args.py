@@ -46,10 +46,50 @@ def test_accepts_good_combinations(dsa_model_dir, extra):
     check(dsa_model_dir, *OK, *extra)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--speculative-algorithm", "EAGLE"],  # topk resolves to 1, 4 draft tokens: B 5 * 2048
+        ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4", "--hisparse-config", '{"device_buffer_size": 8192}'],
+        ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "2"],
+    ],
+)
+def test_accepts_chain_speculative_decoding(dsa_model_dir, extra):
+    import logging
+
+    logs: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
+    hook_logger = logging.getLogger("sglang_hisparse.arg_hook")
+    hook_logger.addHandler(handler)
+    level, hook_logger.level = hook_logger.level, logging.INFO
+    try:
+        args = check(dsa_model_dir, *OK, *extra)
+    finally:
+        hook_logger.removeHandler(handler)
+        hook_logger.setLevel(level)
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    view = resolved_view(args)  # what SGLang resolved (W is None on the raw args)
+    assert view.speculative_eagle_topk == 1
+    if "--hisparse-config" not in extra:  # the default buffer holds W + 1 selections
+        W = view.speculative_num_draft_tokens
+        assert W >= 2
+        assert any(f'"device_buffer_size": {max(2, W + 1) * 2048}' in m for m in logs), logs
+
+
 BAD = [
     ([], r"requires the radix cache off.*Add --disable-radix-cache"),
     (OK + ["--enable-mixed-chunk"], r"does not support --enable-mixed-chunk.*Remove --enable-mixed-chunk"),
-    (OK + ["--speculative-algorithm", "EAGLE"], r"--speculative-algorithm EAGLE is not yet supported by sglang-hisparse"),
+    (OK + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
+           "--speculative-num-draft-tokens", "8", "--attention-backend", "flashinfer"], r"--speculative-eagle-topk 4: tree verify is not supported.*chain prefix.*Use --speculative-eagle-topk 1"),
+    (OK + ["--speculative-algorithm", "EAGLE", "--speculative-adaptive"], r"does not support --speculative-adaptive: the verify window is sized once"),
+    (OK + ["--speculative-algorithm", "EAGLE", "--hisparse-config", '{"device_buffer_size": 4096}'],
+     r"'device_buffer_size' = 4096 must be >= speculative_num_draft_tokens \* top_k = 4 \* 2048 = 8192.*at least 8192"),
+    (OK + ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+           "--speculative-num-draft-tokens", "6", "--hisparse-config", '{"device_buffer_size": 10240}'], r"= 6 \* 2048 = 12288.*at least 12288"),
     (OK + ["--kv-cache-dtype", "bfloat16", "--dsa-decode-backend", "flashmla_kv"], r"--dsa-decode-backend flashmla_kv cannot read.*\['flashmla_sparse'\]"),
     (OK + ["--kv-cache-dtype", "fp8_e4m3", "--dsa-prefill-backend", "flashmla_sparse"], r"--dsa-prefill-backend flashmla_sparse cannot read"),
     (OK + ["--hisparse-config", '{"device_buffer_size": 4096'], r"not valid JSON: .* column 28"),
@@ -68,6 +108,11 @@ BAD = [
 def test_rejects_bad_inputs(dsa_model_dir, extra, match):
     with pytest.raises(ValueError, match=match):
         check(dsa_model_dir, *extra)
+
+
+def test_rejects_speculative_algorithms_off_the_eagle_chain_path(dsa_model_dir):
+    with pytest.raises(ValueError, match=r"--speculative-algorithm STANDALONE is not supported by sglang-hisparse.*EAGLE, EAGLE3, NEXTN"):
+        check(dsa_model_dir, *OK, "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(dsa_model_dir))
 
 
 def test_non_dsa_model_named(llama_model_dir):
@@ -110,3 +155,19 @@ def test_sglang_plugins_excluding_us_gives_in_tree_validation(dsa_model_dir):
     out = subprocess.run([sys.executable, "-c", _IN_TREE, str(dsa_model_dir)], env=env, capture_output=True, text=True, timeout=300)
     # SGLang's in-tree check is an assert with its own wording; ours is a ValueError.
     assert "RAISED AssertionError Hierarchical sparse attention currently requires --disable-radix-cache" in out.stdout, out.stderr[-2000:]
+
+
+def test_parse_hisparse_config_sizes_the_default_buffer_for_the_verify_window(monkeypatch):
+    """Pool sizing and the coordinator read the config through parse_hisparse_config: with
+    speculation on, its default device_buffer_size must already hold W + 1 selections."""
+    from types import SimpleNamespace
+
+    import sglang.srt.runtime_context as rc
+
+    from sglang_hisparse.arg_hook import parse_hisparse_config
+
+    monkeypatch.setattr(rc, "get_memory", lambda: SimpleNamespace(hisparse_config=None))
+    monkeypatch.setattr(rc, "get_spec", lambda: SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4))
+    assert parse_hisparse_config().device_buffer_size == 5 * 2048
+    monkeypatch.setattr(rc, "get_spec", lambda: SimpleNamespace(speculative_algorithm=None, speculative_num_draft_tokens=None))
+    assert parse_hisparse_config().device_buffer_size == 2 * 2048
