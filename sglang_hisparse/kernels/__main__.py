@@ -7,6 +7,10 @@ pay for nvcc. Examples::
     python -m sglang_hisparse.kernels                                  # defaults: k 2048, B 4096
     python -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 8192 --items 656
     python -m sglang_hisparse.kernels --grid tests --jobs 8           # GPU tests + benchmarks
+    python -m sglang_hisparse.kernels --buffer 10240 --draft-tokens 4 # + speculative verify (W = 4)
+
+``--draft-tokens W`` (= ``--speculative-num-draft-tokens``) also builds the verify-step module
+for each ``(k, B, W, item)`` with ``B >= W*k`` (speculative decoding, ``verify_ops``).
 """
 
 from __future__ import annotations
@@ -29,13 +33,22 @@ TEST_GRID: tuple[tuple[int, int, int], ...] = (
 ITEMS = (656, 1152)
 
 
-def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print) -> None:
-    """Build the given resolve ``(k, B, item)`` specs and replay ``items`` (and the benchmark's
-    gather ceiling when ``gather``) with ``jobs`` parallel builds."""
+def _verify_module(k: int, B: int, W: int, item: int):
+    from .verify_ops import verify_module  # imports torch; only when verify specs are asked for
+
+    return verify_module(k, B, W, item)
+
+
+def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
+               verify_specs=()) -> None:
+    """Build the given resolve ``(k, B, item)`` specs, replay ``items``, verify ``(k, B, W,
+    item)`` specs (and the benchmark's gather ceiling when ``gather``) with ``jobs`` parallel
+    builds."""
     tasks = [("resolve", s) for s in resolve_specs] + [("replay", (i,)) for i in items]
+    tasks += [("verify", s) for s in verify_specs]
     tasks += [("gather", (i,)) for i in items] if gather else []
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
-               "gather": _jit.gather_module}
+               "gather": _jit.gather_module, "verify": _verify_module}
 
     def one(task):
         kind, args = task
@@ -56,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="device_buffer_size values (B >= k)")
     ap.add_argument("--items", type=int, nargs="+", default=list(ITEMS),
                     help="KV row sizes in bytes (656 fp8 DSA, 1152 bf16 MLA)")
+    ap.add_argument("--draft-tokens", type=int, nargs="+", default=[], metavar="W",
+                    help="also build speculative verify modules for W = --speculative-num-draft-"
+                         "tokens (needs B >= W*k)")
     ap.add_argument("--grid", choices=["tests"], help="build the GPU test/benchmark grid instead")
     ap.add_argument("--jobs", type=int, default=4, help="parallel builds")
     args = ap.parse_args(argv)
@@ -67,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         if not specs:
             print("no (top_k, buffer) pair with buffer >= top_k; nothing to build", file=sys.stderr)
             return 2
+    verify = [(k, b, w, i) for (k, b, i) in specs for w in args.draft_tokens if w >= 1 and b >= w * k]
+    if args.draft_tokens and not verify:
+        w, k = max(args.draft_tokens), min(args.top_k)
+        print(f"--draft-tokens {args.draft_tokens}: no --buffer value holds W*k; a verify step "
+              f"needs B >= W*top_k, e.g. --buffer {max(2, w + 1) * k}", file=sys.stderr)
+        return 2
     print(f"JIT cache: {_jit.cache_dir()}  target: sm {_jit.cuda_arch()}")
-    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests")
+    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests", verify_specs=verify)
     return 0
 
 
