@@ -108,7 +108,7 @@ class SpecWindow:
                 f"spec admit: no device rows for request slot {r}'s verify window ({W - off} "
                 f"needed, {ctx.allocator.rows.available_size()} free)."
             )
-        st.slot_rows[r, B + off:] = rows.to(st.device, torch.int32)
+        st.slot_rows[r, B + off:] = rows.to(torch.int32).to(st.device, non_blocking=True)
         st.slot_tokens[:, r, B:] = -1
         self.hist_rows[r] = min(held, B)
         self.base_len[r] = st.seq_len[r]
@@ -223,7 +223,7 @@ class SpecWindow:
                 f"spec prepare: no device rows to grow request slot {r}'s hot buffer to {want} "
                 f"history slots ({self.ctx.allocator.rows.available_size()} free)."
             )
-        self.ctx.state.slot_rows[r, have:want] = rows.to(self.ctx.device, torch.int32)
+        self.ctx.state.slot_rows[r, have:want] = rows.to(torch.int32).to(self.ctx.device, non_blocking=True)
         self.hist_rows[r] = want
 
     def _validate_accept(self, idx: torch.Tensor) -> None:
