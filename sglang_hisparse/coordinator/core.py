@@ -178,7 +178,7 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
-            window=window,
+            num_draft_tokens=num_draft_tokens,
         )
         #: the verify windows (speculative decoding), or None
         self.spec = SpecWindow(self.ctx, num_draft_tokens=num_draft_tokens) if num_draft_tokens else None

@@ -23,7 +23,7 @@ groups are consecutive: the next anchor resolves only after the forward consumed
 shared layer of the previous group, and each of those waited for its replay's event.
 The buffers are sized for ``max_batch`` rows, allocated once (before any CUDA-graph capture).
 
-Speculative verify steps (``window`` W > 1) pass ``top_k`` int32 [bs, W, k]: the anchor runs
+Speculative verify steps (``num_draft_tokens`` W >= 1) pass ``top_k`` int32 [bs, W, k]: the anchor runs
 ``verify_ops.resolve_verify`` over the union of each request's W rows into its own buffers
 (``out_verify`` [max_batch, W, k], a plan of ``W*k`` columns); shared layers replay that plan
 with the unchanged ``ops.replay`` and return the anchor's ``out_verify`` exactly as above.
@@ -65,8 +65,8 @@ class Resolver:
     model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
     ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
     ``block_size``: CUDA threads per resolve CTA (``swap_in_block_size``; None: kernel default).
-    ``window``: W verify rows per request (1: no speculative decoding; the state must then be
-    built ``B + W`` slots wide).
+    ``num_draft_tokens``: W verify rows per request (0: no speculative decoding; otherwise
+    the state is built ``B + W`` slots wide and only 3-D verify top-k is served).
     """
 
     def __init__(
@@ -80,10 +80,11 @@ class Resolver:
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
-        window: int = 1,
+        num_draft_tokens: int = 0,
     ) -> None:
         self.ctx = ctx
-        self.window = window
+        self.spec = num_draft_tokens > 0
+        self.window = max(1, num_draft_tokens)
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
@@ -111,7 +112,7 @@ class Resolver:
         if dev.type == "cuda":
             ops.reserve_workspace(dev, max_batch)  # the kernel's per-row counters, before capture
         W = self.window
-        if W > 1:
+        if self.spec:
             self.out_verify = torch.full((max_batch, W, k), -1, dtype=torch.int32, device=dev)
             self.plan_verify = MissPlan.empty(max_batch, W * k, dev)
             if dev.type == "cuda":
@@ -134,12 +135,18 @@ class Resolver:
         ctx = self.ctx
         verify = top_k.dim() == 3
         if verify:
-            if self.window <= 1 or tuple(top_k.shape[1:]) != (self.window, ctx.top_k):
+            if not self.spec or tuple(top_k.shape[1:]) != (self.window, ctx.top_k):
                 raise ValueError(
                     f"swap_in: top_k has shape {tuple(top_k.shape)}; a verify step needs "
-                    f"[bs, {self.window}, {ctx.top_k}] (W = num_draft_tokens = {self.window}; "
-                    f"W <= 1 means the coordinator was built without speculative decoding)."
+                    f"[bs, W, {ctx.top_k}] with W = num_draft_tokens = {self.window if self.spec else 0} "
+                    f"(0: the coordinator was built without speculative decoding)."
                 )
+        elif self.spec:
+            raise ValueError(
+                f"swap_in: top_k has shape {tuple(top_k.shape)} but this coordinator serves "
+                f"speculative verify steps only (num_draft_tokens = {self.window}): pass "
+                f"[bs, {self.window}, {ctx.top_k}] after prepare_spec."
+            )
         elif top_k.dim() != 2 or top_k.shape[1] != ctx.top_k:
             raise ValueError(
                 f"swap_in: top_k has shape {tuple(top_k.shape)}; expected [bs, {ctx.top_k}] "

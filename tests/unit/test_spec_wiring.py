@@ -21,7 +21,7 @@ def test_without_spec_the_state_is_unchanged() -> None:
     core.reserve_spec([0])  # SGLang calls allocate_spec_scratch for every batch: a no-op
     with pytest.raises(ValueError, match=r"num_draft_tokens = 0.*speculative_num_draft_tokens"):
         core.commit_spec(torch.empty(0, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"top_k has shape \(1, 3, 4\); a verify step needs \[bs, 1, 4\]"):
+    with pytest.raises(ValueError, match=r"top_k has shape \(1, 3, 4\); a verify step needs \[bs, W, 4\] with W = num_draft_tokens = 0"):
         core.swap_in(torch.zeros(1), torch.ones(3), torch.zeros(1, 3, 4, dtype=torch.int32), 0)
 
 
@@ -30,8 +30,10 @@ def test_with_spec_the_state_has_the_window() -> None:
     assert core.spec is not None and core.num_draft_tokens == 3
     assert tuple(core.state.slot_tokens.shape) == (2, 3, 15) and tuple(core.state.lru.shape) == (2, 3, 12)
     assert tuple(core.resolver.out_verify.shape) == (5, 3, 4) and core.resolver.plan_verify.src.shape[1] == 12
-    with pytest.raises(ValueError, match=r"top_k has shape \(1, 2, 4\); a verify step needs \[bs, 3, 4\]"):
+    with pytest.raises(ValueError, match=r"top_k has shape \(1, 2, 4\); a verify step needs \[bs, W, 4\] with W = num_draft_tokens = 3"):
         core.swap_in(torch.zeros(1), torch.ones(2), torch.zeros(1, 2, 4, dtype=torch.int32), 0)
+    with pytest.raises(ValueError, match=r"serves speculative verify steps only \(num_draft_tokens = 3\)"):
+        core.swap_in(torch.zeros(1), torch.ones(1), torch.zeros(1, 4, dtype=torch.int32), 0)
     core.commit_spec(torch.empty(0, dtype=torch.int32))  # idle batch: nothing was prepared
     with pytest.raises(ValueError, match="no verify round was prepared"):
         core.commit_spec(torch.tensor([[0, -1, -1]], dtype=torch.int32))
@@ -48,3 +50,18 @@ def test_precompile_builds_verify_modules_for_the_draft_tokens(monkeypatch, caps
     assert kmain.main(["--buffer", "4096"]) == 0 and seen["verify_specs"] == []
     assert kmain.main(["--buffer", "4096", "--draft-tokens", "4"]) == 2
     assert "needs B >= W*top_k, e.g. --buffer 10240" in capsys.readouterr().err
+
+
+def test_one_draft_token_is_still_a_verify_window() -> None:
+    """SGLang passes num_draft_tokens = 0 without spec; W = 1 (spec on, no drafts) runs the
+    verify path with a one-row window and stays exact."""
+    import random
+
+    from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario
+    from sglang_hisparse.testing.spec_engine import SpecDecodeEngine
+
+    for seed in range(3):
+        engine = SpecDecodeEngine(MODEL, SIZES, num_draft_tokens=1, skip_io=False, accept_seed=seed)
+        assert tuple(engine.core.state.slot_rows.shape) == (3, 13) and engine.core.spec is not None
+        stats = run_scenario(engine, random.Random(seed), ScenarioSpec(num_requests=4, max_prompt=30))
+        assert stats.checked_outputs > 0 and engine.accepted == engine.verified
