@@ -14,6 +14,13 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sglang_hisparse.kernel_limits import (
+    SM90_MAX_SMEM_PER_BLOCK,
+    largest_buffer,
+    resolve_smem_bytes,
+    verify_smem_bytes,
+)
+
 FLAG = "--hisparse-config"
 
 #: LRU order is stored as int16 slot ids (``lru [L, R, B]``), so B slots need ids 0..B-1 < 2**15.
@@ -122,6 +129,8 @@ class HiSparseConfig:
                 f"(2-4x top_k is typical)."
             )
 
+        _check_kernel_fits(top_k, buffer, W)
+
         ratio = raw.get("host_to_device_ratio", DEFAULT_HOST_TO_DEVICE_RATIO)
         if ratio < 1:
             raise ValueError(
@@ -144,6 +153,38 @@ class HiSparseConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _check_kernel_fits(top_k: int, buffer: int, rows: int) -> None:
+    """Reject a (top_k, B, W) whose resolve kernel needs more shared memory than sm_90 has.
+
+    NOTE: checked here, at startup, rather than left to the kernel's own launch check, which
+    would fire on the first decode step of a server that already loaded its weights.
+    """
+    limit = SM90_MAX_SMEM_PER_BLOCK
+    need = resolve_smem_bytes(top_k, buffer)
+    if need > limit:
+        most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b))
+        raise ValueError(
+            f"{FLAG}: 'device_buffer_size' = {buffer} with top_k = {top_k} needs {need} B of "
+            f"shared memory per CTA in the resolve kernel, above the {limit} B an H100/H200 "
+            f"allows. Use 'device_buffer_size' <= {most}."
+        )
+    if rows:
+        need = verify_smem_bytes(top_k, buffer, rows)
+        if need > limit:
+            most = largest_buffer(lambda b: verify_smem_bytes(top_k, b, rows))
+            if most >= rows * top_k:
+                fix = f"use 'device_buffer_size' between {rows * top_k} and {most}"
+            else:
+                w_max = max((w for w in range(1, rows) if verify_smem_bytes(top_k, w * top_k, w) <= limit), default=0)
+                fix = f"use --speculative-num-draft-tokens {w_max} or fewer at top_k {top_k}"
+            raise ValueError(
+                f"{FLAG}: speculative_num_draft_tokens = {rows} with top_k = {top_k} and "
+                f"'device_buffer_size' = {buffer} needs {need} B of shared memory per CTA in the "
+                f"verify kernel (a hash over the {rows * top_k}-position union), above the {limit} B "
+                f"an H100/H200 allows: {fix}."
+            )
 
 
 def _parse_json(text: str | None) -> dict[str, Any]:

@@ -76,3 +76,26 @@ def test_speculative_default_buffer_holds_w_plus_one_selections():
 def test_speculative_buffer_rejections_give_the_number(text, W, match):
     with pytest.raises(ValueError, match=match):
         HiSparseConfig.from_json(text, num_draft_tokens=W)
+
+
+def test_kernel_shared_memory_figures_match_the_kernels():
+    from sglang_hisparse.kernel_limits import resolve_smem_bytes, verify_smem_bytes
+
+    # The layouts' own figures: 96 KiB (two CTAs per SM) and 206 KiB (docs/speculative.md).
+    assert resolve_smem_bytes(2048, 4096) == 98464
+    assert verify_smem_bytes(2048, 5 * 2048, 4) == 211104
+
+
+def test_buffer_too_large_for_the_resolve_kernel():
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 32767 with top_k = 2048 needs 241824 B of shared memory.*Use 'device_buffer_size' <= 30892"):
+        HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=2048)
+    assert HiSparseConfig.from_json('{"device_buffer_size": 30892}', model_top_k=2048).device_buffer_size == 30892
+    assert HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=512).device_buffer_size == 32767
+
+
+def test_verify_window_too_wide_for_the_verify_kernel():
+    with pytest.raises(ValueError, match=r"speculative_num_draft_tokens = 5 .* use --speculative-num-draft-tokens 4 or fewer"):
+        HiSparseConfig.from_json(None, model_top_k=2048, num_draft_tokens=5)
+    with pytest.raises(ValueError, match=r"use 'device_buffer_size' between 8192 and 17354"):
+        HiSparseConfig.from_json('{"device_buffer_size": 20000}', model_top_k=2048, num_draft_tokens=4)
+    assert HiSparseConfig.from_json(None, model_top_k=2048, num_draft_tokens=4).device_buffer_size == 10240
