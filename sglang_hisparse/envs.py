@@ -70,8 +70,9 @@ _REGISTRY: dict[str, EnvVar] = {
             "SGLANG_HISPARSE_LOG_INTERVAL",
             float,
             30.0,
-            "Seconds between HiSparse summary log lines (hit rate, misses/step, GB moved); "
-            "0 disables the line.",
+            "Seconds between HiSparse reports: the summary log line (hit rate, misses/step, "
+            "GB moved) and, with --enable-metrics, the sglang:hisparse_* Prometheus series. "
+            "0 disables both.",
         ),
         EnvVar(
             "SGLANG_HISPARSE_RECORD_TRACE",

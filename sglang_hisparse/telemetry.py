@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,9 @@ class Telemetry:
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
         self._last_snapshot: TelemetrySnapshot | None = None
+        #: called with (snapshot, previous snapshot or None, seconds) at every report, e.g.
+        #: ``metrics.PrometheusSink``; they share the one sync the report costs
+        self.sinks: list[Callable[[TelemetrySnapshot, TelemetrySnapshot | None, float], None]] = []
 
     # -- device-side accumulation (no host sync) ---------------------------------------
     def add_resolve(
@@ -135,7 +139,7 @@ class Telemetry:
         )
 
     def maybe_log(self) -> None:
-        """Emit the summary line when ``log_interval_s`` has passed (one sync per line)."""
+        """Every ``log_interval_s``: the summary line, then the sinks (one sync per report)."""
         if self.log_interval_s <= 0:
             return
         now = time.monotonic()
@@ -145,6 +149,8 @@ class Telemetry:
         self._last_log = now
         snap = self.snapshot()
         logger.info(format_line(snap, self._last_snapshot, elapsed))
+        for sink in self.sinks:
+            sink(snap, self._last_snapshot, elapsed)
         self._last_snapshot = snap
 
 

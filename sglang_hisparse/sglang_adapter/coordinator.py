@@ -39,6 +39,7 @@ from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.metrics import prometheus_sink_if_enabled
 
 logger = logging.getLogger("sglang_hisparse")
 
@@ -87,6 +88,16 @@ def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
     return layers, int(getattr(kvcache, "start_layer", 0) or 0)
 
 
+def _rank_in(group: Any) -> int:
+    """This process's rank in ``group`` (0 without torch.distributed or a group)."""
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
 class SGLangHiSparseCoordinator:
     """Drop-in for SGLang's ``HiSparseCoordinator`` (constructor kwargs: seams §2.1)."""
 
@@ -129,6 +140,9 @@ class SGLangHiSparseCoordinator:
             # the per-step buffers never grow, in particular not during graph capture
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
         )
+        sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
+        if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
+            self.core.telemetry.sinks.append(sink)
         # PD decode reads these (disaggregation/decode.py): it admits a request against
         # padded_buffer_size + spec_swap.scratch_capacity device rows. A verify window adds W
         # rows to the hot buffer (one of them may be slot B's), so W pages-rounded covers it.

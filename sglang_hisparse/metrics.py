@@ -1,0 +1,100 @@
+"""Prometheus metrics for HiSparse, served by SGLang's own ``/metrics`` endpoint.
+
+With ``--enable-metrics`` SGLang runs prometheus_client in multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR`` is set before the schedulers spawn), so metrics created in a
+scheduler process appear on the HTTP server's ``/metrics`` next to SGLang's ``sglang:*``
+series. :class:`PrometheusSink` turns each periodic :class:`~sglang_hisparse.telemetry.TelemetrySnapshot`
+into counter increments; it runs on the telemetry report cadence
+(``SGLANG_HISPARSE_LOG_INTERVAL``), so it adds no host sync to the decode step.
+
+| series (label ``tp_rank``) | type | meaning |
+|---|---|---|
+| ``sglang:hisparse_selected_total`` | counter | top-k entries resolved (real requests, resolving layers) |
+| ``sglang:hisparse_misses_total`` | counter | of those, rows copied host→device |
+| ``sglang:hisparse_h2d_bytes_total`` | counter | KV bytes copied host→device (resolve, replay, preloads) |
+| ``sglang:hisparse_backup_tokens_total`` | counter | tokens written through to host after their step |
+| ``sglang:hisparse_staged_requests_total`` | counter | prompts staged device→host after prefill |
+| ``sglang:hisparse_direct_admissions_total`` | counter | PD requests admitted from the host pool |
+| ``sglang:hisparse_decode_steps_total`` | counter | decode steps mapped |
+| ``sglang:hisparse_hit_rate`` | gauge | hit rate over the last report interval |
+
+Hit rate over any window: ``1 - rate(misses_total) / rate(selected_total)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_hisparse.telemetry import TelemetrySnapshot
+
+PREFIX = "sglang:hisparse_"
+#: snapshot field -> (counter name without prefix/suffix, help)
+COUNTERS = {
+    "selected": ("selected", "Top-k entries resolved (real requests, resolving layers)."),
+    "misses": ("misses", "Top-k entries copied host to device (misses)."),
+    "h2d_bytes": ("h2d_bytes", "KV bytes copied host to device by resolve, replay and preloads."),
+    "backup_tokens": ("backup_tokens", "Tokens written through to host after their decode step."),
+    "staged_requests": ("staged_requests", "Prompts staged device to host after prefill."),
+    "direct_admissions": ("direct_admissions", "PD requests admitted straight from the host pool."),
+    "steps": ("decode_steps", "Decode steps mapped by the coordinator."),
+}
+
+
+class PrometheusSink:
+    """Publishes telemetry snapshots as Prometheus series labelled with ``labels``.
+
+    Call it with ``(snapshot, previous_snapshot_or_None, elapsed_s)``; counters advance by the
+    difference. ``registry`` defaults to prometheus_client's global one (what SGLang exports).
+    """
+
+    def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
+        counters, hit_rate = _families(registry, tuple(sorted(labels)))
+        self._counters = {field: family.labels(**labels) for field, family in counters.items()}
+        self._hit_rate = hit_rate.labels(**labels)
+
+    def __call__(self, snap: TelemetrySnapshot, prev: TelemetrySnapshot | None, elapsed_s: float) -> None:
+        for field, counter in self._counters.items():
+            delta = getattr(snap, field) - (getattr(prev, field) if prev is not None else 0)
+            if delta > 0:
+                counter.inc(delta)
+        selected = snap.selected - (prev.selected if prev is not None else 0)
+        misses = snap.misses - (prev.misses if prev is not None else 0)
+        if selected > 0:
+            self._hit_rate.set(1.0 - misses / selected)
+
+
+_FAMILIES: dict[int, tuple[dict[str, Any], Any]] = {}
+
+
+def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any]:
+    """The metric families, created once per registry (a second coordinator in one process,
+    or a test, would otherwise register the same series twice and fail)."""
+    from prometheus_client import REGISTRY, Counter, Gauge
+
+    reg = REGISTRY if registry is None else registry
+    if id(reg) not in _FAMILIES:
+        counters = {
+            field: Counter(PREFIX + name, help_, label_names, registry=reg)
+            for field, (name, help_) in COUNTERS.items()
+        }
+        # NOTE: "mostrecent" keeps one value per label set across processes; the default
+        # multiprocess mode ("all") would add a pid label to every series.
+        hit_rate = Gauge(
+            PREFIX + "hit_rate", "Hit rate over the last report interval.", label_names,
+            registry=reg, multiprocess_mode="mostrecent",
+        )
+        _FAMILIES[id(reg)] = (counters, hit_rate)
+    return _FAMILIES[id(reg)]
+
+
+def prometheus_sink_if_enabled(labels: dict[str, str]) -> PrometheusSink | None:
+    """A sink when SGLang runs with ``--enable-metrics`` (prometheus multiprocess mode is set
+    up) and prometheus_client is importable; otherwise None, at no cost."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    try:
+        return PrometheusSink(labels)
+    except ImportError:
+        return None
