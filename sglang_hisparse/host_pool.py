@@ -18,7 +18,7 @@ threads, which is what the resolve kernel does. On CPU the memory is left unpinn
 NOTE: one registration, not chunks. A DMA copy (``Tensor.copy_`` → ``cudaMemcpyAsync``) whose
 host range crosses the boundary between two registrations fails with ``invalid argument``;
 the H200 end-to-end run hit exactly that with 1 GiB chunks on an 84 GiB pool (a layer's rows
-span many chunks). One call over 84 GiB took the same ~44 s as the chunked loop.
+span many chunks). Pinning 83.86 GiB took 40.4 s in one call vs 43.8 s in 1 GiB chunks.
 """
 
 from __future__ import annotations
