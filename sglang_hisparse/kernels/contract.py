@@ -162,6 +162,23 @@ def check_plan_shapes(plan: MissPlan, *, bs: int | None = None, k: int | None = 
         raise ValueError(f"plan.src has {plan.src.shape[1]} columns, fewer than k = {k}.")
 
 
+def check_real_rows(kw: dict, bs: int) -> tuple[int, torch.Tensor, torch.Tensor, int]:
+    """Value checks every resolve flavour shares (host syncs): ``0 <= num_real_reqs <= bs`` and
+    real rows' ``req_index`` in ``[0, R)`` without duplicates. Returns ``(num_real, req_index,
+    seq_lens, max_ctx)`` with the real rows' values on the CPU as int64."""
+    R, max_ctx = kw["host_rows"].shape
+    nr = int(kw["num_real_reqs"].reshape(-1)[0])
+    if not 0 <= nr <= bs:
+        raise ValueError(f"num_real_reqs = {nr} is outside [0, batch={bs}].")
+    req = kw["req_index"][:nr].long().cpu()
+    lens = kw["seq_lens"][:nr].long().cpu()
+    if nr and (req.min() < 0 or req.max() >= R):
+        raise ValueError(f"req_index has {req.tolist()} outside [0, {R}) (request slots R).")
+    if req.unique().numel() != nr:
+        raise ValueError(f"req_index has duplicate request slots among real rows: {req.tolist()}.")
+    return nr, req, lens, max_ctx
+
+
 def validate_resolve(**kw) -> None:
     """Full check of resolve inputs: shapes/dtypes, then values (host syncs; skipped in capture).
 
@@ -173,16 +190,7 @@ def validate_resolve(**kw) -> None:
     top_k = kw["top_k"]
     if _is_capturing(top_k) or bs == 0:
         return
-    R, max_ctx = kw["host_rows"].shape
-    nr = int(kw["num_real_reqs"].reshape(-1)[0])
-    if not 0 <= nr <= bs:
-        raise ValueError(f"num_real_reqs = {nr} is outside [0, batch={bs}].")
-    req = kw["req_index"][:nr].long().cpu()
-    lens = kw["seq_lens"][:nr].long().cpu()
-    if nr and (req.min() < 0 or req.max() >= R):
-        raise ValueError(f"req_index has {req.tolist()} outside [0, {R}) (request slots R).")
-    if req.unique().numel() != nr:
-        raise ValueError(f"req_index has duplicate request slots among real rows: {req.tolist()}.")
+    nr, req, lens, max_ctx = check_real_rows(kw, bs)
     if nr and (lens.min() < 1 or lens.max() > max_ctx):
         raise ValueError(f"seq_lens {lens.tolist()} outside [1, {max_ctx}] (host_rows.shape[1]).")
     tk = top_k[:nr].long().cpu()

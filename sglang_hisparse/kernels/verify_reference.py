@@ -48,6 +48,7 @@ from .contract import (
     _need,
     _same,
     check_plan_shapes,
+    check_real_rows,
     check_rows_and_strides,
     validation_enabled,
 )
@@ -120,16 +121,7 @@ def validate_verify(**kw) -> None:
     top_k = kw["top_k"]
     if _is_capturing(top_k) or bs == 0:
         return
-    R, max_ctx = kw["host_rows"].shape
-    nr = int(kw["num_real_reqs"].reshape(-1)[0])
-    if not 0 <= nr <= bs:
-        raise ValueError(f"num_real_reqs = {nr} is outside [0, batch={bs}].")
-    req = kw["req_index"][:nr].long().cpu()
-    lens = kw["seq_lens"][:nr].long().cpu()
-    if nr and (req.min() < 0 or req.max() >= R):
-        raise ValueError(f"req_index has {req.tolist()} outside [0, {R}) (request slots R).")
-    if req.unique().numel() != nr:
-        raise ValueError(f"req_index has duplicate request slots among real rows: {req.tolist()}.")
+    nr, req, lens, max_ctx = check_real_rows(kw, bs)
     if not nr:
         return
     steps = lens - lens[:, :1]
