@@ -162,6 +162,21 @@ def check_plan_shapes(plan: MissPlan, *, bs: int | None = None, k: int | None = 
         raise ValueError(f"plan.src has {plan.src.shape[1]} columns, fewer than k = {k}.")
 
 
+#: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
+DEFAULT_BLOCK_SIZE = 512
+
+
+def check_block_size(block: int) -> int:
+    """``block`` if it is a valid CUDA block size for the resolve kernels (a positive multiple
+    of 32, at most 1024: every such size works with one build), else ValueError."""
+    if block < 32 or block % 32 or block > 1024:
+        raise ValueError(
+            f"block_size = {block} must be a positive multiple of 32 no larger than 1024 "
+            f"(CUDA threads per block); e.g. {DEFAULT_BLOCK_SIZE}."
+        )
+    return block
+
+
 def check_real_rows(kw: dict, bs: int) -> tuple[int, torch.Tensor, torch.Tensor, int]:
     """Value checks every resolve flavour shares (host syncs): ``0 <= num_real_reqs <= bs`` and
     real rows' ``req_index`` in ``[0, R)`` without duplicates. Returns ``(num_real, req_index,

@@ -14,8 +14,10 @@ import torch
 from . import reference
 from ._jit import replay_module, resolve_module
 from .contract import (
+    DEFAULT_BLOCK_SIZE,
     MissPlan,
     ResolveMode,
+    check_block_size,
     check_plan_shapes,
     check_resolve_shapes,
     validate_replay,
@@ -26,8 +28,6 @@ from .workspace import ArrivalCounters
 
 __all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
 
-#: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
-DEFAULT_BLOCK_SIZE = 512
 #: Most CTAs one request's misses are spread over.
 MAX_CTAS_PER_REQUEST = 32
 #: Replay grid: a handful of CTAs, so a side-stream replay overlaps compute.
@@ -58,15 +58,6 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     if device not in _sm_count:
         _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(MAX_CTAS_PER_REQUEST, _sm_count[device] // max(bs, 1)))
-
-
-def _check_block(block: int) -> int:
-    if block < 32 or block % 32 or block > 1024:
-        raise ValueError(
-            f"block_size = {block} must be a positive multiple of 32 no larger than 1024 "
-            f"(CUDA threads per block); e.g. {DEFAULT_BLOCK_SIZE}."
-        )
-    return block
 
 
 @torch.no_grad()
@@ -106,7 +97,7 @@ def resolve(
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
-    block = _check_block(block_size or DEFAULT_BLOCK_SIZE)
+    block = check_block_size(block_size or DEFAULT_BLOCK_SIZE)
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
@@ -141,7 +132,7 @@ def replay(
                         device_cache=device_cache)
         _check_pinned(host_cache)
     check_plan_shapes(plan)
-    block = _check_block(block_size)
+    block = check_block_size(block_size)
     if not 1 <= ctas <= 65535:
         raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
     replay_module(host_cache.shape[1]).replay(

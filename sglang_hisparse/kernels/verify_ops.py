@@ -17,14 +17,18 @@ from typing import Any
 import torch
 
 from . import _jit, verify_reference
-from .contract import MissPlan, ResolveMode, validation_enabled
+from .contract import (
+    DEFAULT_BLOCK_SIZE,
+    MissPlan,
+    ResolveMode,
+    check_block_size,
+    validation_enabled,
+)
 from .verify_reference import check_verify_shapes, validate_verify
 from .workspace import ArrivalCounters
 
 __all__ = ["reserve_verify_workspace", "resolve_verify", "verify_module"]
 
-#: Threads per CTA when the caller gives none (the config default ``swap_in_block_size``).
-DEFAULT_BLOCK_SIZE = 512
 
 # NOTE: its own counters rather than ops.py's instance: a verify launch and a resolve launch
 # never share a batch, and 4 bytes per batch row is nothing.
@@ -43,11 +47,7 @@ def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None
 
 
 def _check_launch(host_cache: torch.Tensor, block: int, ctas: int, validate: bool) -> None:
-    if block < 32 or block % 32 or block > 1024:
-        raise ValueError(
-            f"block_size = {block} must be a positive multiple of 32 no larger than 1024 "
-            f"(CUDA threads per block); e.g. {DEFAULT_BLOCK_SIZE}."
-        )
+    check_block_size(block)
     if not 0 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024] (None = automatic).")
     if validate and not torch.cuda.is_current_stream_capturing() and not host_cache.is_pinned():
