@@ -110,22 +110,38 @@ def check_rows_and_strides(**tensors: torch.Tensor) -> int:
     return item
 
 
+#: dtypes and ndim of the hot-buffer state every resolve flavour reads (single-row and verify)
+_STATE_DTYPES = {
+    "req_index": ((torch.int32, torch.int64), 1),
+    "num_real_reqs": ((torch.int32,), 1),
+    "slot_tokens": ((torch.int32,), 2),
+    "slot_rows": ((torch.int32,), 2),
+    "lru": ((torch.int16,), 2),
+    "host_rows": ((torch.int64,), 2),
+    "host_cache": ((torch.uint8,), 2),
+    "device_cache": ((torch.uint8,), 2),
+}
+
+
+def check_state_dtypes(**state: torch.Tensor) -> None:
+    """Dtype/ndim of the state tensors named in ``_STATE_DTYPES`` (all of them, by keyword)."""
+    for name, (dtypes, ndim) in _STATE_DTYPES.items():
+        _need(name, state[name], dtypes, ndim)
+
+
 def check_resolve_shapes(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru,
     host_rows, host_cache, device_cache, out_rows, plan,
 ) -> tuple[int, int, int, int]:
     """Shape/dtype checks that need no device read. Returns ``(bs, k, B, item_bytes)``."""
     _need("top_k", top_k, (torch.int32,), 2)
-    _need("req_index", req_index, (torch.int32, torch.int64), 1)
     _need("seq_lens", seq_lens, (torch.int32, torch.int64), 1)
-    _need("num_real_reqs", num_real_reqs, (torch.int32,), 1)
-    _need("slot_tokens", slot_tokens, (torch.int32,), 2)
-    _need("slot_rows", slot_rows, (torch.int32,), 2)
-    _need("lru", lru, (torch.int16,), 2)
-    _need("host_rows", host_rows, (torch.int64,), 2)
-    _need("host_cache", host_cache, (torch.uint8,), 2)
-    _need("device_cache", device_cache, (torch.uint8,), 2)
     _need("out_rows", out_rows, (torch.int32,), 2)
+    check_state_dtypes(
+        req_index=req_index, num_real_reqs=num_real_reqs, slot_tokens=slot_tokens,
+        slot_rows=slot_rows, lru=lru, host_rows=host_rows, host_cache=host_cache,
+        device_cache=device_cache,
+    )
     bs, k = top_k.shape
     R, B = lru.shape
     _same("num_real_reqs.numel()", num_real_reqs.numel(), 1, "a one-element tensor")

@@ -50,6 +50,7 @@ from .contract import (
     check_plan_shapes,
     check_real_rows,
     check_rows_and_strides,
+    check_state_dtypes,
     validation_enabled,
 )
 from .reference import _first_occurrence_order
@@ -69,16 +70,13 @@ def check_verify_shapes(
     uint8 [H|D, I]; ``out_rows`` int32 [bs, W, k]; ``plan`` src/dst [bs, >= W*k].
     """
     _need("top_k", top_k, (torch.int32,), 3)
-    _need("req_index", req_index, (torch.int32, torch.int64), 1)
     _need("seq_lens", seq_lens, (torch.int32, torch.int64), 2)
-    _need("num_real_reqs", num_real_reqs, (torch.int32,), 1)
-    _need("slot_tokens", slot_tokens, (torch.int32,), 2)
-    _need("slot_rows", slot_rows, (torch.int32,), 2)
-    _need("lru", lru, (torch.int16,), 2)
-    _need("host_rows", host_rows, (torch.int64,), 2)
-    _need("host_cache", host_cache, (torch.uint8,), 2)
-    _need("device_cache", device_cache, (torch.uint8,), 2)
     _need("out_rows", out_rows, (torch.int32,), 3)
+    check_state_dtypes(
+        req_index=req_index, num_real_reqs=num_real_reqs, slot_tokens=slot_tokens,
+        slot_rows=slot_rows, lru=lru, host_rows=host_rows, host_cache=host_cache,
+        device_cache=device_cache,
+    )
     bs, W, k = top_k.shape
     R, B = lru.shape
     _same("num_real_reqs.numel()", num_real_reqs.numel(), 1, "a one-element tensor")
