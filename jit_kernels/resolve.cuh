@@ -44,6 +44,21 @@ struct Layout {
 // round trip per batch instead.
 constexpr int kBatch = 8;
 
+// Phase clocks for the bookkeeping study (benchmarks/probe_resolve.py builds with
+// HS_PHASE_PROFILE): thread 0 of each of the first kPhaseCtas CTAs records clock64() at each
+// phase boundary. Compiled out otherwise.
+#ifdef HS_PHASE_PROFILE
+constexpr int kPhaseCtas = 4096, kPhases = 12;
+__device__ long long hs_phase_clock[kPhaseCtas][kPhases];
+#define HS_PHASE(i)                                                                     \
+  do {                                                                                  \
+    const int cta_ = blockIdx.y * gridDim.x + blockIdx.x;                               \
+    if (threadIdx.x == 0 && cta_ < kPhaseCtas) hs_phase_clock[cta_][i] = clock64();     \
+  } while (0)
+#else
+#define HS_PHASE(i) do {} while (0)
+#endif
+
 __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
   return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
 }
@@ -106,6 +121,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   __shared__ int s_writer;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, T = blockDim.x;
+  HS_PHASE(0);
   const int32_t* tk = a.top_k + b * a.topk_stride;
   int32_t* out = a.out_rows + b * a.out_stride;
   // Issued together (one round trip): every batch row's index entries are readable.
@@ -130,6 +146,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   int32_t* stok = a.slot_tokens + r * a.st_stride;
   int16_t* lru = a.lru + r * a.lru_stride;
   const int newest = static_cast<int>(n - 1);
+  HS_PHASE(1);
 
   // 0. Stage top-k and the LRU in shared memory (batched, coalesced); clear the tables.
   for (int i0 = tid; i0 < K; i0 += T * kBatch) {
@@ -150,6 +167,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   for (int s = tid; s < B; s += T) hit[s] = 0;
   for (int w = tid; w < L::H / 4; w += T) filt[w] = 0;
   __syncthreads();
+  HS_PHASE(2);
   // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each;
   //    each entry's table index replaces its position in tks, so later passes never probe.
   for (int i = tid; i < K; i += T) {
@@ -170,6 +188,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     tks[i] = code;
   }
   __syncthreads();
+  HS_PHASE(3);
   auto find = [&](int p) -> int {
     unsigned h = hash_slot(p, L::kLogH);
     while (true) {
@@ -196,9 +215,11 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     }
   }
   __syncthreads();
+  HS_PHASE(4);
   // 3. Split the old LRU into evictables (old order) and hits (old order); one scan, each thread
   //    owning a contiguous chunk.
   const int n_evict = split_lru(lrus, hit, order, B, scratch);
+  HS_PHASE(5);
   // All reads of the mutable state (slot_tokens, lru) are done: arrive; the last CTA writes.
   if (tid == 0) s_writer = arrive_last(a.arrivals, b, a.ctas);
   // 4. Misses in top-k order (first occurrences of unresolved positions) take order[0..m).
@@ -220,6 +241,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     if ((v & 0xffff) == 0xffff && (v >> 16) == i) mpos[q++] = h;  // q < n_evict as B >= K
   }
   __syncthreads();
+  HS_PHASE(6);
   // 5. Per miss: claim its victim in the table (only read before the barrier above), fetch its
   //    host and device rows (kBatch loads in flight), record the new slot token.
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {
@@ -245,6 +267,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     }
   }
   __syncthreads();
+  HS_PHASE(7);
   if (writer) {
     for (int i0 = tid; i0 < K; i0 += T * kBatch) {
       int row[kBatch];
@@ -272,11 +295,13 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
       if (tid == 0) a.plan_count[b] = m;
     }
   }
+  HS_PHASE(8);
   if (a.copy) {
     const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
     const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
     copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
   }
+  HS_PHASE(9);
 }
 
 using tvm::ffi::TensorView;

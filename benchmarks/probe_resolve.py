@@ -1,0 +1,252 @@
+"""Where the resolve kernel's time goes, and what bounds host reads (GPU, JSON out).
+
+Two studies, each written to the JSON as records of its own ``kind``:
+
+* ``phases``: the resolve kernel built with ``HS_PHASE_PROFILE`` records ``clock64()`` at each
+  phase boundary in thread 0 of every CTA; per phase the median cycles over CTAs and steps
+  (converted with the SM clock), plus in the same run the CUDA-graph time per launch of the
+  real kernel and of an empty kernel with the same grid and shared memory (the launch floor).
+* ``host``: the same-run scattered-gather ceiling over pinned pools allocated four ways
+  (``cudaHostAlloc``; ``malloc`` + ``cudaHostRegister`` as ``HostKVPool`` does; an ``mmap``
+  with ``MADV_HUGEPAGE`` + ``cudaHostRegister``; ``MAP_HUGETLB`` when the kernel has huge pages)
+  and over pool slices of several sizes: if rows per second, not bytes, bound the gather, and
+  the bound moves with the host page size, GPU address translation is the limit.
+
+    python benchmarks/probe_resolve.py --out probe.json [--skip-host] [--skip-phases]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_resolve import DEV, make_trace, time_graph  # noqa: E402
+
+from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
+from sglang_hisparse.kernels import _jit  # noqa: E402
+
+# Phase boundaries HS_PHASE(0..9) in resolve.cuh, in order.
+PHASES = ["indices", "stage", "hash_insert", "hits", "split_lru", "miss_scan", "miss_fetch",
+          "write_state", "copy"]
+_ARGS = _jit._RESOLVE_ARGS
+_CALL = _jit._RESOLVE_CALL
+
+
+def phase_module(k, B, item):
+    wrapper = (
+        "#define HS_PHASE_PROFILE 1\n#include \"resolve.cuh\"\nusing tvm::ffi::TensorView;\n"
+        f"void resolve({_ARGS}) {{\n  hisparse::resolve_launch<{k}, {B}, {item}>({_CALL});\n}}\n"
+        "void read_phases(TensorView out) {\n"
+        "  HS_CUDA(cudaMemcpyFromSymbol(out.data_ptr(), hisparse::hs_phase_clock,"
+        " sizeof(hisparse::hs_phase_clock), 0, cudaMemcpyDeviceToHost));\n}\n"
+        "__global__ void empty_kernel() { extern __shared__ int s[]; if (threadIdx.x == 1 << 20) s[0] = 0; }\n"
+        "void empty(int64_t ctas, int64_t bs, int64_t block, int64_t smem) {\n"
+        "  hisparse::set_smem(empty_kernel, smem);\n"
+        "  auto st = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, 0));\n"
+        "  empty_kernel<<<dim3(ctas, bs), block, smem, st>>>();\n"
+        "  HS_CUDA(cudaGetLastError());\n}\n"
+    )
+    return _jit._build(f"probe_resolve_k{k}_b{B}_i{item}", wrapper,
+                       ["resolve", "read_phases", "empty"])
+
+
+def sm_hz() -> float:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) * 1e6
+    except Exception:  # noqa: BLE001
+        return 1.98e9
+
+
+def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8):
+    """Phase clocks and graph time of one config, eager NO_IO then COPY."""
+    tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=[churn] * bs, steps=steps,
+                    host_rows_total=host.shape[0], seed=0)
+    dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
+    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
+    req = torch.arange(bs, device=DEV)
+    lens = torch.full((bs,), ctx, dtype=torch.int64, device=DEV)
+    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
+    out = torch.empty(bs, k, dtype=torch.int32, device=DEV)
+    arrivals = torch.zeros(bs, dtype=torch.int32, device=DEV)
+    e64 = torch.empty(0, 0, dtype=torch.int64, device=DEV)
+    e32 = torch.empty(0, 0, dtype=torch.int32, device=DEV)
+    c32 = torch.empty(0, dtype=torch.int32, device=DEV)
+    buf = torch.zeros(4096, 12, dtype=torch.int64)
+    smem_bytes = resolve_smem_bytes(k, B)
+
+    def restore():
+        tr["slot_tokens"].copy_(st0)
+        tr["lru"].copy_(lru0)
+
+    def empty(_t):
+        mod.empty(ctas, bs, block, smem_bytes)
+
+    for copy in (0, 1):
+        def call(t, copy=copy):
+            mod.resolve(tr["top_k"][t], req, lens, nr, tr["slot_tokens"], tr["slot_rows"],
+                        tr["lru"], tr["host_rows"], host, dev_cache, out, e64, e32, c32,
+                        arrivals, ctas, block, 0, copy)
+
+        restore()
+        deltas = {p: [] for p in PHASES}
+        total = []
+        for t in range(1, steps + 1):
+            call(t)
+            torch.cuda.synchronize()
+            mod.read_phases(buf)
+            ph = buf[: bs * ctas, : len(PHASES) + 1].double()
+            for i, p in enumerate(PHASES):
+                deltas[p] += (ph[:, i + 1] - ph[:, i]).tolist()
+            total += (ph[:, len(PHASES)] - ph[:, 0]).tolist()
+        hz = sm_hz()
+        us = time_graph(lambda t, call=call: call(t + 1), restore, steps, 5)
+        floor = time_graph(empty, lambda: None, steps, 5)
+        rec = dict(kind="phases", bs=bs, ctas=ctas, churn=churn, block=block, copy=copy,
+                   k=k, B=B, item=item, graph_us=round(us, 2), empty_graph_us=round(floor, 2),
+                   sm_mhz=round(hz / 1e6),
+                   cta_total_us=round(statistics.median(total) / hz * 1e6, 2))
+        for p in PHASES:
+            rec[p + "_us"] = round(statistics.median(deltas[p]) / hz * 1e6, 3)
+        add(rec)
+
+
+def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768):
+    mod = phase_module(k, B, item)
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    host = host[: (host.numel() // item) * item].view(-1, item)
+    for bs, ctas, churn, block in ((1, 32, 0.15, 512), (64, 2, 0.15, 512), (64, 1, 0.15, 512),
+                                   (64, 2, 0.0, 512), (64, 2, 0.15, 1024), (64, 2, 0.15, 256)):
+        phase_config(add, mod, host, bs=bs, ctas=ctas, churn=churn, block=block, k=k, B=B,
+                     item=item, ctx=ctx)
+
+
+# ---- host-pool allocation study ---------------------------------------------------------------
+MADV_HUGEPAGE = 14
+MAP_HUGETLB = 0x40000
+
+
+def _meminfo(key):
+    for line in open("/proc/meminfo"):
+        if line.startswith(key + ":"):
+            return line.split()[1] + " kB"
+    return None
+
+
+def _register(t: torch.Tensor) -> None:
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0x1 | 0x2)
+    assert int(err) == 0, f"cudaHostRegister failed: {err}"
+
+
+def alloc_pool(how: str, nbytes: int):
+    keep = None
+    if how == "cudaHostAlloc":
+        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    elif how == "malloc_register":
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        t.zero_()
+        _register(t)
+    elif how in ("mmap_thp", "mmap_hugetlb"):
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        if how == "mmap_hugetlb":
+            flags |= MAP_HUGETLB
+        m = mmap.mmap(-1, nbytes, flags=flags)
+        if how == "mmap_thp":
+            m.madvise(MADV_HUGEPAGE)
+        t = torch.frombuffer(m, dtype=torch.uint8)
+        t.zero_()
+        _register(t)
+        keep = m
+    else:
+        raise ValueError(how)
+    return t, keep
+
+
+def gather_us(gather, srcs, dst, host, dev_cache, steps):
+    return time_graph(lambda t: gather(srcs[t], dst, host, dev_cache), lambda: None, steps, 5)
+
+
+def study_host(add, *, gib=4.0, rows=16384, steps=8,
+               ways=("cudaHostAlloc", "malloc_register", "mmap_thp", "mmap_hugetlb"),
+               slices=(0.0625, 0.5, None)):
+    info = dict(kind="host_info")
+    for f in ("/sys/kernel/mm/transparent_hugepage/enabled",
+              "/sys/kernel/mm/transparent_hugepage/defrag", "/proc/sys/vm/nr_hugepages"):
+        try:
+            info[f] = open(f).read().strip()
+        except OSError as e:
+            info[f] = repr(e)
+    info["AnonHugePages_before"] = _meminfo("AnonHugePages")
+    add(info)
+    nbytes = int(gib * 2**30)
+    for how in ways:
+        t0 = time.time()
+        try:
+            flat, keep = alloc_pool(how, nbytes)
+        except Exception as e:  # noqa: BLE001
+            add(dict(kind="host_pool", how=how, error=repr(e)[:300]))
+            continue
+        alloc_s = round(time.time() - t0, 2)
+        anon = _meminfo("AnonHugePages")
+        for item in (656, 1152):
+            gather = _jit.gather_module(item).gather
+            for slice_gib in [gib if x is None else x for x in slices]:
+                n = int(slice_gib * 2**30) // item
+                host = flat[: n * item].view(n, item)
+                g = torch.Generator(device=DEV).manual_seed(3)
+                srcs = [torch.randint(0, n, (rows,), generator=g, device=DEV) for _ in range(steps)]
+                dst = torch.randperm(rows * 2, generator=g, device=DEV)[:rows].int()
+                dev_cache = torch.empty(rows * 2, item, dtype=torch.uint8, device=DEV)
+                us = gather_us(gather, srcs, dst, host, dev_cache, steps)
+                add(dict(kind="host_pool", how=how, alloc_s=alloc_s, anon_huge=anon, item=item,
+                         slice_gib=slice_gib, rows=rows, us=round(us, 2),
+                         gbps=round(rows * item / (us * 1e-6) / 1e9, 2),
+                         mrows_per_s=round(rows / us, 2)))
+        if how != "cudaHostAlloc":
+            torch.cuda.cudart().cudaHostUnregister(flat.data_ptr())
+        del flat, keep
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="probe_resolve.json")
+    ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--skip-phases", action="store_true")
+    ap.add_argument("--gib", type=float, default=4.0, help="pool size for the host study")
+    ap.add_argument("--ways", default="cudaHostAlloc,malloc_register,mmap_thp,mmap_hugetlb",
+                    help="host allocations to compare (comma-separated)")
+    ap.add_argument("--slices", default="0.0625,0.5",
+                    help="pool slices (GiB) gathered from, besides the whole pool")
+    args = ap.parse_args(argv)
+    recs = []
+
+    def add(rec):
+        recs.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    if not args.skip_phases:
+        study_phases(add)
+    if not args.skip_host:
+        study_host(add, gib=args.gib, ways=tuple(args.ways.split(",")),
+                   slices=tuple(float(x) for x in args.slices.split(",")) + (None,))
+    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                              records=recs), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
