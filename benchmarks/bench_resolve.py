@@ -44,7 +44,29 @@ class Pool:
         return self.flat[: n * item].view(n, item)
 
 
-def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed):
+PAGE = 64  # host page size in rows (SGLang's page size for DSA models)
+
+
+def host_layout(layout, *, bs, ctx, host_rows_total, g):
+    """host_rows [bs, ctx]: where each position's KV lives in the pinned pool.
+
+    ``uniform``: every position on a random row of the whole pool (worst case for the GPU's
+    address translation: a 4 GiB pool is far beyond its reach). ``paged``: as ``HostKVPool``
+    lays out one layer, positions in 64-row pages, each request's pages drawn at random from a
+    layer region twice the batch's footprint (a half-full pool after churn), or the whole pool
+    when that is smaller.
+    """
+    if layout == "uniform":
+        return torch.randint(0, host_rows_total, (bs, ctx), generator=g, device=DEV)
+    per_req = -(-ctx // PAGE)
+    region = min(2 * bs * per_req, host_rows_total // PAGE)  # at most the whole pool
+    assert bs * per_req <= region, "pool too small for the batch's pages"
+    pages = torch.randperm(region, generator=g, device=DEV)[: bs * per_req].view(bs, per_req)
+    pos = torch.arange(ctx, device=DEV)
+    return pages[:, pos // PAGE] * PAGE + pos % PAGE
+
+
+def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed, layout="uniform"):
     """State tensors + top_k [steps+1, bs, k] (step 0 all hits) for one batch."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     slot_tokens = torch.full((bs, B + 1), -1, dtype=torch.int32, device=DEV)
@@ -68,7 +90,7 @@ def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed):
             row = torch.cat([sel, torch.tensor([ctx - 1], device=DEV)])
             top_k[t, r] = row[torch.randperm(k, generator=g, device=DEV)].int()
     slot_rows = (1 + torch.arange(bs * (B + 1), dtype=torch.int32, device=DEV)).view(bs, B + 1)
-    host_rows = torch.randint(0, host_rows_total, (bs, ctx), generator=g, device=DEV)
+    host_rows = host_layout(layout, bs=bs, ctx=ctx, host_rows_total=host_rows_total, g=g)
     return dict(slot_tokens=slot_tokens, lru=lru, slot_rows=slot_rows, host_rows=host_rows,
                 top_k=top_k, misses=misses)
 
@@ -131,10 +153,11 @@ def time_graph(fn, restore, steps, reps):
     return statistics.median(times)
 
 
-def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas, seed=0):
+def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas, seed=0,
+                 layout="uniform"):
     host = pool.rows(item)
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=churns, steps=steps,
-                    host_rows_total=host.shape[0], seed=seed)
+                    host_rows_total=host.shape[0], seed=seed, layout=layout)
     dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
     st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
     req = torch.arange(bs, device=DEV)
@@ -176,9 +199,11 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     rep_us = time_graph(lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
                                              device_cache=dev_cache, ctas=8),
                         lambda: None, steps, reps)
+    ctas_used = ctas or ops.default_ctas_per_request(bs, torch.device(DEV))
     rec = dict(bs=bs, k=k, B=B, item=item, ctx=ctx, churn=round(statistics.mean(churns), 4),
-               uneven=len(set(churns)) > 1, block=block,
-               ctas=ctas or ops.default_ctas_per_request(bs, torch.device(DEV)),
+               uneven=len(set(churns)) > 1, host_layout=layout,
+               block=block or ops.auto_block_size(bs, ctas_used, torch.device(DEV)),
+               ctas=ctas_used,
                misses_per_step=rows_per_step, resolve_us=round(us, 2), noio_us=round(noio, 2),
                sm_mhz=sm_clock_mhz())
     if rows_per_step:
@@ -264,7 +289,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few configs only")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--block", type=int, default=None,
+                    help="threads per CTA (default: the op's auto choice, as in serving)")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="pinned host pool size")
     ap.add_argument("--cold", action="store_true",
                     help="no clock warm-up before timed regions (shows the idle-clock effect)")
@@ -287,6 +313,8 @@ def main(argv=None) -> int:
     def add(rec):
         recs.append(rec)
         print(json.dumps(rec), flush=True)
+        # Rewritten after every record: a crash part-way keeps what was measured.
+        Path(args.out).write_text(json.dumps(dict(meta=dict(partial=True), records=recs), indent=1))
 
     k = 2048
     grid = [(B, item, ctx, bs, c) for B in (2048, 4096) for item in (656, 1152)
@@ -304,10 +332,21 @@ def main(argv=None) -> int:
         WARM = not args.cold
         add(dict(kind="cold_clock", **rec))
     for bs, item in ((16, 1152), (24, 656)):
-        for ctas in (None, 1):
+        for ctas, layout in ((None, "uniform"), (1, "uniform"), (None, "paged"), (1, "paged")):
             add(dict(kind="uneven", **bench_config(
                 pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=uneven_churns(bs, 0.15, bs),
-                steps=S, reps=R, block=blk, ctas=ctas)))
+                steps=S, reps=R, block=blk, ctas=ctas, layout=layout)))
+    for bs in (16, 64):  # the issue's batch >= 16 IO targets with HostKVPool's page layout
+        for item in (656, 1152):
+            for c in (0.05, 0.15):
+                add(dict(kind="trace_paged", **bench_config(
+                    pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=[c] * bs, steps=S,
+                    reps=R, block=blk, ctas=None, layout="paged")))
+    for bs in (1, 16, 64):  # the other block size at the default CTA split (vs the trace records)
+        for c in (0.0, 0.15):
+            add(dict(kind="block_sweep", **bench_config(
+                pool, bs=bs, k=k, B=4096, item=1152, ctx=32768, churns=[c] * bs, steps=S,
+                reps=R, block=512 if blk is None else 1024, ctas=None)))
     sweep = [(1, c, b) for c in (1, 8, 16, 32, 64) for b in (512, 1024)]
     sweep += [(16, c, 512) for c in (1, 4, 8, 16)] + [(64, c, 512) for c in (1, 2, 4)]
     sweep += [(64, 4, 256), (64, 4, 1024), (16, 16, 1024)]
