@@ -31,7 +31,9 @@ WARP = 32
 
 DEFAULT_TOP_K = 2048
 DEFAULT_HOST_TO_DEVICE_RATIO = 2
-DEFAULT_SWAP_IN_BLOCK_SIZE = 512
+#: None = auto: the resolve op picks 1024 threads when the batch fits one CTA per SM, else 512
+#: (``kernels.ops.auto_block_size``; measured in benchmarks/RESOLVE.md).
+DEFAULT_SWAP_IN_BLOCK_SIZE = None
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,14 @@ class HiSparseConfig:
     device_buffer_size:   B, hot slots per request per layer on the GPU (B >= top_k; default 2*top_k;
                           with speculative decoding B >= W*top_k, default max(2, W+1)*top_k)
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
-    swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024)
+    swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024);
+                          None (the default): chosen per batch by the resolve op
     """
 
     top_k: int = DEFAULT_TOP_K
     device_buffer_size: int = 2 * DEFAULT_TOP_K
     host_to_device_ratio: int = DEFAULT_HOST_TO_DEVICE_RATIO
-    swap_in_block_size: int = DEFAULT_SWAP_IN_BLOCK_SIZE
+    swap_in_block_size: int | None = DEFAULT_SWAP_IN_BLOCK_SIZE
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -80,7 +83,8 @@ class HiSparseConfig:
                 f"Valid keys: {', '.join(cls.keys())}. Remove or rename them."
             )
         for key, value in raw.items():
-            _require_int(key, value)
+            if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
+                _require_int(key, value)
 
         top_k = raw.get("top_k")
         if model_top_k is not None:
@@ -139,7 +143,7 @@ class HiSparseConfig:
             )
 
         block = raw.get("swap_in_block_size", DEFAULT_SWAP_IN_BLOCK_SIZE)
-        if block < WARP or block % WARP or block > MAX_BLOCK_SIZE:
+        if block is not None and (block < WARP or block % WARP or block > MAX_BLOCK_SIZE):
             fixed = min(max(WARP, (block // WARP) * WARP), MAX_BLOCK_SIZE)
             raise ValueError(
                 f"{FLAG}: 'swap_in_block_size' = {block} must be a positive multiple of {WARP} "
@@ -148,7 +152,7 @@ class HiSparseConfig:
             )
         return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio, swap_in_block_size=block)
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | None]:
         return asdict(self)
 
     def to_json(self) -> str:

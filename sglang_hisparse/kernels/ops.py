@@ -46,6 +46,25 @@ def reserve_workspace(device: torch.device | str, max_batch: int) -> None:
     _arrivals.reserve(device, max_batch)
 
 
+def _sms(device: torch.device) -> int:
+    if device not in _sm_count:
+        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count[device]
+
+
+def auto_block_size(bs: int, ctas: int, device: torch.device) -> int:
+    """Threads per CTA when the caller (``swap_in_block_size``) leaves it open: 1024 when the
+    grid fits one CTA per SM (a 1024-thread CTA takes a whole SM's registers), else 512.
+
+    NOTE: measured on the H200 (k 2048, B 4096, 1152-byte rows, default CTA split, results/
+    resolve_v4_h200.json): 1024 is as fast or faster at batch 1/16/64 (batch 1 at 15 % churn
+    24.8 vs 25.9 us, 0 % churn 16.0 vs 16.5 us; batch 64 at 0 % 17.4 vs 18.2 us); past one
+    CTA per SM it would run a second wave (batch 64 with 4 CTAs per request: no-IO 32.6 vs
+    23.4 us, resolve_v3_h200.json).
+    """
+    return 1024 if bs * ctas <= _sms(device) else DEFAULT_BLOCK_SIZE
+
+
 def default_ctas_per_request(bs: int, device: torch.device) -> int:
     """CTAs per request: about one CTA per SM over the batch, at most ``MAX_CTAS_PER_REQUEST``.
 
@@ -55,9 +74,7 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     from 4 to 16 CTAs per request (132 us) against 163 us with 1; batch 64 is best at 2 (the
     redundant bookkeeping of 4 per request costs ~4 us more). Two CTAs per SM fit in smem.
     """
-    if device not in _sm_count:
-        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(MAX_CTAS_PER_REQUEST, _sm_count[device] // max(bs, 1)))
+    return max(1, min(MAX_CTAS_PER_REQUEST, _sms(device) // max(bs, 1)))
 
 
 @torch.no_grad()
@@ -81,7 +98,8 @@ def resolve(
         out_rows: int32 [bs, k] (written): device row of each top-k entry.
         plan: optional MissPlan (src int64 [bs, >=k], dst int32 [bs, >=k], count int32 [bs]).
         mode: COPY, or NO_IO (bookkeeping only; timing oracle).
-        block_size: CUDA threads per CTA (multiple of 32, <= 1024; default 512).
+        block_size: CUDA threads per CTA (multiple of 32, <= 1024; default:
+            :func:`auto_block_size`).
         ctas_per_request: CTAs sharing one request's copies (default: see
             :func:`default_ctas_per_request`).
         validate: run :func:`validate_resolve` (default: SGLANG_HISPARSE_VALIDATE).
@@ -97,10 +115,10 @@ def resolve(
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
-    block = check_block_size(block_size or DEFAULT_BLOCK_SIZE)
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
+    block = check_block_size(block_size or auto_block_size(bs, ctas, top_k.device))
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     resolve_module(k, B, item).resolve(

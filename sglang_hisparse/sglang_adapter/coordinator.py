@@ -110,7 +110,7 @@ class SGLangHiSparseCoordinator:
         device: str | torch.device,
         tp_group: Any,
         host_to_device_ratio: int = 2,
-        swap_in_block_size: int = 512,
+        swap_in_block_size: int | None = None,
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
     ) -> None:

@@ -7,7 +7,7 @@ from sglang_hisparse.config import MAX_DEVICE_BUFFER_SIZE, HiSparseConfig
 
 def test_defaults_follow_top_k():
     cfg = HiSparseConfig.from_json(None, model_top_k=1024)
-    assert cfg == HiSparseConfig(top_k=1024, device_buffer_size=2048, host_to_device_ratio=2, swap_in_block_size=512)
+    assert cfg == HiSparseConfig(top_k=1024, device_buffer_size=2048, host_to_device_ratio=2, swap_in_block_size=None)
 
 
 def test_existing_launch_command_keys_accepted():
