@@ -153,22 +153,30 @@ def time_graph(fn, restore, steps, reps):
     return statistics.median(times)
 
 
+def batch_inputs(tr, *, bs, k, B, item, ctx):
+    """Device cache, index tensors, out_rows and a restore() of a trace's initial state."""
+    dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
+    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
+
+    def restore():
+        tr["slot_tokens"].copy_(st0)
+        tr["lru"].copy_(lru0)
+
+    return dict(dev_cache=dev_cache, req=torch.arange(bs, device=DEV),
+                lens=torch.full((bs,), ctx, dtype=torch.int64, device=DEV),
+                nr=torch.tensor([bs], dtype=torch.int32, device=DEV),
+                out=torch.empty(bs, k, dtype=torch.int32, device=DEV), restore=restore)
+
+
 def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas, seed=0,
                  layout="uniform"):
     host = pool.rows(item)
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=churns, steps=steps,
                     host_rows_total=host.shape[0], seed=seed, layout=layout)
-    dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
-    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
-    req = torch.arange(bs, device=DEV)
-    lens = torch.full((bs,), ctx, dtype=torch.int64, device=DEV)
-    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
-    out = torch.empty(bs, k, dtype=torch.int32, device=DEV)
+    io = batch_inputs(tr, bs=bs, k=k, B=B, item=item, ctx=ctx)
+    dev_cache, req, lens, nr, out, restore = (
+        io[x] for x in ("dev_cache", "req", "lens", "nr", "out", "restore"))
     plans = [MissPlan.empty(bs, k, DEV) for _ in range(steps + 1)]
-
-    def restore():
-        tr["slot_tokens"].copy_(st0)
-        tr["lru"].copy_(lru0)
 
     def resolve(t, mode=ResolveMode.COPY, plan=None):
         ops.resolve(top_k=tr["top_k"][t], req_index=req, seq_lens=lens, num_real_reqs=nr,

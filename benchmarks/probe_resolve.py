@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_resolve import DEV, make_trace, time_graph  # noqa: E402
+from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E402
 
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit  # noqa: E402
@@ -74,22 +74,15 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
     """Phase clocks and graph time of one config, eager NO_IO then COPY."""
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=[churn] * bs, steps=steps,
                     host_rows_total=host.shape[0], seed=0)
-    dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
-    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
-    req = torch.arange(bs, device=DEV)
-    lens = torch.full((bs,), ctx, dtype=torch.int64, device=DEV)
-    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
-    out = torch.empty(bs, k, dtype=torch.int32, device=DEV)
+    io = batch_inputs(tr, bs=bs, k=k, B=B, item=item, ctx=ctx)
+    dev_cache, req, lens, nr, out, restore = (
+        io[x] for x in ("dev_cache", "req", "lens", "nr", "out", "restore"))
     arrivals = torch.zeros(bs, dtype=torch.int32, device=DEV)
     e64 = torch.empty(0, 0, dtype=torch.int64, device=DEV)
     e32 = torch.empty(0, 0, dtype=torch.int32, device=DEV)
     c32 = torch.empty(0, dtype=torch.int32, device=DEV)
     buf = torch.zeros(4096, 12, dtype=torch.int64)
     smem_bytes = resolve_smem_bytes(k, B)
-
-    def restore():
-        tr["slot_tokens"].copy_(st0)
-        tr["lru"].copy_(lru0)
 
     def empty(_t):
         mod.empty(ctas, bs, block, smem_bytes)
