@@ -172,6 +172,35 @@ inline int check_index(const TensorView& t, const char* name, int64_t bs, int de
   return t.dtype().bits == 64;
 }
 
+// The checks both resolve launchers make of the hot-buffer state and the host/device caches:
+// dtypes, devices, and the [R, B + extra] slot shapes (`extra_name` spells "B+1" or "B+W" in
+// the message). Returns R, the request slots.
+inline int64_t check_hot_state(const TensorView& num_real, const TensorView& slot_tokens,
+                               const TensorView& slot_rows, const TensorView& lru,
+                               const TensorView& host_rows, const TensorView& host_cache,
+                               const TensorView& device_cache, const TensorView& out_rows,
+                               int out_ndim, int B, int extra, const char* extra_name, int dev) {
+  check_tensor(num_real, "num_real_reqs", 1, kDLInt, 32);
+  check_cuda(num_real, "num_real_reqs", dev);
+  check_tensor(slot_tokens, "slot_tokens", 2, kDLInt, 32);
+  check_tensor(slot_rows, "slot_rows", 2, kDLInt, 32);
+  check_tensor(lru, "lru", 2, kDLInt, 16);
+  check_tensor(host_rows, "host_rows", 2, kDLInt, 64);
+  check_tensor(host_cache, "host_cache", 2, kDLUInt, 8);
+  check_tensor(device_cache, "device_cache", 2, kDLUInt, 8);
+  check_tensor(out_rows, "out_rows", out_ndim, kDLInt, 32);
+  for (auto* t : {&slot_tokens, &slot_rows, &lru, &host_rows, &device_cache, &out_rows})
+    check_cuda(*t, "a state/output tensor", dev);
+  check_host(host_cache, "host_cache");
+  const int64_t R = lru.size(0);
+  HS_CHECK(lru.size(1) == B, "lru has " << lru.size(1) << " slots; this build is for B=" << B);
+  HS_CHECK(slot_tokens.size(0) == R && slot_tokens.size(1) == B + extra,
+           "slot_tokens must be [R, " << extra_name << "]");
+  HS_CHECK(slot_rows.size(0) == R && slot_rows.size(1) == B + extra,
+           "slot_rows must be [R, " << extra_name << "]");
+  return R;
+}
+
 template <typename Kernel>
 inline void set_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024) {

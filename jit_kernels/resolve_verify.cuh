@@ -259,22 +259,8 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
            "seq_lens must be [bs, W] = [" << bs << ", " << W << "] (dsa_seqlens_expanded.view)");
   HS_CHECK(seq_lens.dtype().code == kDLInt && (seq_lens.dtype().bits == 32 || seq_lens.dtype().bits == 64),
            "seq_lens must be int32 or int64");
-  check_tensor(num_real, "num_real_reqs", 1, kDLInt, 32);
-  check_cuda(num_real, "num_real_reqs", dev);
-  check_tensor(slot_tokens, "slot_tokens", 2, kDLInt, 32);
-  check_tensor(slot_rows, "slot_rows", 2, kDLInt, 32);
-  check_tensor(lru, "lru", 2, kDLInt, 16);
-  check_tensor(host_rows, "host_rows", 2, kDLInt, 64);
-  check_tensor(host_cache, "host_cache", 2, kDLUInt, 8);
-  check_tensor(device_cache, "device_cache", 2, kDLUInt, 8);
-  check_tensor(out_rows, "out_rows", 3, kDLInt, 32);
-  for (auto* t : {&slot_tokens, &slot_rows, &lru, &host_rows, &device_cache, &out_rows})
-    check_cuda(*t, "a state/output tensor", dev);
-  check_host(host_cache, "host_cache");
-  const int64_t R = lru.size(0);
-  HS_CHECK(lru.size(1) == B, "lru has " << lru.size(1) << " slots; this build is for B=" << B);
-  HS_CHECK(slot_tokens.size(0) == R && slot_tokens.size(1) == B + W, "slot_tokens must be [R, B+W]");
-  HS_CHECK(slot_rows.size(0) == R && slot_rows.size(1) == B + W, "slot_rows must be [R, B+W]");
+  const int64_t R = check_hot_state(num_real, slot_tokens, slot_rows, lru, host_rows, host_cache,
+                                    device_cache, out_rows, 3, B, W, "B+W", dev);
   HS_CHECK(host_rows.size(0) == R, "host_rows must have R=" << R << " rows");
   HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
            "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
