@@ -37,6 +37,13 @@ constexpr int kUnroll = 4;  // 16-byte loads each thread keeps in flight
 __host__ __device__ constexpr int pow2_ceil(int x) { return x <= 1 ? 1 : 2 * pow2_ceil((x + 1) / 2); }
 __host__ __device__ constexpr int log2i(int x) { return x <= 1 ? 0 : 1 + log2i(x / 2); }
 
+// Bit mask of the lanes below this one (for ranks within a ballot).
+__device__ __forceinline__ unsigned lanemask_lt() {
+  unsigned m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
 // Block-wide exclusive prefix sum of one int per thread, for any blockDim.x that is a multiple
 // of 32 (1..32 warps). `scratch` holds 33 ints. NOTE: every warp's total is written before the
 // first barrier and read only after it, and warp 0 publishes the offsets before the second
@@ -91,15 +98,80 @@ __device__ __forceinline__ int split_lru(const int16_t* lru, const uint8_t* hit,
   return n_evict;
 }
 
+// ---- asynchronous global -> shared staging (cp.async, sm_80+) ---------------------------------
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most N committed groups are still in flight (the caller then syncs the block).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Block-wide copy of `bytes` (a multiple of 2) from global `src` into 16-byte aligned shared
+// `dst`, issued as cp.async in the widest granule both addresses allow (16 or 4 bytes), so
+// every thread has all its loads in flight at once and no registers hold them; sources that are
+// only 2-byte aligned (odd-length int16 rows) fall back to plain loads. Complete after
+// cp_async_wait + __syncthreads. `tid`/`T` are the thread's index and the block size.
+__device__ __forceinline__ void stage_to_smem(void* dst, const void* src, int bytes, int tid,
+                                              int T) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(src);
+#if __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if ((a & 15) == 0 && bytes % 16 == 0) {
+    for (int x = tid; x < bytes / 16; x += T)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + 16 * x),
+                   "l"(static_cast<const char*>(src) + 16 * x) : "memory");
+    return;
+  }
+  if ((a & 3) == 0 && bytes % 4 == 0) {
+    for (int x = tid; x < bytes / 4; x += T)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s + 4 * x),
+                   "l"(static_cast<const char*>(src) + 4 * x) : "memory");
+    return;
+  }
+#endif
+  if ((a & 3) == 0 && bytes % 4 == 0) {
+    for (int x = tid; x < bytes / 4; x += T)
+      static_cast<int32_t*>(dst)[x] = static_cast<const int32_t*>(src)[x];
+    return;
+  }
+  for (int x = tid; x < bytes / 2; x += T)
+    static_cast<int16_t*>(dst)[x] = static_cast<const int16_t*>(src)[x];
+}
+
+// Block-wide fill of `n16` 16-byte pieces of shared memory with `v`.
+__device__ __forceinline__ void fill_smem(void* dst, int n16, int4 v, int tid, int T) {
+  for (int x = tid; x < n16; x += T) static_cast<int4*>(dst)[x] = v;
+}
+
 // Called by thread 0 of every CTA of batch row b once it has finished reading the request's
 // mutable state: true in the CTA that arrives last, which alone writes the new state. The last
 // arrival resets the counter, so the zeroed workspace serves the next launch (and graph replay).
-__device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) {
-  if (ctas <= 1) return true;
+// Split in two so that a caller can issue the arrival early and use its ticket late (the
+// atomic's round trip then overlaps other work): arrive_last = arrive_decide(arrive_issue()).
+__device__ __forceinline__ int arrive_issue(int32_t* arrivals, int b, int ctas) {
+  if (ctas <= 1) return 0;
   __threadfence();
-  const bool last = atomicAdd(&arrivals[b], 1) == ctas - 1;
-  if (last) { atomicExch(&arrivals[b], 0); __threadfence(); }
+  return atomicAdd(&arrivals[b], 1);
+}
+
+__device__ __forceinline__ bool arrive_decide(int ticket, int32_t* arrivals, int b, int ctas) {
+  if (ctas <= 1) return true;
+  const bool last = ticket == ctas - 1;
+  // The reset needs no fence: the next launch is ordered after this kernel anyway, and a fence
+  // here would put one more round trip on the writer CTA, the one that ends the kernel.
+  if (last) atomicExch(&arrivals[b], 0);
   return last;
+}
+
+__device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) {
+  return arrive_decide(arrive_issue(arrivals, b, ctas), arrivals, b, ctas);
 }
 
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory. The

@@ -27,22 +27,34 @@ struct ResolveArgs {
   bool write_plan, copy;
 };
 
+// Shared memory of one CTA, in bytes (16-byte aligned pieces). Mirrored by
+// sglang_hisparse/kernel_limits.py:resolve_smem_bytes; keep both in step.
+// `reuse` first holds the staged slot tokens (until the hit probes end), then the miss lists
+// and the new LRU order, which are only written after that. `bits`: one word per 32 LRU
+// positions (evictable flags), then one per 32 top-k entries (first-occurrence miss flags).
 template <int K, int B>
 struct Layout {
   static constexpr int H = pow2_ceil(2 * K) < 64 ? 64 : pow2_ceil(2 * K);  // load factor <= 1/2
   static constexpr int kLogH = log2i(H);
-  static constexpr size_t hkey = 0, hval = hkey + 4 * H, src = hval + 4 * H, dst = src + 8 * K;
-  static constexpr size_t pos = dst + 4 * K, tk = pos + 4 * K, order = tk + 4 * K;
-  static constexpr size_t lru = order + 2 * B, hit = lru + 2 * B, filt = (hit + B + 15) / 16 * 16;
-  static constexpr size_t scan = filt + H, bytes = scan + 4 * 40;  // filter: 8*H bits
+  static constexpr int kEvWords = (B + 31) / 32, kMissWords = (K + 31) / 32;
+  static constexpr size_t a16(size_t x) { return (x + 15) / 16 * 16; }
+  static constexpr size_t hkey = 0, hval = hkey + 4 * H, tk = hval + 4 * H;
+  static constexpr size_t reuse = a16(tk + 4 * K);
+  static constexpr size_t src = reuse, dst = src + 8 * K, pos = dst + 4 * K, order = pos + 4 * K;
+  static constexpr size_t reuse_bytes = a16(4 * B > 16 * K + 2 * B ? 4 * B : 16 * K + 2 * B);
+  static constexpr size_t lru = reuse + reuse_bytes, bits = a16(lru + 2 * B);
+  static constexpr size_t filt = a16(bits + 4 * (kEvWords + kMissWords));  // 8*H bits
+  static constexpr size_t scan = a16(filt + H), bytes = scan + 4 * 40;
 };
 
-// Independent global loads each thread keeps in flight in the bookkeeping loops.
+// Independent global loads each thread keeps in flight in the miss-fetch and output loops.
 // NOTE: a plain strided loop issues one load per iteration and waits on it before the next
 // (its smem side effects keep the compiler from hoisting); at ~0.5-1 us per L2/DRAM round trip
 // that made bookkeeping cost ~20 us. Loading kBatch values first, then using them, pays one
-// round trip per batch instead.
-constexpr int kBatch = 8;
+// round trip per batch instead. (The bulk inputs are staged with cp.async instead.)
+constexpr int kBatch = 4;
+// Warp rounds (32 entries each) whose inputs the segment loops load before using them.
+constexpr int kRounds = 4;
 
 // Phase clocks for the bookkeeping study (benchmarks/probe_resolve.py builds with
 // HS_PHASE_PROFILE): thread 0 of each of the first kPhaseCtas CTAs records clock64() at each
@@ -50,10 +62,16 @@ constexpr int kBatch = 8;
 #ifdef HS_PHASE_PROFILE
 constexpr int kPhaseCtas = 4096, kPhases = 12;
 __device__ long long hs_phase_clock[kPhaseCtas][kPhases];
+__device__ unsigned long long hs_phase_ns[kPhaseCtas][kPhases];  // %globaltimer, GPU-wide
 #define HS_PHASE(i)                                                                     \
   do {                                                                                  \
     const int cta_ = blockIdx.y * gridDim.x + blockIdx.x;                               \
-    if (threadIdx.x == 0 && cta_ < kPhaseCtas) hs_phase_clock[cta_][i] = clock64();     \
+    if (threadIdx.x == 0 && cta_ < kPhaseCtas) {                                        \
+      hs_phase_clock[cta_][i] = clock64();                                              \
+      unsigned long long ns_;                                                           \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_));                           \
+      hs_phase_ns[cta_][i] = ns_;                                                       \
+    }                                                                                   \
   } while (0)
 #else
 #define HS_PHASE(i) do {} while (0)
@@ -78,56 +96,68 @@ constexpr int kPadEntry = -1, kNewestEntry = -2;
 // Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
 template <int K>
 __device__ __forceinline__ void resolve_short(const int32_t* tk, const int32_t* rows, int64_t n,
-                                              int32_t* out) {
-  for (int i0 = threadIdx.x; i0 < K; i0 += blockDim.x * kBatch) {
+                                              int32_t* out, int tid, int T) {
+  for (int i0 = tid; i0 < K; i0 += T * kBatch) {
     int v[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
+      const int i = i0 + u * T;
       v[u] = i < K ? tk[i] : -1;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) v[u] = (v[u] >= 0 && v[u] < n) ? rows[v[u]] : -1;
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
+      const int i = i0 + u * T;
       if (i < K) out[i] = v[u];
     }
   }
 }
 
 // One grid row (blockIdx.y) per batch row, gridDim.x CTAs per request. Every CTA of a request
-// does the (cheap, smem-only) bookkeeping; each copies its share of the misses; the CTA that
-// arrives last after all have read the old state writes the new state, out_rows and the plan.
+// does the (cheap, smem-only) bookkeeping; each copies its share of the misses and writes its
+// share of out_rows and the plan; the CTA that arrives last after all have read the old state
+// writes the new state (slot tokens, LRU).
 // NOTE: the rejected alternative was one bookkeeping CTA handing misses to copy CTAs through
 // global flags: that needs spin-waits (co-residency assumptions) or a second launch.
-template <int K, int B, int ITEM>
-__global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
+// TB: the block size when it is known at compile time (the launcher instantiates the common
+// ones, so loop bounds and chunk sizes fold to constants), 0 for any multiple of 32 at run time;
+// the code is the same either way.
+template <int K, int B, int ITEM, int TB>
+__global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B>;
   static_assert(K <= 32767 && B <= 32767, "slot ids and top-k indices are packed in 16 bits");
   static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
   extern __shared__ __align__(16) uint8_t smem[];
   int32_t* hkey = reinterpret_cast<int32_t*>(smem + L::hkey);
   int32_t* hval = reinterpret_cast<int32_t*>(smem + L::hval);  // (first index << 16) | slot
-  int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);
+  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);  // positions, then table codes
+  int32_t* stoks = reinterpret_cast<int32_t*>(smem + L::reuse);  // staged slot tokens ...
+  int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);     // ... then the miss lists
   int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
   int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);  // table index of each miss
-  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);  // positions, then table codes
   int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
   int16_t* lrus = reinterpret_cast<int16_t*>(smem + L::lru);
-  uint8_t* hit = smem + L::hit;
+  uint32_t* evbits = reinterpret_cast<uint32_t*>(smem + L::bits);
+  uint32_t* missbits = evbits + L::kEvWords;
   uint32_t* filt = reinterpret_cast<uint32_t*>(smem + L::filt);
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
   __shared__ int s_writer;
 
-  const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, T = blockDim.x;
+  const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x;
+  const int T = TB ? TB : static_cast<int>(blockDim.x);
+  if constexpr (TB > 0) __builtin_assume(tid < TB);
   HS_PHASE(0);
   const int32_t* tk = a.top_k + b * a.topk_stride;
   int32_t* out = a.out_rows + b * a.out_stride;
-  // Issued together (one round trip): every batch row's index entries are readable.
+  // Issued together (one round trip): every batch row's index entries are readable; the top-k
+  // staging (cp.async group 0) is in flight meanwhile.
   const int n_real = *a.num_real;
   const int64_t r = load_index(a.req_index, a.req64, b);
   const int64_t n = load_index(a.seq_lens, a.len64, b);
+  stage_to_smem(tks, tk, 4 * K, tid, T);
+  cp_async_commit();
+  if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
     if (c == 0) {
       for (int i = tid; i < K; i += T) out[i] = -1;
@@ -138,7 +168,7 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   const int32_t* rows = a.slot_rows + r * a.sr_stride;
   if (n <= B) {
     if (c == 0) {
-      resolve_short<K>(tk, rows, n, out);
+      resolve_short<K>(tk, rows, n, out, tid, T);
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
     }
     return;
@@ -148,24 +178,15 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
   const int newest = static_cast<int>(n - 1);
   HS_PHASE(1);
 
-  // 0. Stage top-k and the LRU in shared memory (batched, coalesced); clear the tables.
-  for (int i0 = tid; i0 < K; i0 += T * kBatch) {
-    int v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = i0 + u * T < K ? tk[i0 + u * T] : 0;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) if (i0 + u * T < K) tks[i0 + u * T] = v[u];
-  }
-  for (int j0 = tid; j0 < B; j0 += T * kBatch) {
-    int16_t v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = j0 + u * T < B ? lru[j0 + u * T] : 0;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) if (j0 + u * T < B) lrus[j0 + u * T] = v[u];
-  }
-  for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
-  for (int s = tid; s < B; s += T) hit[s] = 0;
-  for (int w = tid; w < L::H / 4; w += T) filt[w] = 0;
+  // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
+  //    (group 0) is hashed; the tables are cleared meanwhile.
+  stage_to_smem(stoks, stok, 4 * B, tid, T);
+  stage_to_smem(lrus, lru, 2 * B, tid, T);
+  cp_async_commit();
+  fill_smem(hkey, L::H / 4, make_int4(-1, -1, -1, -1), tid, T);
+  fill_smem(hval, L::H / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
+  fill_smem(filt, static_cast<int>((L::scan - L::filt) / 16), make_int4(0, 0, 0, 0), tid, T);
+  cp_async_wait<1>();
   __syncthreads();
   HS_PHASE(2);
   // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each;
@@ -187,63 +208,123 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     }
     tks[i] = code;
   }
+  cp_async_wait<0>();
   __syncthreads();
   HS_PHASE(3);
-  auto find = [&](int p) -> int {
-    unsigned h = hash_slot(p, L::kLogH);
-    while (true) {
-      const int key = hkey[h];
-      if (key == p) return static_cast<int>(h);
-      if (key == -1) return -1;
-      h = (h + 1) & (L::H - 1);
-    }
-  };
-  // 2. Hits: resident slots whose token is selected (slot tokens loaded kBatch at a time).
+  // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
+  // this CTA is the last (the writer) only before the scan, so the atomic's round trip overlaps
+  // the probes.
+  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas) : 0;
+  // 2. Hits, walking the old LRU: a position whose slot's token is selected is a hit (its slot
+  //    goes into the table), every other position is evictable. Each warp owns a contiguous
+  //    segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
   //    NOTE: a warp's probe loop runs as long as its longest lane's, and most slots are not
   //    selected (unsuccessful probes are the long ones), so a bit filter rejects those first.
-  for (int s0 = tid; s0 < B; s0 += T * kBatch) {
-    int tok[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) tok[u] = s0 + u * T < B ? stok[s0 + u * T] : -1;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (tok[u] < 0 || tok[u] >= newest) continue;
-      const unsigned f = filter_bit(tok[u], L::kLogH + 3);
-      if (!((filt[f >> 5] >> (f & 31)) & 1u)) continue;
-      const int h = find(tok[u]);
-      if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | (s0 + u * T); hit[s0 + u * T] = 1; }
+  const int lane = tid & 31, warp = tid >> 5, nw = T >> 5;
+  const unsigned below = lanemask_lt();
+  const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
+  const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
+  int n_ev = 0;
+  for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 2.4 -> 3.0 us)
+    const int j = j0 + lane;
+    bool ev = j < je;
+    if (ev) {
+      const int sl = lrus[j], t = stoks[sl];
+      const unsigned f = filter_bit(t, L::kLogH + 3);
+      if (t >= 0 && t < newest && ((filt[f >> 5] >> (f & 31)) & 1u)) {
+        unsigned h = hash_slot(t, L::kLogH);
+        int key;
+        while ((key = hkey[h]) != t && key != -1) h = (h + 1) & (L::H - 1);
+        if (key == t) { hval[h] = (hval[h] & ~0xffff) | sl; ev = false; }
+      }
     }
+    const unsigned bal = __ballot_sync(kFull, ev);
+    if (lane == 0) evbits[j0 >> 5] = bal;
+    n_ev += __popc(bal);
   }
   __syncthreads();
   HS_PHASE(4);
-  // 3. Split the old LRU into evictables (old order) and hits (old order); one scan, each thread
-  //    owning a contiguous chunk.
-  const int n_evict = split_lru(lrus, hit, order, B, scratch);
-  HS_PHASE(5);
-  // All reads of the mutable state (slot_tokens, lru) are done: arrive; the last CTA writes.
-  if (tid == 0) s_writer = arrive_last(a.arrivals, b, a.ctas);
-  // 4. Misses in top-k order (first occurrences of unresolved positions) take order[0..m).
-  const int per_k = (K + T - 1) / T, i0 = min(K, tid * per_k), i1 = min(K, i0 + per_k);
+  // 3. Misses: first occurrences of selected positions that no slot holds, in top-k order
+  //    (warp segments and ballot words as above). NOTE: these loops load kRounds rounds' inputs
+  //    before their first shared-memory store: the compiler must assume a store may alias any
+  //    later load from the same smem array, so a plain loop pays one latency chain per round. Then one exchange of the packed per-warp
+  //    counts (each total <= 32767, so the low half never carries into the high one) places
+  //    the new LRU order (evictables, then hits, each in old order) and the miss list.
+  const int seg_k = (K + 32 * nw - 1) / (32 * nw) * 32;
+  const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
   int n_miss = 0;
-  for (int i = i0; i < i1; ++i) {
-    const int h = tks[i];
-    if (h < 0) continue;
-    const int v = hval[h];
-    n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
+  for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
+    int h[kRounds], v[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int i = i0 + 32 * u + lane;
+      h[u] = i < ie ? tks[i] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) v[u] = h[u] >= 0 ? hval[h[u]] : 0;
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int ir = i0 + 32 * u;
+      if (ir >= ie) break;
+      const bool miss = h[u] >= 0 && (v[u] & 0xffff) == 0xffff && (v[u] >> 16) == ir + lane;
+      const unsigned bal = __ballot_sync(kFull, miss);
+      if (lane == 0) missbits[ir >> 5] = bal;
+      n_miss += __popc(bal);
+    }
   }
-  int m;
-  int q = block_exclusive_scan(n_miss, scratch, m);  // barriers also publish s_writer
-  const bool writer = s_writer;
-  for (int i = i0; i < i1 && n_miss; ++i) {
-    const int h = tks[i];
-    if (h < 0) continue;
-    const int v = hval[h];
-    if ((v & 0xffff) == 0xffff && (v >> 16) == i) mpos[q++] = h;  // q < n_evict as B >= K
-  }
+  if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
+  if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
   __syncthreads();
-  HS_PHASE(6);
-  // 5. Per miss: claim its victim in the table (only read before the barrier above), fetch its
-  //    host and device rows (kBatch loads in flight), record the new slot token.
+  int both = lane < nw ? scratch[lane] : 0;
+  const int mine = both;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, both, o);
+    if (lane >= o) both += y;
+  }
+  const int off = __shfl_sync(kFull, both - mine, warp);
+  both = __shfl_sync(kFull, both, 31);
+  const int n_evict = both & 0xffff, m = both >> 16;
+  int e = off & 0xffff, q = off >> 16;
+  for (int j0 = jb; j0 < je; j0 += 32 * kRounds) {
+    unsigned bal[kRounds];
+    int sl[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int jr = j0 + 32 * u;
+      bal[u] = jr < je ? evbits[jr >> 5] : 0u;
+      sl[u] = jr + lane < je ? lrus[jr + lane] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int j = j0 + 32 * u + lane;
+      if (j < je) {
+        const int rank = e + __popc(bal[u] & below);  // evictables before position j
+        order[(bal[u] >> lane) & 1u ? rank : n_evict + j - rank] = static_cast<int16_t>(sl[u]);
+      }
+      e += __popc(bal[u]);
+    }
+  }
+  for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
+    unsigned bal[kRounds];
+    int h[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int ir = i0 + 32 * u;
+      bal[u] = ir < ie ? missbits[ir >> 5] : 0u;
+      h[u] = (bal[u] >> lane) & 1u ? tks[ir + lane] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      if ((bal[u] >> lane) & 1u) mpos[q + __popc(bal[u] & below)] = h[u];  // < n_evict: B >= K
+      q += __popc(bal[u]);
+    }
+  }
+  const bool writer = s_writer;  // published by the barrier above
+  __syncthreads();
+  HS_PHASE(5);
+  // 4. Per miss: claim its victim in the table, fetch its host and device rows (kBatch loads in
+  //    flight), record the new slot token.
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {
     int64_t src[kBatch];
     int32_t dst[kBatch];
@@ -267,41 +348,48 @@ __global__ void __launch_bounds__(1024) resolve_kernel(ResolveArgs a) {
     }
   }
   __syncthreads();
-  HS_PHASE(7);
-  if (writer) {
-    for (int i0 = tid; i0 < K; i0 += T * kBatch) {
+  HS_PHASE(6);
+  // 5. Outputs: each CTA writes its share of out_rows and of the plan; the writer the new LRU
+  //    (order rotated left by m over the evictables, then the hits).
+  {
+    const int k0 = static_cast<int>(static_cast<int64_t>(K) * c / a.ctas);
+    const int k1 = static_cast<int>(static_cast<int64_t>(K) * (c + 1) / a.ctas);
+    for (int i0 = k0 + tid; i0 < k1; i0 += T * kBatch) {
       int row[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int i = i0 + u * T;
-        const int code = i < K ? tks[i] : kPadEntry;
+        const int code = i < k1 ? tks[i] : kPadEntry;
         row[u] = -1;
         if (code == kNewestEntry) row[u] = rows[B];
         else if (code >= 0) row[u] = rows[hval[code] & 0xffff];
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) if (i0 + u * T < K) out[i0 + u * T] = row[u];
+      for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
     }
-    // New LRU = order rotated left by m over the evictables, then the hits.
+  }
+  if (writer) {
     for (int j = tid; j < B; j += T) {
       const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
       lru[j] = order[at];
     }
-    if (a.write_plan) {
-      for (int x = tid; x < m; x += T) {
-        a.plan_src[b * a.plan_stride + x] = msrc[x];
-        a.plan_dst[b * a.plan_stride + x] = mdst[x];
-      }
-      if (tid == 0) a.plan_count[b] = m;
-    }
   }
-  HS_PHASE(8);
+  if (a.write_plan) {
+    const int x0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
+    const int x1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
+    for (int x = x0 + tid; x < x1; x += T) {
+      a.plan_src[b * a.plan_stride + x] = msrc[x];
+      a.plan_dst[b * a.plan_stride + x] = mdst[x];
+    }
+    if (c == 0 && tid == 0) a.plan_count[b] = m;
+  }
+  HS_PHASE(7);
   if (a.copy) {
     const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
     const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
     copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
   }
-  HS_PHASE(9);
+  HS_PHASE(8);
 }
 
 using tvm::ffi::TensorView;
@@ -369,10 +457,15 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   a.ctas = static_cast<int>(ctas);
   a.copy = copy != 0;
 
+  // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
+  // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
   using L = Layout<K, B>;
-  auto kernel = resolve_kernel<K, B, ITEM>;
-  static bool smem_set = false;  // once per instantiation, before any capture normally
-  if (!smem_set) { set_smem(kernel, L::bytes); smem_set = true; }
+  auto kernel = block == 1024 ? resolve_kernel<K, B, ITEM, 1024>
+              : block == 512  ? resolve_kernel<K, B, ITEM, 512>
+                              : resolve_kernel<K, B, ITEM, 0>;
+  static bool smem_set[3] = {false, false, false};  // once per build, before any capture normally
+  const int which = block == 1024 ? 0 : block == 512 ? 1 : 2;
+  if (!smem_set[which]) { set_smem(kernel, L::bytes); smem_set[which] = true; }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),
            static_cast<unsigned>(block), L::bytes, stream>>>(a);

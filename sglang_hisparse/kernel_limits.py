@@ -32,11 +32,17 @@ def _hash_entries(selected: int) -> int:
 def resolve_smem_bytes(top_k: int, buffer: int) -> int:
     """Bytes per CTA of the single-row resolve kernel for ``k = top_k``, ``B = buffer``.
 
-    Hash keys + values (8·H), the per-position src/dst/pos/top-k lists (20·k), LRU order and
-    staged LRU (4·B) and hit flags (B), then a position filter of H bytes and the scan scratch.
+    Hash keys + values (8·H) and the top-k codes (4·k); one region that first holds the staged
+    slot tokens (4·B) and later the miss lists (16·k) and the new LRU order (2·B); the staged
+    LRU (2·B), one flag bit per LRU position and per top-k entry, a position filter of H bytes
+    and the scan scratch; every piece 16-byte aligned, as ``Layout<K, B>`` lays them out.
     """
     h = _hash_entries(top_k)
-    return _ceil16(8 * h + 20 * top_k + 5 * buffer) + h + _SCAN_BYTES
+    head = _ceil16(8 * h + 4 * top_k)
+    reuse = _ceil16(max(4 * buffer, 16 * top_k + 2 * buffer))
+    bits = 4 * ((buffer + 31) // 32 + (top_k + 31) // 32)
+    tail = _ceil16(2 * buffer) + _ceil16(bits) + _ceil16(h)
+    return head + reuse + tail + _SCAN_BYTES
 
 
 def verify_smem_bytes(top_k: int, buffer: int, rows: int) -> int:
