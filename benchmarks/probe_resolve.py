@@ -34,9 +34,9 @@ from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E40
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit  # noqa: E402
 
-# Phase boundaries HS_PHASE(0..9) in resolve.cuh, in order.
-PHASES = ["indices", "stage", "hash_insert", "hits", "split_lru", "miss_scan", "miss_fetch",
-          "write_state", "copy"]
+# Phase boundaries HS_PHASE(0..8) in resolve.cuh, in order.
+PHASES = ["indices", "stage", "hash_insert", "hits", "split_scan", "miss_fetch", "write_state",
+          "copy"]
 _ARGS = _jit._RESOLVE_ARGS
 _CALL = _jit._RESOLVE_CALL
 
@@ -45,9 +45,11 @@ def phase_module(k, B, item):
     wrapper = (
         "#define HS_PHASE_PROFILE 1\n#include \"resolve.cuh\"\nusing tvm::ffi::TensorView;\n"
         f"void resolve({_ARGS}) {{\n  hisparse::resolve_launch<{k}, {B}, {item}>({_CALL});\n}}\n"
-        "void read_phases(TensorView out) {\n"
+        "void read_phases(TensorView out, TensorView ns) {\n"
         "  HS_CUDA(cudaMemcpyFromSymbol(out.data_ptr(), hisparse::hs_phase_clock,"
-        " sizeof(hisparse::hs_phase_clock), 0, cudaMemcpyDeviceToHost));\n}\n"
+        " sizeof(hisparse::hs_phase_clock), 0, cudaMemcpyDeviceToHost));\n"
+        "  HS_CUDA(cudaMemcpyFromSymbol(ns.data_ptr(), hisparse::hs_phase_ns,"
+        " sizeof(hisparse::hs_phase_ns), 0, cudaMemcpyDeviceToHost));\n}\n"
         "__global__ void empty_kernel() { extern __shared__ int s[]; if (threadIdx.x == 1 << 20) s[0] = 0; }\n"
         "void empty(int64_t ctas, int64_t bs, int64_t block, int64_t smem) {\n"
         "  hisparse::set_smem(empty_kernel, smem);\n"
@@ -82,6 +84,7 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
     e32 = torch.empty(0, 0, dtype=torch.int32, device=DEV)
     c32 = torch.empty(0, dtype=torch.int32, device=DEV)
     buf = torch.zeros(4096, 12, dtype=torch.int64)
+    nsbuf = torch.zeros(4096, 12, dtype=torch.int64)
     smem_bytes = resolve_smem_bytes(k, B)
 
     def empty(_t):
@@ -95,22 +98,30 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
 
         restore()
         deltas = {p: [] for p in PHASES}
-        total = []
+        total, span, start_skew = [], [], []
+        last = len(PHASES)
         for t in range(1, steps + 1):
             call(t)
             torch.cuda.synchronize()
-            mod.read_phases(buf)
-            ph = buf[: bs * ctas, : len(PHASES) + 1].double()
+            mod.read_phases(buf, nsbuf)
+            ph = buf[: bs * ctas, : last + 1].double()
             for i, p in enumerate(PHASES):
                 deltas[p] += (ph[:, i + 1] - ph[:, i]).tolist()
-            total += (ph[:, len(PHASES)] - ph[:, 0]).tolist()
+            total += (ph[:, last] - ph[:, 0]).tolist()
+            # GPU-wide timer: first CTA start to last CTA end, and the spread of the starts.
+            ns = nsbuf[: bs * ctas, : last + 1]
+            span.append(float(ns[:, last].max() - ns[:, 0].min()) / 1e3)
+            start_skew.append(float(ns[:, 0].max() - ns[:, 0].min()) / 1e3)
         hz = sm_hz()
         us = time_graph(lambda t, call=call: call(t + 1), restore, steps, 5)
         floor = time_graph(empty, lambda: None, steps, 5)
         rec = dict(kind="phases", bs=bs, ctas=ctas, churn=churn, block=block, copy=copy,
                    k=k, B=B, item=item, graph_us=round(us, 2), empty_graph_us=round(floor, 2),
                    sm_mhz=round(hz / 1e6),
-                   cta_total_us=round(statistics.median(total) / hz * 1e6, 2))
+                   cta_total_us=round(statistics.median(total) / hz * 1e6, 2),
+                   cta_max_us=round(max(total) / hz * 1e6, 2),
+                   span_us=round(statistics.median(span), 2),
+                   start_skew_us=round(statistics.median(start_skew), 2))
         for p in PHASES:
             rec[p + "_us"] = round(statistics.median(deltas[p]) / hz * 1e6, 3)
         add(rec)
@@ -120,8 +131,8 @@ def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768):
     mod = phase_module(k, B, item)
     host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     host = host[: (host.numel() // item) * item].view(-1, item)
-    for bs, ctas, churn, block in ((1, 32, 0.15, 512), (64, 2, 0.15, 512), (64, 1, 0.15, 512),
-                                   (64, 2, 0.0, 512), (64, 2, 0.15, 1024), (64, 2, 0.15, 256)):
+    for bs, ctas, churn, block in ((1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (64, 2, 0.0, 1024),
+                                   (64, 2, 0.15, 1024), (64, 2, 0.15, 512), (128, 1, 0.15, 512)):
         phase_config(add, mod, host, bs=bs, ctas=ctas, churn=churn, block=block, k=k, B=B,
                      item=item, ctx=ctx)
 
