@@ -2,7 +2,8 @@
 //
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
 // Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
-// multiple of 32 up to 1024), CTAs per request, plan/copy flags.
+// multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
+// CTAs per request, plan/copy flags.
 #pragma once
 
 #include "common.cuh"
@@ -245,11 +246,12 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   __syncthreads();
   HS_PHASE(4);
   // 3. Misses: first occurrences of selected positions that no slot holds, in top-k order
-  //    (warp segments and ballot words as above). NOTE: these loops load kRounds rounds' inputs
-  //    before their first shared-memory store: the compiler must assume a store may alias any
-  //    later load from the same smem array, so a plain loop pays one latency chain per round. Then one exchange of the packed per-warp
+  //    (warp segments and ballot words as above). Then one exchange of the packed per-warp
   //    counts (each total <= 32767, so the low half never carries into the high one) places
   //    the new LRU order (evictables, then hits, each in old order) and the miss list.
+  //    NOTE: these loops load kRounds rounds' inputs before their first shared-memory store:
+  //    the compiler must assume a store may alias any later load from the same smem array, so
+  //    a plain loop pays one latency chain per round.
   const int seg_k = (K + 32 * nw - 1) / (32 * nw) * 32;
   const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
   int n_miss = 0;

@@ -2,7 +2,9 @@
 
 One module per resolve specialization ``(k, B, item_bytes)`` (it exports one function; block
 size, CTAs per request, batch and the plan/no-IO flags are runtime arguments, so one build
-serves every ``swap_in_block_size``) and one per replay item size. Builds go to
+serves every ``swap_in_block_size``; inside it, block sizes 512 and 1024 run kernels compiled
+for exactly that size, every other one a kernel sized at run time) and one per replay item
+size. Builds go to
 ``$SGLANG_HISPARSE_JIT_CACHE`` (default ``~/.cache/sglang_hisparse/jit``), never into the
 installed package, under a directory named after the arguments and a hash of the sources,
 compiler flags and target; an ``fcntl`` lock around each build lets TP ranks share the cache.
