@@ -56,6 +56,42 @@ def test_every_block_size_and_cta_split(k, B, item):
             assert mismatches(want, got) == [], f"block {block}, ctas {ctas}"
 
 
+def test_back_to_back_steps():
+    """Steps launched back to back on the same state, no host sync or copy between them: each
+    launch reads the state the previous one wrote; every step must match the reference chain."""
+    k, B, item, bs = 2048, 4096, 1152, 64
+    sc = scenario(k, B, item, bs, seed=31)
+    steps, wants = [], []
+    for t in range(4):
+        want = reference_result(sc)
+        steps.append(sc)
+        wants.append(want)
+        sc = next_selection(sc, want[0], seed=32 + t)
+    st = to_cuda(steps[0].state)
+    top_ks = [s.top_k.cuda() for s in steps]
+    outs = [torch.empty(bs, k, dtype=torch.int32, device="cuda") for _ in steps]
+    plans = [empty_plan(bs, k, "cuda") for _ in steps]
+    req, lens = steps[0].req_index.cuda(), steps[0].seq_lens.cuda()
+    nr = torch.tensor([steps[0].num_real], dtype=torch.int32, device="cuda")
+    for _ in range(2):  # the first round builds and reserves; the second runs back to back
+        st = to_cuda(steps[0].state)
+        torch.cuda.synchronize()
+        for tk, out, plan in zip(top_ks, outs, plans, strict=True):
+            ops.resolve(top_k=tk, req_index=req, seq_lens=lens, num_real_reqs=nr,
+                        slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru,
+                        host_rows=st.host_rows, host_cache=st.host_cache,
+                        device_cache=st.device_cache, out_rows=out, plan=plan, validate=False,
+                        ctas_per_request=2)
+        torch.cuda.synchronize()
+    for t, (want, out, plan) in enumerate(zip(wants, outs, plans, strict=True)):
+        assert torch.equal(want[1], out.cpu()), f"step {t}: out_rows"
+        assert torch.equal(want[2].count, plan.count.cpu()), f"step {t}: plan count"
+    final = wants[-1][0]
+    assert torch.equal(final.slot_tokens, st.slot_tokens.cpu())
+    assert torch.equal(final.lru, st.lru.cpu())
+    assert torch.equal(final.device_cache, st.device_cache.cpu())
+
+
 def test_no_io_does_bookkeeping_only():
     sc = scenario(512, 1024, 656, 3, seed=5)
     want = reference_result(sc, mode=ResolveMode.NO_IO)
