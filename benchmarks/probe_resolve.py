@@ -34,8 +34,8 @@ from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E40
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit  # noqa: E402
 
-# Phase boundaries HS_PHASE(0..8) in resolve.cuh, in order.
-PHASES = ["indices", "stage", "hash_insert", "hits", "split_scan", "miss_fetch", "write_state",
+# Phase boundaries HS_PHASE(0..9) in resolve.cuh, in order.
+PHASES = ["indices", "stage", "mark", "prefix", "ids_hits", "exchange", "miss_fetch", "outputs",
           "copy"]
 _ARGS = _jit._RESOLVE_ARGS
 _CALL = _jit._RESOLVE_CALL
@@ -85,7 +85,7 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
     c32 = torch.empty(0, dtype=torch.int32, device=DEV)
     buf = torch.zeros(4096, 12, dtype=torch.int64)
     nsbuf = torch.zeros(4096, 12, dtype=torch.int64)
-    smem_bytes = resolve_smem_bytes(k, B)
+    smem_bytes = resolve_smem_bytes(k, B, ctx)
 
     def empty(_t):
         mod.empty(ctas, bs, block, smem_bytes)

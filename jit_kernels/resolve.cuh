@@ -3,7 +3,8 @@
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
 // Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
-// CTAs per request, plan/copy flags.
+// CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
+// bitmap, 3 B per 16 positions).
 #pragma once
 
 #include "common.cuh"
@@ -25,27 +26,32 @@ struct ResolveArgs {
   int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
   int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
   int ctas;           // CTAs per request (gridDim.x)
+  int words;          // position bitmap words: ceil(host_rows columns / 32)
   bool write_plan, copy;
 };
 
-// Shared memory of one CTA, in bytes (16-byte aligned pieces). Mirrored by
+// Shared memory of one CTA: a compile-time part (Layout<K, B>, 16-byte aligned pieces), then a
+// run-time part sized by the longest request the launch may hold (host_rows' columns, P): the
+// position bitmap (one bit per position) and its per-word prefix counts. Mirrored by
 // sglang_hisparse/kernel_limits.py:resolve_smem_bytes; keep both in step.
 // `reuse` first holds the staged slot tokens (until the hit probes end), then the miss lists
 // and the new LRU order, which are only written after that. `bits`: one word per 32 LRU
 // positions (evictable flags), then one per 32 top-k entries (first-occurrence miss flags).
+// Per selected position, dense id d = its rank among the selected positions (from the bitmap
+// and the prefix counts): `first[d]` is its first top-k index, `dslot[d]` the slot holding it.
 template <int K, int B>
 struct Layout {
-  static constexpr int H = pow2_ceil(2 * K) < 64 ? 64 : pow2_ceil(2 * K);  // load factor <= 1/2
-  static constexpr int kLogH = log2i(H);
   static constexpr int kEvWords = (B + 31) / 32, kMissWords = (K + 31) / 32;
   static constexpr size_t a16(size_t x) { return (x + 15) / 16 * 16; }
-  static constexpr size_t hkey = 0, hval = hkey + 4 * H, tk = hval + 4 * H;
-  static constexpr size_t reuse = a16(tk + 4 * K);
-  static constexpr size_t src = reuse, dst = src + 8 * K, pos = dst + 4 * K, order = pos + 4 * K;
+  static constexpr size_t tk = 0, dk = a16(4 * K), first = a16(dk + 2 * K);
+  static constexpr size_t dslot = a16(first + 4 * K), reuse = a16(dslot + 2 * K);
+  static constexpr size_t src = reuse, dst = src + 8 * K, mix = dst + 4 * K, order = mix + 4 * K;
   static constexpr size_t reuse_bytes = a16(4 * B > 16 * K + 2 * B ? 4 * B : 16 * K + 2 * B);
   static constexpr size_t lru = reuse + reuse_bytes, bits = a16(lru + 2 * B);
-  static constexpr size_t filt = a16(bits + 4 * (kEvWords + kMissWords));  // 8*H bits
-  static constexpr size_t scan = a16(filt + H), bytes = scan + 4 * 40;
+  static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords)), bytes = scan + 4 * 40;
+  // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
+  static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
+  static constexpr size_t total(size_t words) { return bytes + a16(4 * words) + a16(2 * words); }
 };
 
 // Independent global loads each thread keeps in flight in the miss-fetch and output loops.
@@ -82,16 +88,7 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
   return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
 }
 
-__device__ __forceinline__ unsigned hash_slot(int p, int log_h) {
-  return (static_cast<unsigned>(p) * 2654435761u) >> (32 - log_h);
-}
-
-// Second, independent hash for the membership filter of the selected positions.
-__device__ __forceinline__ unsigned filter_bit(int p, int log_bits) {
-  return (static_cast<unsigned>(p) * 0x85ebca77u) >> (32 - log_bits);
-}
-
-// Codes stored per top-k entry once it is hashed (tks[i] is overwritten with them).
+// Codes stored per top-k entry in place of a dense id.
 constexpr int kPadEntry = -1, kNewestEntry = -2;
 
 // Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
@@ -124,25 +121,31 @@ __device__ __forceinline__ void resolve_short(const int32_t* tk, const int32_t* 
 // TB: the block size when it is known at compile time (the launcher instantiates the common
 // ones, so loop bounds and chunk sizes fold to constants), 0 for any multiple of 32 at run time;
 // the code is the same either way.
+// NOTE: membership is a bitmap over positions, not a hash table (v6 and before): selected
+// positions set their bit, a prefix count per bitmap word turns a set bit into a dense id, and a
+// slot's token is selected iff its bit is set. No probe chains (their longest one set the
+// slowest CTA), one atomicOr per selected position instead of a CAS loop.
 template <int K, int B, int ITEM, int TB>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B>;
-  static_assert(K <= 32767 && B <= 32767, "slot ids and top-k indices are packed in 16 bits");
+  static_assert(K <= 32767 && B <= 32767, "slot ids, top-k indices and ranks are 16-bit");
   static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
   extern __shared__ __align__(16) uint8_t smem[];
-  int32_t* hkey = reinterpret_cast<int32_t*>(smem + L::hkey);
-  int32_t* hval = reinterpret_cast<int32_t*>(smem + L::hval);  // (first index << 16) | slot
-  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);  // positions, then table codes
+  int32_t* tks = reinterpret_cast<int32_t*>(smem + L::tk);  // staged positions
+  int16_t* dk = reinterpret_cast<int16_t*>(smem + L::dk);  // dense id (or code) per entry
+  int32_t* first = reinterpret_cast<int32_t*>(smem + L::first);
+  int16_t* dslot = reinterpret_cast<int16_t*>(smem + L::dslot);
   int32_t* stoks = reinterpret_cast<int32_t*>(smem + L::reuse);  // staged slot tokens ...
   int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);     // ... then the miss lists
   int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
-  int32_t* mpos = reinterpret_cast<int32_t*>(smem + L::pos);  // table index of each miss
+  int32_t* mix = reinterpret_cast<int32_t*>(smem + L::mix);  // top-k index of each miss
   int16_t* order = reinterpret_cast<int16_t*>(smem + L::order);  // evictables, then hits
   int16_t* lrus = reinterpret_cast<int16_t*>(smem + L::lru);
   uint32_t* evbits = reinterpret_cast<uint32_t*>(smem + L::bits);
   uint32_t* missbits = evbits + L::kEvWords;
-  uint32_t* filt = reinterpret_cast<uint32_t*>(smem + L::filt);
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
+  uint32_t* bm = reinterpret_cast<uint32_t*>(smem + L::bytes);
+  uint16_t* prefix = reinterpret_cast<uint16_t*>(smem + L::bytes + L::bitmap_bytes(a.words));
   __shared__ int s_writer;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x;
@@ -177,66 +180,114 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int32_t* stok = a.slot_tokens + r * a.st_stride;
   int16_t* lru = a.lru + r * a.lru_stride;
   const int newest = static_cast<int>(n - 1);
+  // Selectable positions: [0, limit). limit < newest only when seq_len exceeds host_rows'
+  // columns (a caller bug the Python op rejects): those positions resolve to -1.
+  const int limit = newest < 32 * a.words ? newest : 32 * a.words;
+  const int words = (limit + 31) / 32;
   HS_PHASE(1);
 
   // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
-  //    (group 0) is hashed; the tables are cleared meanwhile.
+  //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
   stage_to_smem(stoks, stok, 4 * B, tid, T);
   stage_to_smem(lrus, lru, 2 * B, tid, T);
   cp_async_commit();
-  fill_smem(hkey, L::H / 4, make_int4(-1, -1, -1, -1), tid, T);
-  fill_smem(hval, L::H / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
-  fill_smem(filt, static_cast<int>((L::scan - L::filt) / 16), make_int4(0, 0, 0, 0), tid, T);
+  fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
+  fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
+  fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
   cp_async_wait<1>();
   __syncthreads();
   HS_PHASE(2);
-  // 1. Hash set of the selected positions (newest excluded), with the first top-k index of each;
-  //    each entry's table index replaces its position in tks, so later passes never probe.
-  for (int i = tid; i < K; i += T) {
-    const int p = tks[i];
-    int code = p == newest ? kNewestEntry : kPadEntry;  // padding or out of range (caller bug)
-    if (p >= 0 && p < newest) {
-      unsigned h = hash_slot(p, L::kLogH);
-      while (true) {
-        const int old = atomicCAS(&hkey[h], -1, p);
-        if (old == -1 || old == p) break;
-        h = (h + 1) & (L::H - 1);
-      }
-      atomicMin(&hval[h], (i << 16) | 0xffff);
-      const unsigned f = filter_bit(p, L::kLogH + 3);
-      atomicOr(&filt[f >> 5], 1u << (f & 31));
-      code = static_cast<int>(h);
+  // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
+  //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
+  //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
+  {
+    constexpr int S = ((K + 31) / 32) | 1;
+    for (int x = tid; x < 32 * S; x += T) {
+      const int i = (x & 31) * S + (x >> 5);
+      const int p = i < K ? tks[i] : -1;
+      if (p >= 0 && p < limit) atomicOr(&bm[p >> 5], 1u << (p & 31));
     }
-    tks[i] = code;
   }
-  cp_async_wait<0>();
   __syncthreads();
   HS_PHASE(3);
-  // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
-  // this CTA is the last (the writer) only before the scan, so the atomic's round trip overlaps
-  // the probes.
-  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas) : 0;
-  // 2. Hits, walking the old LRU: a position whose slot's token is selected is a hit (its slot
-  //    goes into the table), every other position is evictable. Each warp owns a contiguous
-  //    segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
-  //    NOTE: a warp's probe loop runs as long as its longest lane's, and most slots are not
-  //    selected (unsuccessful probes are the long ones), so a bit filter rejects those first.
+  // 2. Prefix counts: prefix[w] = set bits in words < w (each thread a contiguous chunk, one
+  //    exchange of warp totals). The staged slot tokens and LRU must have landed by the barrier.
   const int lane = tid & 31, warp = tid >> 5, nw = T >> 5;
   const unsigned below = lanemask_lt();
+  {
+    const int chunk = (words + T - 1) / T;
+    const int w0 = min(words, tid * chunk), w1 = min(words, w0 + chunk);
+    int cnt = 0;
+    for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
+    int incl = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane == 31) scratch[warp] = incl;
+    cp_async_wait<0>();
+    __syncthreads();
+    int tot = lane < nw ? scratch[lane] : 0;
+    const int own = tot;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, tot, o);
+      if (lane >= o) tot += y;
+    }
+    int run = __shfl_sync(kFull, tot - own, warp) + incl - cnt;
+    for (int w = w0; w < w1; ++w) {
+      prefix[w] = static_cast<uint16_t>(run);
+      run += __popc(bm[w]);
+    }
+  }
+  __syncthreads();
+  HS_PHASE(4);
+  // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
+  // this CTA is the last (the writer) only before the exchange, so the atomic's round trip
+  // overlaps the work in between.
+  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas) : 0;
+  // 3a. Dense id of every entry, and the first top-k index of each id (kBatch entries' loads
+  //     issued before their first store).
+  for (int i0 = tid; i0 < K; i0 += T * kBatch) {
+    int p[kBatch], code[kBatch];
+    uint32_t w[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) p[u] = i0 + u * T < K ? tks[i0 + u * T] : -1;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const bool sel = p[u] >= 0 && p[u] < limit;
+      w[u] = sel ? bm[p[u] >> 5] : 0u;
+      code[u] = sel ? prefix[p[u] >> 5] : (p[u] == newest ? kNewestEntry : kPadEntry);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * T;
+      if (i >= K) break;
+      if (code[u] >= 0) {
+        code[u] += __popc(w[u] & ((1u << (p[u] & 31)) - 1u));
+        atomicMin(&first[code[u]], i);
+      }
+      dk[i] = static_cast<int16_t>(code[u]);
+    }
+  }
+  // 3b. Hits, walking the old LRU: a slot whose token is selected is a hit (its slot goes to
+  //     the token's id), every other LRU position is evictable. Each warp owns a contiguous
+  //     segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
   const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
   const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
   int n_ev = 0;
-  for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 2.4 -> 3.0 us)
+  for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 1.8 -> 2.2 us)
     const int j = j0 + lane;
     bool ev = j < je;
     if (ev) {
       const int sl = lrus[j], t = stoks[sl];
-      const unsigned f = filter_bit(t, L::kLogH + 3);
-      if (t >= 0 && t < newest && ((filt[f >> 5] >> (f & 31)) & 1u)) {
-        unsigned h = hash_slot(t, L::kLogH);
-        int key;
-        while ((key = hkey[h]) != t && key != -1) h = (h + 1) & (L::H - 1);
-        if (key == t) { hval[h] = (hval[h] & ~0xffff) | sl; ev = false; }
+      if (t >= 0 && t < limit) {
+        const uint32_t w = bm[t >> 5];
+        if ((w >> (t & 31)) & 1u) {
+          dslot[prefix[t >> 5] + __popc(w & ((1u << (t & 31)) - 1u))] = static_cast<int16_t>(sl);
+          ev = false;
+        }
       }
     }
     const unsigned bal = __ballot_sync(kFull, ev);
@@ -244,8 +295,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     n_ev += __popc(bal);
   }
   __syncthreads();
-  HS_PHASE(4);
-  // 3. Misses: first occurrences of selected positions that no slot holds, in top-k order
+  HS_PHASE(5);
+  // 4. Misses: first occurrences of selected positions that no slot holds, in top-k order
   //    (warp segments and ballot words as above). Then one exchange of the packed per-warp
   //    counts (each total <= 32767, so the low half never carries into the high one) places
   //    the new LRU order (evictables, then hits, each in old order) and the miss list.
@@ -256,19 +307,22 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
   int n_miss = 0;
   for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
-    int h[kRounds], v[kRounds];
+    int d[kRounds], f[kRounds], s[kRounds];
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
       const int i = i0 + 32 * u + lane;
-      h[u] = i < ie ? tks[i] : -1;
+      d[u] = i < ie ? dk[i] : kPadEntry;
     }
 #pragma unroll
-    for (int u = 0; u < kRounds; ++u) v[u] = h[u] >= 0 ? hval[h[u]] : 0;
+    for (int u = 0; u < kRounds; ++u) {
+      f[u] = d[u] >= 0 ? first[d[u]] : -1;
+      s[u] = d[u] >= 0 ? dslot[d[u]] : 0;
+    }
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
       const int ir = i0 + 32 * u;
       if (ir >= ie) break;
-      const bool miss = h[u] >= 0 && (v[u] & 0xffff) == 0xffff && (v[u] >> 16) == ir + lane;
+      const bool miss = d[u] >= 0 && s[u] < 0 && f[u] == ir + lane;
       const unsigned bal = __ballot_sync(kFull, miss);
       if (lane == 0) missbits[ir >> 5] = bal;
       n_miss += __popc(bal);
@@ -309,23 +363,21 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   }
   for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
     unsigned bal[kRounds];
-    int h[kRounds];
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
       const int ir = i0 + 32 * u;
       bal[u] = ir < ie ? missbits[ir >> 5] : 0u;
-      h[u] = (bal[u] >> lane) & 1u ? tks[ir + lane] : 0;
     }
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
-      if ((bal[u] >> lane) & 1u) mpos[q + __popc(bal[u] & below)] = h[u];  // < n_evict: B >= K
+      if ((bal[u] >> lane) & 1u) mix[q + __popc(bal[u] & below)] = i0 + 32 * u + lane;  // < n_evict: B >= K
       q += __popc(bal[u]);
     }
   }
   const bool writer = s_writer;  // published by the barrier above
   __syncthreads();
-  HS_PHASE(5);
-  // 4. Per miss: claim its victim in the table, fetch its host and device rows (kBatch loads in
+  HS_PHASE(6);
+  // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
   //    flight), record the new slot token.
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {
     int64_t src[kBatch];
@@ -334,7 +386,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x < m) {
-        src[u] = a.host_rows[r * a.hr_stride + hkey[mpos[x]]];
+        src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
         dst[u] = rows[order[x]];
       }
     }
@@ -342,16 +394,16 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x >= m) continue;
-      const int h = mpos[x], p = hkey[h], victim = order[x];
-      hval[h] = (hval[h] & ~0xffff) | victim;
+      const int i = mix[x], victim = order[x];
+      dslot[dk[i]] = static_cast<int16_t>(victim);
       msrc[x] = src[u];
       mdst[x] = dst[u];
-      if (writer) stok[victim] = p;
+      if (writer) stok[victim] = tks[i];
     }
   }
   __syncthreads();
-  HS_PHASE(6);
-  // 5. Outputs: each CTA writes its share of out_rows and of the plan; the writer the new LRU
+  HS_PHASE(7);
+  // 6. Outputs: each CTA writes its share of out_rows and of the plan; the writer the new LRU
   //    (order rotated left by m over the evictables, then the hits).
   {
     const int k0 = static_cast<int>(static_cast<int64_t>(K) * c / a.ctas);
@@ -361,10 +413,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int i = i0 + u * T;
-        const int code = i < k1 ? tks[i] : kPadEntry;
+        const int code = i < k1 ? dk[i] : kPadEntry;
         row[u] = -1;
         if (code == kNewestEntry) row[u] = rows[B];
-        else if (code >= 0) row[u] = rows[hval[code] & 0xffff];
+        else if (code >= 0) row[u] = rows[dslot[code]];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
@@ -385,13 +437,13 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     }
     if (c == 0 && tid == 0) a.plan_count[b] = m;
   }
-  HS_PHASE(7);
+  HS_PHASE(8);
   if (a.copy) {
     const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
     const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
     copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
   }
-  HS_PHASE(8);
+  HS_PHASE(9);
 }
 
 using tvm::ffi::TensorView;
@@ -435,6 +487,18 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
     check_cuda(arrivals, "arrivals", dev);
     HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
   }
+  // The position bitmap covers host_rows' columns (the longest request the pool holds).
+  using L = Layout<K, B>;
+  const int64_t words = (host_rows.size(1) + 31) / 32;
+  const size_t smem = L::total(static_cast<size_t>(words));
+  static int smem_optin[64] = {0};
+  if (dev < 64 && smem_optin[dev] == 0)
+    HS_CUDA(cudaDeviceGetAttribute(&smem_optin[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  HS_CHECK(dev >= 64 || smem <= static_cast<size_t>(smem_optin[dev]),
+           "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
+           << " positions needs " << smem << " B of shared memory per CTA; this GPU allows "
+           << smem_optin[dev] << " B. Lower the pool's max_context (host_rows columns) or "
+           "device_buffer_size (see sglang_hisparse/kernel_limits.py)");
   if (bs == 0) return;
 
   ResolveArgs a;
@@ -458,19 +522,19 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   a.arrivals = ctas > 1 ? ptr<int32_t>(arrivals) : nullptr;
   a.ctas = static_cast<int>(ctas);
   a.copy = copy != 0;
+  a.words = static_cast<int>(words);
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  using L = Layout<K, B>;
   auto kernel = block == 1024 ? resolve_kernel<K, B, ITEM, 1024>
               : block == 512  ? resolve_kernel<K, B, ITEM, 512>
                               : resolve_kernel<K, B, ITEM, 0>;
-  static bool smem_set[3] = {false, false, false};  // once per build, before any capture normally
+  static size_t smem_set[3] = {0, 0, 0};  // largest size allowed so far, per build
   const int which = block == 1024 ? 0 : block == 512 ? 1 : 2;
-  if (!smem_set[which]) { set_smem(kernel, L::bytes); smem_set[which] = true; }
+  if (smem_set[which] < smem) { set_smem(kernel, smem); smem_set[which] = smem; }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),
-           static_cast<unsigned>(block), L::bytes, stream>>>(a);
+           static_cast<unsigned>(block), smem, stream>>>(a);
   HS_CUDA(cudaGetLastError());
 }
 

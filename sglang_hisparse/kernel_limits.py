@@ -29,20 +29,23 @@ def _hash_entries(selected: int) -> int:
     return max(64, _pow2_ceil(2 * selected))
 
 
-def resolve_smem_bytes(top_k: int, buffer: int) -> int:
-    """Bytes per CTA of the single-row resolve kernel for ``k = top_k``, ``B = buffer``.
+def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0) -> int:
+    """Bytes per CTA of the single-row resolve kernel for ``k = top_k``, ``B = buffer`` and
+    requests of up to ``max_context`` positions (the host pool's ``host_rows`` columns).
 
-    Hash keys + values (8·H) and the top-k codes (4·k); one region that first holds the staged
-    slot tokens (4·B) and later the miss lists (16·k) and the new LRU order (2·B); the staged
-    LRU (2·B), one flag bit per LRU position and per top-k entry, a position filter of H bytes
-    and the scan scratch; every piece 16-byte aligned, as ``Layout<K, B>`` lays them out.
+    Compile-time part, as ``Layout<K, B>`` lays it out (16-byte aligned pieces): the staged
+    top-k (4·k), a dense id per entry (2·k), first index and slot per id (4·k + 2·k); one region
+    that first holds the staged slot tokens (4·B) and later the miss lists (16·k) and the new
+    LRU order (2·B); the staged LRU (2·B), one flag bit per LRU position and per top-k entry, and
+    the scan scratch. Run-time part: the position bitmap (one bit per position) and its 16-bit
+    prefix count per 32 positions, 0.1875 B per position (24 KiB at 128K).
     """
-    h = _hash_entries(top_k)
-    head = _ceil16(8 * h + 4 * top_k)
-    reuse = _ceil16(max(4 * buffer, 16 * top_k + 2 * buffer))
-    bits = 4 * ((buffer + 31) // 32 + (top_k + 31) // 32)
-    tail = _ceil16(2 * buffer) + _ceil16(bits) + _ceil16(h)
-    return head + reuse + tail + _SCAN_BYTES
+    k, b = top_k, buffer
+    fixed = _ceil16(4 * k) + _ceil16(2 * k) + _ceil16(4 * k) + _ceil16(2 * k)
+    fixed += _ceil16(max(4 * b, 16 * k + 2 * b)) + _ceil16(2 * b)
+    fixed += _ceil16(4 * ((b + 31) // 32 + (k + 31) // 32)) + _SCAN_BYTES
+    words = (max_context + 31) // 32
+    return fixed + _ceil16(4 * words) + _ceil16(2 * words)
 
 
 def verify_smem_bytes(top_k: int, buffer: int, rows: int) -> int:
@@ -68,3 +71,28 @@ def largest_buffer(fits, limit: int = SM90_MAX_SMEM_PER_BLOCK, hi: int = 1 << 15
         else:
             top = mid - 1
     return lo
+
+
+def check_resolve_fits(top_k: int, buffer: int, max_context: int,
+                       limit: int = SM90_MAX_SMEM_PER_BLOCK) -> None:
+    """Raise ValueError, with both ways out, when the resolve kernel for ``(top_k, B)`` over
+    requests of up to ``max_context`` positions needs more shared memory than ``limit``.
+
+    NOTE: checked when the coordinator is built (the first point where the pool's context is
+    known), so a server fails at startup, not on its first long decode step.
+    """
+    need = resolve_smem_bytes(top_k, buffer, max_context)
+    if need <= limit:
+        return
+    ctx_most = largest_buffer(lambda c: resolve_smem_bytes(top_k, buffer, c), limit, hi=1 << 26)
+    buf_most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b, max_context), limit)
+    fixes = [f"--context-length <= {ctx_most}"] if ctx_most else []
+    if buf_most >= top_k:
+        fixes.append(f"'device_buffer_size' <= {buf_most} in --hisparse-config")
+    raise ValueError(
+        f"HiSparse: the resolve kernel for top_k = {top_k}, device_buffer_size = {buffer} and "
+        f"requests of up to {max_context} tokens needs {need} B of shared memory per CTA (its "
+        f"position bitmap takes 3 B per 16 tokens), above the {limit} B an H100/H200 allows. "
+        f"Use {' or '.join(fixes) or 'a smaller top_k'}."
+    )
+

@@ -38,6 +38,7 @@ from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.step import StepMapper
 from sglang_hisparse.coordinator.streams import Streams
+from sglang_hisparse.kernel_limits import check_resolve_fits
 from sglang_hisparse.kernels import ResolveMode
 from sglang_hisparse.telemetry import Telemetry
 
@@ -145,6 +146,7 @@ class HiSparseCore:
                 f"device_buffer_size = {buffer_size} < top_k = {top_k}: every selected position "
                 f"needs a hot slot. Set device_buffer_size >= {top_k} (default 2 * top_k)."
             )
+        check_resolve_fits(top_k, buffer_size, int(host.host_rows.shape[1]))
         if len(device_kv) != len(host_kv) or len(device_kv) == 0:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."

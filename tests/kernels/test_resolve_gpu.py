@@ -174,3 +174,14 @@ def test_empty_batch_and_validation():
     st.host_cache = torch.zeros(sc.state.host_cache.shape, dtype=torch.uint8)  # pageable
     with pytest.raises(ValueError, match="pinned"):
         call(ops.resolve, st, sc, sc.top_k, plan=None, validate=True)
+
+
+def test_context_beyond_shared_memory_is_a_clear_error():
+    """The position bitmap spans host_rows' columns: a pool too long for shared memory fails at
+    launch with the figures, not with a launch failure."""
+    sc = scenario(64, 128, 1152, 3, seed=4)
+    st = to_cuda(sc.state)
+    R = st.host_rows.shape[0]
+    st.host_rows = torch.zeros(R, 12 << 20, dtype=torch.int64, device="cuda")  # 12M positions
+    with pytest.raises(ValueError, match=r"host_rows of 12582912 positions needs \d+ B of shared memory"):
+        call(ops.resolve, st, sc, sc.top_k, plan=None, validate=False)

@@ -81,16 +81,29 @@ def test_speculative_buffer_rejections_give_the_number(text, W, match):
 def test_kernel_shared_memory_figures_match_the_kernels():
     from sglang_hisparse.kernel_limits import resolve_smem_bytes, verify_smem_bytes
 
-    # The layouts' own figures: 96 KiB (two CTAs per SM) and 206 KiB (docs/speculative.md).
-    assert resolve_smem_bytes(2048, 4096) == 95136
+    # The layouts' own figures: resolve 73 KiB + 3 B per 16 tokens of context (79 KiB at 32K,
+    # 97 KiB at 128K: two CTAs per SM); verify 206 KiB (docs/speculative.md).
+    assert resolve_smem_bytes(2048, 4096) == 74656
+    assert resolve_smem_bytes(2048, 4096, 32768) == 80800
+    assert resolve_smem_bytes(2048, 4096, 131072) == 99232
     assert verify_smem_bytes(2048, 5 * 2048, 4) == 211104
 
 
 def test_buffer_too_large_for_the_resolve_kernel():
-    with pytest.raises(ValueError, match=r"'device_buffer_size' = 32767 with top_k = 2048 needs 246176 B of shared memory.*Use 'device_buffer_size' <= 30524"):
-        HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=2048)
-    assert HiSparseConfig.from_json('{"device_buffer_size": 30524}', model_top_k=2048).device_buffer_size == 30524
-    assert HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=512).device_buffer_size == 32767
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 32767 with top_k = 4096 needs 250528 B of shared memory.*Use 'device_buffer_size' <= 28384"):
+        HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=4096)
+    assert HiSparseConfig.from_json('{"device_buffer_size": 28384}', model_top_k=4096).device_buffer_size == 28384
+    assert HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=2048).device_buffer_size == 32767
+
+
+def test_context_too_long_for_the_resolve_kernel_names_both_fixes():
+    from sglang_hisparse.kernel_limits import check_resolve_fits
+
+    check_resolve_fits(2048, 4096, 163840)  # DeepSeek-V3.2's context: fits with room
+    with pytest.raises(ValueError, match=r"up to 163840 tokens needs 239472 B.*--context-length <= 126336 or 'device_buffer_size' <= 28852"):
+        check_resolve_fits(2048, 30000, 163840)
+    with pytest.raises(ValueError, match=r"Use --context-length <= 126336\.$"):
+        check_resolve_fits(2048, 30000, 1 << 20)
 
 
 def test_verify_window_too_wide_for_the_verify_kernel():
