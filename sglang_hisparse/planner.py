@@ -30,6 +30,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sglang_hisparse.kernel_limits import (
+    SM90_MAX_SMEM_PER_BLOCK,
+    largest_buffer,
+    resolve_smem_bytes,
+)
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
 
 GIB = 2**30
@@ -217,6 +222,12 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     if n <= B:
         on, why = False, (f"context {n} <= B = {B}: the whole request fits in its hot buffer, "
                           f"HiSparse only adds the host copy")
+    elif resolve_smem_bytes(k, B, n) > SM90_MAX_SMEM_PER_BLOCK:
+        most = largest_buffer(lambda b: resolve_smem_bytes(k, b, n))
+        on, why = False, (f"the resolve kernel needs {resolve_smem_bytes(k, B, n)} B of shared "
+                          f"memory per CTA at {n} tokens (its position bitmap grows with the "
+                          f"context), above sm_90's {SM90_MAX_SMEM_PER_BLOCK} B"
+                          + (f"; use --buffer <= {most}" if most >= k else ""))
     elif b_hs == 0:
         short = "HBM" if b_hbm == 0 else "host DRAM"
         on, why = False, f"not one request fits in {short} with HiSparse"

@@ -164,6 +164,14 @@ def test_short_context_needs_no_io_and_is_not_recommended():
     assert not row.turn_on and "<= B = 4096" in row.reason
 
 
+def test_context_beyond_the_resolve_kernels_shared_memory_is_not_recommended():
+    # top-k 2048, B 4096: the position bitmap fits up to ~840K tokens, not 1M.
+    ok, over = _plan(contexts=(128 * 1024, 1 << 20), kv_budget_gib=40).contexts
+    assert "shared memory" not in ok.reason
+    assert not over.turn_on and "needs 271264 B of shared memory per CTA at 1048576 tokens" in over.reason
+    assert "use --buffer <=" not in over.reason  # no B >= top-k fits at 1M
+
+
 def test_io_over_the_step_target_is_reported():
     row = _plan(contexts=(32 * 1024,), kv_budget_gib=40, link_gbps=5).contexts[0]
     assert not row.io_fits
