@@ -185,3 +185,14 @@ def test_context_beyond_shared_memory_is_a_clear_error():
     st.host_rows = torch.zeros(R, 12 << 20, dtype=torch.int64, device="cuda")  # 12M positions
     with pytest.raises(ValueError, match=r"host_rows of 12582912 positions needs \d+ B of shared memory"):
         call(ops.resolve, st, sc, sc.top_k, plan=None, validate=False)
+
+
+@pytest.mark.parametrize("k,B,item", [(64, 128, 1152), (2048, 4096, 656), (2048, 8192, 656)])
+def test_kernel_limits_mirror_the_kernels_shared_memory(k, B, item):
+    """kernel_limits.resolve_smem_bytes (what startup checks use) == the kernel's own Layout."""
+    from sglang_hisparse.kernel_limits import resolve_smem_bytes
+    from sglang_hisparse.kernels import _jit
+
+    mod = _jit.resolve_module(k, B, item)
+    for ctx in (0, 1, 264, 32768, 131072, 163840, 200000):
+        assert mod.smem_bytes((ctx + 31) // 32) == resolve_smem_bytes(k, B, ctx), ctx
