@@ -44,6 +44,17 @@ __device__ __forceinline__ unsigned lanemask_lt() {
   return m;
 }
 
+// Inclusive prefix sum of one int per lane over the (full) warp.
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
 // Block-wide exclusive prefix sum of one int per thread, for any blockDim.x that is a multiple
 // of 32 (1..32 warps). `scratch` holds 33 ints. NOTE: every warp's total is written before the
 // first barrier and read only after it, and warp 0 publishes the offsets before the second
@@ -51,22 +62,12 @@ __device__ __forceinline__ unsigned lanemask_lt() {
 // warp count); the third barrier makes `scratch` reusable at once.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += y;
-  }
+  const int incl = warp_inclusive_scan(v);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int t = lane < nwarps ? scratch[lane] : 0;
-    int ti = t;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int y = __shfl_up_sync(kFull, ti, o);
-      if (lane >= o) ti += y;
-    }
+    const int t = lane < nwarps ? scratch[lane] : 0;
+    const int ti = warp_inclusive_scan(t);
     if (lane < nwarps) scratch[lane] = ti - t;
     if (lane == 31) scratch[32] = ti;
   }

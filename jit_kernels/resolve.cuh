@@ -219,22 +219,12 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int w0 = min(words, tid * chunk), w1 = min(words, w0 + chunk);
     int cnt = 0;
     for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
-    int incl = cnt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += y;
-    }
+    const int incl = warp_inclusive_scan(cnt);
     if (lane == 31) scratch[warp] = incl;
     cp_async_wait<0>();
     __syncthreads();
-    int tot = lane < nw ? scratch[lane] : 0;
-    const int own = tot;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(kFull, tot, o);
-      if (lane >= o) tot += y;
-    }
+    const int own = lane < nw ? scratch[lane] : 0;
+    const int tot = warp_inclusive_scan(own);
     int run = __shfl_sync(kFull, tot - own, warp) + incl - cnt;
     for (int w = w0; w < w1; ++w) {
       prefix[w] = static_cast<uint16_t>(run);
@@ -331,13 +321,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
   if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
   __syncthreads();
-  int both = lane < nw ? scratch[lane] : 0;
-  const int mine = both;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(kFull, both, o);
-    if (lane >= o) both += y;
-  }
+  const int mine = lane < nw ? scratch[lane] : 0;
+  int both = warp_inclusive_scan(mine);
   const int off = __shfl_sync(kFull, both - mine, warp);
   both = __shfl_sync(kFull, both, 31);
   const int n_evict = both & 0xffff, m = both >> 16;
