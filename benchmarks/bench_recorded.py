@@ -30,7 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_resolve import DEV, Pool, host_layout, make_trace, sm_clock_mhz, time_graph  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    Pool,
+    host_layout,
+    make_trace,
+    plan_rows,
+    sm_clock_mhz,
+    time_graph,
+)
 
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
@@ -94,11 +102,7 @@ def measure(pool, tr, *, bs, k, B, item, ctx, first, steps, reps, layout, lens=N
     for i in range(steps):
         resolve(first + 1 + i, plan=plans[i])
     counts = torch.stack([p.count for p in plans]).cpu()  # [steps, bs]
-    cols = torch.arange(k, device=DEV)
-    flat = []
-    for p in plans:
-        mask = cols[None, :] < p.count[:, None]
-        flat.append((p.src[mask].contiguous(), p.dst[mask].contiguous()))
+    flat = [plan_rows(p) for p in plans]
     us = time_graph(lambda i: resolve(first + 1 + i), restore, steps, reps)
     noio = time_graph(lambda i: resolve(first + 1 + i, mode=ResolveMode.NO_IO), restore, steps,
                       reps)

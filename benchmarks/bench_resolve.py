@@ -153,6 +153,13 @@ def time_graph(fn, restore, steps, reps):
     return statistics.median(times)
 
 
+def plan_rows(plan: MissPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """A recorded miss plan flattened to its (host row, device row) pairs, batch rows in order:
+    the rows the same-run gather ceiling copies."""
+    mask = torch.arange(plan.src.shape[1], device=plan.src.device)[None, :] < plan.count[:, None]
+    return plan.src[mask].contiguous(), plan.dst[mask].contiguous()
+
+
 def batch_inputs(tr, *, bs, k, B, item, ctx):
     """Device cache, index tensors, out_rows and a restore() of a trace's initial state."""
     dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
@@ -191,11 +198,7 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
         resolve(t, plan=plans[t])
     counts = torch.stack([p.count for p in plans[1:]]).cpu()
     assert counts.tolist() == [tr["misses"]] * steps, "trace did not produce the planned misses"
-    cols = torch.arange(k, device=DEV)
-    flat = []
-    for p in plans[1:]:
-        mask = cols[None, :] < p.count[:, None]
-        flat.append((p.src[mask].contiguous(), p.dst[mask].contiguous()))
+    flat = [plan_rows(p) for p in plans[1:]]
     rows_per_step = sum(tr["misses"])
     gbytes = rows_per_step * item / 1e9
 

@@ -222,9 +222,9 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     if n <= B:
         on, why = False, (f"context {n} <= B = {B}: the whole request fits in its hot buffer, "
                           f"HiSparse only adds the host copy")
-    elif resolve_smem_bytes(k, B, n) > SM90_MAX_SMEM_PER_BLOCK:
+    elif (smem := resolve_smem_bytes(k, B, n)) > SM90_MAX_SMEM_PER_BLOCK:
         most = largest_buffer(lambda b: resolve_smem_bytes(k, b, n))
-        on, why = False, (f"the resolve kernel needs {resolve_smem_bytes(k, B, n)} B of shared "
+        on, why = False, (f"the resolve kernel needs {smem} B of shared "
                           f"memory per CTA at {n} tokens (its position bitmap grows with the "
                           f"context), above sm_90's {SM90_MAX_SMEM_PER_BLOCK} B"
                           + (f"; use --buffer <= {most}" if most >= k else ""))

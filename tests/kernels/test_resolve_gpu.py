@@ -67,7 +67,6 @@ def test_back_to_back_steps():
         steps.append(sc)
         wants.append(want)
         sc = next_selection(sc, want[0], seed=32 + t)
-    st = to_cuda(steps[0].state)
     top_ks = [s.top_k.cuda() for s in steps]
     outs = [torch.empty(bs, k, dtype=torch.int32, device="cuda") for _ in steps]
     plans = [empty_plan(bs, k, "cuda") for _ in steps]
