@@ -4,7 +4,8 @@
 // Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
-// bitmap, 3 B per 16 positions).
+// bitmap, 3 B per 16 positions). With a resident hint, up to stage_cap probable misses per
+// CTA are fetched into shared memory before the bookkeeping (step 0b, "early fetch").
 #pragma once
 
 #include "common.cuh"
@@ -25,8 +26,12 @@ struct ResolveArgs {
   int32_t* out_rows; int64_t out_stride;
   int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
   int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
+  // Resident hint [R, words] (null: none): bit p of request r set iff some history slot holds
+  // position p. Only decides which rows are fetched early; a wrong bit costs time, not output.
+  uint32_t* resident; int64_t res_stride;
   int ctas;           // CTAs per request (gridDim.x)
   int words;          // position bitmap words: ceil(host_rows columns / 32)
+  int stage_cap;      // rows each CTA may fetch early into shared memory (0: none)
   bool write_plan, copy;
 };
 
@@ -52,6 +57,14 @@ struct Layout {
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
   static constexpr size_t total(size_t words) { return bytes + a16(4 * words) + a16(2 * words); }
+  // Early-fetch staging after that (only with a resident hint): the staging index of each
+  // top-k entry (int16), then per staged row its device row (int32, -1 while unclaimed), then
+  // the rows' bytes.
+  static constexpr size_t stage_dst(size_t cap) { return a16(2 * K); }
+  static constexpr size_t stage_rows(size_t cap) { return stage_dst(cap) + a16(4 * cap); }
+  static constexpr size_t stage_bytes(size_t cap, size_t item) {
+    return cap ? stage_rows(cap) + cap * item : 0;
+  }
 };
 
 // Independent global loads each thread keeps in flight in the miss-fetch and output loops.
@@ -146,7 +159,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
   uint32_t* bm = reinterpret_cast<uint32_t*>(smem + L::bytes);
   uint16_t* prefix = reinterpret_cast<uint16_t*>(smem + L::bytes + L::bitmap_bytes(a.words));
-  __shared__ int s_writer;
+  __shared__ int s_writer, s_staged, s_direct;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x;
   const int T = TB ? TB : static_cast<int>(blockDim.x);
@@ -161,6 +174,18 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int64_t n = load_index(a.seq_lens, a.len64, b);
   stage_to_smem(tks, tk, 4 * K, tid, T);
   cp_async_commit();
+  // Early fetch (step 0b below; COPY with a resident hint only): warps 1.. take this CTA's
+  // top-k entries i = c + e * ctas, e = tid - 32 + u * (T - 32); the first kBatch positions are
+  // loaded now, in the same round trip as the indices.
+  constexpr int kPieces = ITEM / 16;
+  const bool early = a.resident != nullptr && a.stage_cap > 0 && a.copy;
+  const int own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
+  int p0[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int e = tid - 32 + u * ET;
+    p0[u] = early && tid >= 32 && e < own ? tk[c + e * a.ctas] : -1;
+  }
   if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
     if (c == 0) {
@@ -194,9 +219,75 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
   fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
   fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
+  if (tid == 0) s_staged = s_direct = 0;
+  const bool hint = a.resident != nullptr;
+  uint32_t* res = hint ? a.resident + r * a.res_stride : nullptr;
+  // Hint words and host rows of the preloaded positions, loaded together (the host row is only
+  // used if the bit is clear) and in flight over the barrier below.
+  const int64_t* hrow = a.host_rows + r * a.hr_stride;
+  uint32_t w0[kBatch];
+  int64_t h0[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const bool sel = p0[u] >= 0 && p0[u] < limit;
+    w0[u] = sel ? res[p0[u] >> 5] : ~0u;
+    h0[u] = sel ? hrow[p0[u]] : -1;
+  }
   cp_async_wait<1>();
   __syncthreads();
   HS_PHASE(2);
+  // 0b. Early fetch: a selected position whose hint bit is clear is probably a miss, so its row
+  //     starts streaming from the host into this CTA's shared memory now (cp.async group 2) and
+  //     lands while the bookkeeping below runs. The bookkeeping stays authoritative: a staged
+  //     row is stored (step 6) only if its entry is a miss's first occurrence (step 5); every
+  //     other miss is copied directly. sidx[i]: staging index of owned entry i, -1 if none.
+  //     Each warp ranks its candidates with one ballot and one shared atomic, then issues their
+  //     rows itself (all lanes, coalesced), with no block barrier in between.
+  //     NOTE: warp 0 takes no entries: thread 0's __threadfence before the arrival (step 3)
+  //     would wait for its host reads to land and hold the whole CTA at the next barrier.
+  uint8_t* stg = smem + L::total(a.words);
+  int16_t* sidx = reinterpret_cast<int16_t*>(stg);
+  int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
+  uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
+  if (early) {
+    for (int e0 = tid - 32 - (tid & 31); tid >= 32 && e0 < own; e0 += ET * kBatch) {
+      const bool preloaded = e0 == tid - 32 - (tid & 31);
+      int p[kBatch];
+      uint32_t w[kBatch];
+      int64_t src[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + (tid & 31) + u * ET;
+        p[u] = preloaded ? p0[u] : e < own ? tks[c + e * a.ctas] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        w[u] = preloaded ? w0[u] : p[u] >= 0 && p[u] < limit ? res[p[u] >> 5] : ~0u;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        src[u] = (w[u] >> (p[u] & 31)) & 1u ? -1 : preloaded ? h0[u] : hrow[p[u]];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + (tid & 31) + u * ET;
+        const unsigned cand = __ballot_sync(kFull, src[u] >= 0);
+        int base = 0;
+        if (cand && (tid & 31) == 0) base = atomicAdd(&s_staged, __popc(cand));
+        base = __shfl_sync(kFull, base, 0);
+        int j = src[u] >= 0 ? base + __popc(cand & lanemask_lt()) : -1;
+        if (j >= a.stage_cap) j = -1;
+        if (j >= 0) sdst[j] = -1;
+        if (e < own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
+        for (unsigned left = cand; left; left &= left - 1) {
+          const int l = __ffs(left) - 1, jl = base + __popc(cand & ((1u << l) - 1u));
+          if (jl >= a.stage_cap) break;
+          const int64_t row = __shfl_sync(kFull, src[u], l);
+          for (int pc = (tid & 31); pc < kPieces; pc += 32)
+            cp_async16(sdata + jl * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
+        }
+      }
+    }
+    cp_async_commit();
+  }
   // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
   //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
   //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
@@ -221,7 +312,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
     const int incl = warp_inclusive_scan(cnt);
     if (lane == 31) scratch[warp] = incl;
-    cp_async_wait<0>();
+    if (early) cp_async_wait<1>(); else cp_async_wait<0>();  // not the early fetch's group
     __syncthreads();
     const int own = lane < nw ? scratch[lane] : 0;
     const int tot = warp_inclusive_scan(own);
@@ -363,16 +454,21 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   __syncthreads();
   HS_PHASE(6);
   // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
-  //    flight), record the new slot token.
+  //    flight), record the new slot token (the writer; it also moves the hint bit from the
+  //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA owning its first entry (i mod ctas): from its staged
+  //    row if the early fetch took it, else directly (listed in `first`, free from here on).
+  int32_t* direct = first;
+  const bool hint_writer = hint && writer;
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {
     int64_t src[kBatch];
-    int32_t dst[kBatch];
+    int32_t dst[kBatch], old[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x < m) {
         src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
         dst[u] = rows[order[x]];
+        old[u] = hint_writer ? stok[order[x]] : -1;
       }
     }
 #pragma unroll
@@ -384,6 +480,15 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       msrc[x] = src[u];
       mdst[x] = dst[u];
       if (writer) stok[victim] = tks[i];
+      if (hint_writer) {  // the evicted token's bit off, the new one's on (hits keep theirs)
+        if (old[u] >= 0 && old[u] < 32 * a.words) atomicAnd(&res[old[u] >> 5], ~(1u << (old[u] & 31)));
+        atomicOr(&res[tks[i] >> 5], 1u << (tks[i] & 31));
+      }
+      if (i % a.ctas == c) {
+        const int j = early ? sidx[i] : -1;
+        if (j >= 0) sdst[j] = dst[u];
+        else direct[atomicAdd(&s_direct, 1)] = x;
+      }
     }
   }
   __syncthreads();
@@ -423,12 +528,25 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     if (c == 0 && tid == 0) a.plan_count[b] = m;
   }
   HS_PHASE(8);
-  if (a.copy) {
-    const int q0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
-    const int q1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
-    copy_rows<ITEM>(msrc, mdst, q0, q1, a.host_cache, a.hc_stride, a.device_cache, a.dc_stride);
-  }
+  if (a.copy)
+    copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
+                    a.dc_stride, direct);
   HS_PHASE(9);
+  if (early) {  // the staged rows that are misses, once all have landed
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  HS_PHASE(10);
+  if (early) {
+    const int n_staged = min(s_staged, a.stage_cap);
+    for (int x = tid; x < n_staged * kPieces; x += T) {
+      const int j = x / kPieces, piece = x % kPieces;
+      if (sdst[j] >= 0)
+        reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(sdst[j]) * a.dc_stride)[piece] =
+            reinterpret_cast<const int4*>(sdata + j * ITEM)[piece];
+    }
+  }
+  HS_PHASE(11);
 }
 
 using tvm::ffi::TensorView;
@@ -439,7 +557,8 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView lru, TensorView host_rows, TensorView host_cache,
                     TensorView device_cache, TensorView out_rows, TensorView plan_src,
                     TensorView plan_dst, TensorView plan_count, TensorView arrivals,
-                    int64_t ctas, int64_t block, int64_t write_plan, int64_t copy) {
+                    TensorView resident, int64_t ctas, int64_t block, int64_t write_plan,
+                    int64_t copy, int64_t stage_rows) {
   check_tensor(top_k, "top_k", 2, kDLInt, 32);
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
@@ -475,13 +594,32 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   // The position bitmap covers host_rows' columns (the longest request the pool holds).
   using L = Layout<K, B>;
   const int64_t words = (host_rows.size(1) + 31) / 32;
-  const size_t smem = L::total(static_cast<size_t>(words));
-  static int smem_optin[64] = {0};
-  if (dev < 64 && smem_optin[dev] == 0)
+  const bool hint = stage_rows >= 0;
+  if (hint) {
+    check_tensor(resident, "resident", 2, kDLInt, 32);
+    check_cuda(resident, "resident", dev);
+    HS_CHECK(resident.size(0) == R && resident.size(1) == words,
+             "resident must be int32 [R=" << R << ", " << words << "] (one bit per host_rows column)");
+  }
+  const size_t base = L::total(static_cast<size_t>(words));
+  static int smem_optin[64] = {0}, smem_sm[64] = {0};
+  if (dev < 64 && smem_optin[dev] == 0) {
     HS_CUDA(cudaDeviceGetAttribute(&smem_optin[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  HS_CHECK(dev >= 64 || smem <= static_cast<size_t>(smem_optin[dev]),
+    HS_CUDA(cudaDeviceGetAttribute(&smem_sm[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  }
+  // Early-fetch rows: as many as fit (at most stage_rows) in what a CTA may take: all its SM
+  // offers at 1024 threads (one CTA per SM anyway), half an SM below (two CTAs per SM stay).
+  int cap = 0;
+  if (hint && stage_rows > 0 && block >= 64 && dev < 64) {
+    const size_t budget = block > 512 ? static_cast<size_t>(smem_optin[dev])
+                                      : std::min<size_t>(smem_optin[dev], smem_sm[dev] / 2 - 1024);
+    cap = static_cast<int>(std::min<int64_t>(stage_rows, K));
+    while (cap > 0 && base + L::stage_bytes(cap, ITEM) > budget) --cap;
+  }
+  const size_t smem = base + L::stage_bytes(cap, ITEM);
+  HS_CHECK(dev >= 64 || base <= static_cast<size_t>(smem_optin[dev]),
            "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
-           << " positions needs " << smem << " B of shared memory per CTA; this GPU allows "
+           << " positions needs " << base << " B of shared memory per CTA; this GPU allows "
            << smem_optin[dev] << " B. Lower the pool's max_context (host_rows columns) or "
            "device_buffer_size (see sglang_hisparse/kernel_limits.py)");
   if (bs == 0) return;
@@ -508,6 +646,9 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   a.ctas = static_cast<int>(ctas);
   a.copy = copy != 0;
   a.words = static_cast<int>(words);
+  a.resident = hint ? ptr<uint32_t>(resident) : nullptr;
+  a.res_stride = hint ? resident.stride(0) : 0;
+  a.stage_cap = cap;
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.

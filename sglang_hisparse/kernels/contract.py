@@ -165,6 +165,22 @@ def check_resolve_shapes(
     return bs, k, B, item
 
 
+def check_resident(resident: torch.Tensor | None, *, lru: torch.Tensor,
+                   host_rows: torch.Tensor) -> None:
+    """The optional resident hint: int32 [R, ceil(host_rows.shape[1] / 32)] on the state's
+    device (one bit per position; see ``reference`` for what it means)."""
+    if resident is None:
+        return
+    _need("resident", resident, (torch.int32,), 2)
+    want = (lru.shape[0], -(-host_rows.shape[1] // 32))
+    _same("resident.shape", tuple(resident.shape), want,
+          "(request slots, ceil(host_rows.shape[1] / 32)): one bit per host_rows column")
+    if resident.device != lru.device:
+        raise ValueError(f"resident is on {resident.device} but the state is on {lru.device}.")
+    if resident.stride(-1) != 1:
+        raise ValueError("resident must have a contiguous last dimension.")
+
+
 def check_plan_shapes(plan: MissPlan, *, bs: int | None = None, k: int | None = None) -> None:
     """Dtypes and shapes of a :class:`MissPlan` (optionally against a batch of ``bs`` x ``k``)."""
     _need("plan.src", plan.src, (torch.int64,), 2)

@@ -19,6 +19,7 @@ from .contract import (
     ResolveMode,
     check_block_size,
     check_plan_shapes,
+    check_resident,
     check_resolve_shapes,
     validate_replay,
     validate_resolve,
@@ -32,6 +33,15 @@ __all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
 MAX_CTAS_PER_REQUEST = 32
 #: Replay grid: a handful of CTAs, so a side-stream replay overlaps compute.
 DEFAULT_REPLAY_CTAS = 8
+#: Rows each CTA may fetch early (with a resident hint); the launcher lowers it to what fits
+#: in shared memory next to the bookkeeping.
+#: NOTE: measured on the H200 (k 2048, B 4096, 32K context, benchmarks/RESOLVE.md): host reads
+#: in flight slow every other memory instruction of their SM, so staging every miss (up to 124
+#: rows) held the bookkeeping until the rows had landed (batch 16 at 5 % churn: 45.1 us);
+#: 2 / 4 / 6 / 16 rows gave 43.2 / 42.7 / 43.1 / 46.6 us (1152 B) and 32.3 / 29.4 / 30.0 /
+#: 33.8 us (656 B), batch 1 at 15 % 18.7 / 16.9 / 15.8 / 16.2 us: a few rows per CTA keep the
+#: link busy through the bookkeeping, the rest follow it.
+DEFAULT_EARLY_ROWS = 6
 
 _arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
 _sm_count: dict[torch.device, int] = {}
@@ -85,6 +95,7 @@ def resolve(
     device_cache: torch.Tensor, out_rows: torch.Tensor, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, block_size: int | None = None,
     ctas_per_request: int | None = None, validate: bool | None = None,
+    resident: torch.Tensor | None = None, early_rows: int | None = None,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
 
@@ -103,18 +114,29 @@ def resolve(
         ctas_per_request: CTAs sharing one request's copies (default: see
             :func:`default_ctas_per_request`).
         validate: run :func:`validate_resolve` (default: SGLANG_HISPARSE_VALIDATE).
+        resident: optional int32 [R, ceil(max_ctx/32)] resident hint (one layer's view;
+            mutated; :func:`reference.resident_hint` builds one). With it, each CTA starts
+            fetching the rows of selected positions whose bit is clear before its bookkeeping
+            has finished; results never depend on it.
+        early_rows: rows per CTA the early fetch may stage in shared memory (default
+            ``DEFAULT_EARLY_ROWS``, lowered to what fits; 0 = keep the hint, fetch nothing
+            early).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
+    if early_rows is not None and early_rows < 0:
+        raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:
-        reference.resolve(**kw, plan=plan, mode=mode, validate=validate)
+        reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident)
         return
     if validation_enabled(validate):
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
+    check_resident(resident, lru=lru, host_rows=host_rows)
+    stage = -1 if resident is None else DEFAULT_EARLY_ROWS if early_rows is None else early_rows
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
@@ -123,8 +145,9 @@ def resolve(
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     resolve_module(k, B, item).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
-        host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals, ctas, block,
-        int(plan is not None), int(mode is ResolveMode.COPY),
+        host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
+        resident if resident is not None else arrivals, ctas, block, int(plan is not None),
+        int(mode is ResolveMode.COPY), stage,
     )
 
 

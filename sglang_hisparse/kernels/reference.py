@@ -21,6 +21,14 @@ Resolve, per real batch row b (request r = req_index[b], n = seq_lens[b], B hot 
     is never a hit (the newest lives in slot B).
 
 Padding rows (b >= num_real_reqs) and padding entries (-1) produce -1.
+
+Resident hint (optional, ``resident`` int32 [R, ceil(host_rows.shape[1] / 32)]): bit p of row r
+says "some history slot (< B) of request r holds position p". The kernel fetches the rows of
+selected positions whose bit is clear before its bookkeeping has proved them misses; outputs
+and state never depend on it. A long row updates it as ``(old & ~evicted) | misses`` (the
+tokens that left and entered the slots), which keeps an exact hint exact. A wrong bit costs
+at most a wasted early fetch or a late copy per selection, and is put right when its position
+is evicted (cleared) or missed and loaded (set). :func:`resident_hint` builds an exact one.
 """
 
 from __future__ import annotations
@@ -31,13 +39,43 @@ from .contract import (
     MissPlan,
     ResolveMode,
     check_plan_shapes,
+    check_resident,
     check_resolve_shapes,
     validate_replay,
     validate_resolve,
     validation_enabled,
 )
 
-__all__ = ["MissPlan", "ResolveMode", "resolve", "replay"]
+__all__ = ["MissPlan", "ResolveMode", "resolve", "replay", "resident_hint", "position_bits"]
+
+
+def _pack_bits(pos: torch.Tensor, words: int) -> torch.Tensor:
+    """int64 [words] (values < 2**32): bit p & 31 of word p >> 5 set for each p in 1-D ``pos``
+    (entries outside [0, 32*words) ignored)."""
+    mask = torch.zeros(32 * words, dtype=torch.bool, device=pos.device)
+    pos = pos.long()
+    mask[pos[(pos >= 0) & (pos < 32 * words)]] = True
+    shifts = torch.arange(32, device=pos.device, dtype=torch.int64)
+    return (mask.view(words, 32).long() << shifts).sum(-1)
+
+
+def _as_int32_bits(words: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) -> the int32 tensor with the same 32 bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def position_bits(positions: torch.Tensor, words: int) -> torch.Tensor:
+    """int32 [words]: the bit of every position in 1-D ``positions`` set (others ignored)."""
+    return _as_int32_bits(_pack_bits(positions, words))
+
+
+def resident_hint(slot_tokens: torch.Tensor, buffer_size: int, words: int) -> torch.Tensor:
+    """The exact resident hint of ``slot_tokens`` [R, >=B] (history slots 0..B-1): int32
+    [R, words], bit p of row r set iff some slot s < B of r holds position p."""
+    rows = [_pack_bits(t, words) for t in slot_tokens[:, :buffer_size]]
+    if not rows:
+        return torch.zeros(0, words, dtype=torch.int32, device=slot_tokens.device)
+    return _as_int32_bits(torch.stack(rows))
 
 
 def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
@@ -53,7 +91,7 @@ def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
 
 def _resolve_long(
     *, b, r, n, sel_row, slot_tokens, slot_rows, lru, host_rows, host_cache, device_cache,
-    out_rows, plan, copy,
+    out_rows, plan, copy, resident=None,
 ) -> None:
     B = lru.shape[1]
     dev = sel_row.device
@@ -82,6 +120,11 @@ def _resolve_long(
     dst = slot_rows[r, victims].long()
     if copy and m:
         device_cache[dst] = host_cache[src.to(host_cache.device)].to(device_cache.device)
+    if resident is not None:
+        words = resident.shape[1]
+        old = resident[r].long() & 0xFFFFFFFF
+        loaded = _pack_bits(misses, words)
+        resident[r] = _as_int32_bits((old & ~_pack_bits(tokens[victims], words)) | loaded)
     slot_tokens[r, victims] = misses.to(slot_tokens.dtype)
     lookup[misses] = victims
     lru[r] = torch.cat([evictable[m:], victims, hits]).to(lru.dtype)
@@ -99,11 +142,13 @@ def resolve(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
     host_cache, device_cache, out_rows, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
+    resident: torch.Tensor | None = None,
 ) -> None:
     """Resolve one layer's top-k selections against the hot buffers (see module docstring).
 
     Mutates ``slot_tokens`` [R, B+1] int32, ``lru`` [R, B] int16, ``device_cache`` [D, I]
-    uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32 and ``plan`` (if given).
+    uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32, ``plan`` and ``resident``
+    (if given).
     Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -113,6 +158,7 @@ def resolve(
         validate_resolve(**kw)
     else:
         check_resolve_shapes(**kw)
+    check_resident(resident, lru=lru, host_rows=host_rows)
     bs = top_k.shape[0]
     if bs == 0:
         return
@@ -134,7 +180,7 @@ def resolve(
         _resolve_long(
             b=b, r=r, n=n, sel_row=sel_row, slot_tokens=slot_tokens, slot_rows=slot_rows,
             lru=lru, host_rows=host_rows, host_cache=host_cache, device_cache=device_cache,
-            out_rows=out_rows, plan=plan, copy=mode is ResolveMode.COPY,
+            out_rows=out_rows, plan=plan, copy=mode is ResolveMode.COPY, resident=resident,
         )
 
 

@@ -26,12 +26,34 @@ class HotState:
     host_cache: torch.Tensor
     device_cache: torch.Tensor
     seq_lens: torch.Tensor  # int64 [R]
+    resident: torch.Tensor | None = None  # int32 [R, ceil(max_ctx/32)] hint, if one is kept
 
     def clone(self) -> HotState:
         """Deep copy (host_cache is shared: resolve never writes it)."""
         return HotState(self.slot_tokens.clone(), self.slot_rows.clone(), self.lru.clone(),
                         self.host_rows.clone(), self.host_cache, self.device_cache.clone(),
-                        self.seq_lens.clone())
+                        self.seq_lens.clone(),
+                        None if self.resident is None else self.resident.clone())
+
+    def with_hint(self, kind: str = "exact", seed: int = 0) -> HotState:
+        """A copy keeping a resident hint: ``exact`` (what the slots hold), ``noise`` (random
+        bits: a hint gone wrong, which must cost time only) or ``empty`` (all clear)."""
+        from .reference import resident_hint
+
+        B, words = self.lru.shape[1], -(-self.host_rows.shape[1] // 32)
+        st = self.clone()
+        if kind == "exact":
+            st.resident = resident_hint(self.slot_tokens, B, words)
+        elif kind == "noise":
+            g = torch.Generator().manual_seed(seed)
+            bits = torch.randint(-(2**31), 2**31, (self.lru.shape[0], words), generator=g)
+            st.resident = bits.to(torch.int32).to(self.slot_tokens.device)
+        elif kind == "empty":
+            st.resident = torch.zeros(self.lru.shape[0], words, dtype=torch.int32,
+                                      device=self.slot_tokens.device)
+        else:
+            raise ValueError(f"hint kind {kind!r}: use 'exact', 'noise' or 'empty'.")
+        return st
 
 
 def make_state(

@@ -31,7 +31,8 @@ class Scenario:
 
 
 def scenario(k: int, B: int, item: int, bs: int, *, seed: int = 0, pad_row: bool = True,
-             idx_dtype: torch.dtype = torch.int64) -> Scenario:
+             idx_dtype: torch.dtype = torch.int64, hint: str | None = None) -> Scenario:
+    """``hint``: keep a resident hint of that kind (``HotState.with_hint``), else none."""
     g = torch.Generator().manual_seed(seed)
     R = bs + 2
     max_ctx = 4 * B + 8
@@ -48,6 +49,8 @@ def scenario(k: int, B: int, item: int, bs: int, *, seed: int = 0, pad_row: bool
             lens.append(int(torch.randint(1, B + 1, (1,), generator=g)))
     st = make_state(seq_lens=lens, B=B, item=item, max_ctx=max_ctx,
                     host_pool_rows=min(R * max_ctx, 1 << 16), pin=True, seed=seed)
+    if hint is not None:
+        st = st.with_hint(hint, seed=seed)
     req = torch.randperm(R, generator=g)[:bs].tolist()
     churn = [CHURNS[(i + seed) % len(CHURNS)] for i in range(bs)]
     tk = make_topk(st, req, k=k, churn=churn, dup_frac=0.05, pad_entries=seed % 2, seed=seed)
@@ -68,7 +71,8 @@ def next_selection(sc: Scenario, state: HotState, *, seed: int, num_real: int | 
 
 def to_cuda(st: HotState) -> HotState:
     return HotState(st.slot_tokens.cuda(), st.slot_rows.cuda(), st.lru.cuda(), st.host_rows.cuda(),
-                    st.host_cache, st.device_cache.cuda(), st.seq_lens.clone())
+                    st.host_cache, st.device_cache.cuda(), st.seq_lens.clone(),
+                    None if st.resident is None else st.resident.cuda())
 
 
 def call(fn, st: HotState, sc: Scenario, top_k, *, plan, mode=ResolveMode.COPY, **extra):
@@ -79,7 +83,7 @@ def call(fn, st: HotState, sc: Scenario, top_k, *, plan, mode=ResolveMode.COPY, 
        num_real_reqs=torch.tensor([sc.num_real], dtype=torch.int32, device=dev),
        slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru, host_rows=st.host_rows,
        host_cache=st.host_cache, device_cache=st.device_cache, out_rows=out, plan=plan,
-       mode=mode, **extra)
+       mode=mode, resident=st.resident, **extra)
     return out
 
 
@@ -115,6 +119,9 @@ def mismatches(a, b) -> list[str]:
     for name in ("slot_tokens", "lru", "device_cache"):
         if not torch.equal(getattr(sa, name).cpu(), getattr(sb, name).cpu()):
             bad.append(name)
+    if (sa.resident is None) != (sb.resident is None) or (
+            sa.resident is not None and not torch.equal(sa.resident.cpu(), sb.resident.cpu())):
+        bad.append("resident")
     if not torch.equal(oa.cpu(), ob.cpu()):
         bad.append("out_rows")
     if not torch.equal(pa.count.cpu(), pb.count.cpu()):

@@ -56,6 +56,26 @@ def test_every_block_size_and_cta_split(k, B, item):
             assert mismatches(want, got) == [], f"block {block}, ctas {ctas}"
 
 
+@pytest.mark.parametrize("k,B,item,bs", [(64, 128, 1152, 3), (512, 1024, 656, 64),
+                                         (2048, 4096, 656, 64), (2048, 4096, 1152, 3)])
+def test_resident_hint_changes_no_result_and_is_kept_like_the_reference(k, B, item, bs):
+    """Exact, random and empty hints (the early fetch stages right, wrong and all guesses):
+    outputs, state, plan and the updated hint match the reference over two steps, for block
+    sizes with and without the early fetch (< 64 threads: none), CTA splits and staging caps
+    down to one row (the rest copied directly) and zero (hint kept, nothing staged)."""
+    for hint in ("exact", "noise", "empty"):
+        sc = scenario(k, B, item, bs, seed=k + bs, hint=hint)
+        want = reference_result(sc)
+        for kw in ({}, dict(block_size=1024, ctas_per_request=1),
+                   dict(block_size=512, ctas_per_request=5, early_rows=3),
+                   dict(block_size=32, ctas_per_request=2), dict(block_size=96, ctas_per_request=32,
+                                                                 early_rows=1),
+                   dict(block_size=1024, ctas_per_request=8, early_rows=0)):
+            assert mismatches(want, kernel_result(sc, **kw)) == [], f"{hint} {kw}"
+        sc2 = next_selection(sc, want[0], seed=k + bs + 1)
+        assert mismatches(reference_result(sc2), kernel_result(sc2)) == [], hint
+
+
 def test_back_to_back_steps():
     """Steps launched back to back on the same state, no host sync or copy between them: each
     launch reads the state the previous one wrote; every step must match the reference chain."""
@@ -119,7 +139,7 @@ def test_replay_matches_reference(item):
 
 def test_cuda_graph_capture_and_replay():
     k, B, item, bs = 512, 512, 1152, 3
-    sc = scenario(k, B, item, bs, seed=21)
+    sc = scenario(k, B, item, bs, seed=21, hint="exact")  # the coordinator's call: early fetch on
     init = to_cuda(sc.state)
     st = to_cuda(sc.state)
     plan = empty_plan(bs, k, "cuda")
@@ -133,7 +153,7 @@ def test_cuda_graph_capture_and_replay():
         ops.resolve(top_k=static_tk, req_index=req, seq_lens=lens, num_real_reqs=nr,
                     slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru,
                     host_rows=st.host_rows, host_cache=st.host_cache, device_cache=st.device_cache,
-                    out_rows=out, plan=plan, ctas_per_request=4)
+                    out_rows=out, plan=plan, ctas_per_request=4, resident=st.resident)
         ops.replay(plan=plan, num_real_reqs=nr, host_cache=st.host_cache, device_cache=dev2)
 
     side = torch.cuda.Stream()
@@ -146,7 +166,7 @@ def test_cuda_graph_capture_and_replay():
         step()
     for seed, n_real in ((21, bs - 1), (22, bs)):
         sc2 = next_selection(sc, sc.state, seed=seed, num_real=n_real)
-        for name in ("slot_tokens", "lru", "device_cache"):
+        for name in ("slot_tokens", "lru", "device_cache", "resident"):
             getattr(st, name).copy_(getattr(init, name))
         static_tk.copy_(sc2.top_k)
         nr.fill_(n_real)
