@@ -160,7 +160,7 @@ class HiSparseCore:
         window = max(1, num_draft_tokens)
         self.state = SlotState(
             num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
-            window=window,
+            window=window, hint_positions=int(host.host_rows.shape[1]),
         )
         self.ctx = CoreContext(
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),

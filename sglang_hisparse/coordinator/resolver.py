@@ -89,6 +89,13 @@ class Resolver:
         self.start_layer = start_layer
         self.mode = mode
         self.block_size = block_size
+        from sglang_hisparse import envs
+
+        #: with the resident hint, let the kernel fetch probable misses before its bookkeeping
+        self.early_fetch = bool(envs.get("SGLANG_HISPARSE_EARLY_FETCH"))
+        if ctx.state.resident is not None and not self.early_fetch:
+            logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
+                        envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
@@ -181,6 +188,8 @@ class Resolver:
             mode=self.mode,
             **({"block_size": self.block_size} if self.block_size and top_k.is_cuda else {}),
         )
+        if not verify and ctx.state.resident is not None:
+            kw.update(resident=ctx.state.resident[li], **({} if self.early_fetch else {"early_rows": 0}))
         (verify_ops.resolve_verify if verify else ops.resolve)(**kw)
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(

@@ -8,7 +8,14 @@ slot_tokens    [L, R, B+W] int32   logical position held by each slot, -1 empty;
 slot_rows      [R, B+W]    int32   device KV row behind each slot, -1 = no row held
                                    (same rows for every layer: KV arrays are per layer)
 lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
+resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds position p
+                                   (P = host pool columns; W = 1 only, else None)
 ```
+
+The resident hint lets the resolve kernel start fetching probable misses before its
+bookkeeping ends (``kernels.reference`` says what it means). The kernel keeps it in step with
+``slot_tokens``; so do ``reset``, ``install`` and the short-request growth in
+``coordinator.step``. A wrong bit costs time, never a wrong row.
 
 ``W`` (``window``) is 1 without speculative decoding; with it, W = speculative_num_draft_tokens
 and slots ``B..B+W-1`` are the verify window (``coordinator.spec``; the single-row
@@ -34,6 +41,8 @@ import enum
 
 import torch
 
+from ..kernels.reference import position_bits
+
 
 class Phase(enum.Enum):
     FREE = "free"
@@ -46,7 +55,7 @@ class SlotState:
 
     def __init__(
         self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
-        window: int = 1,
+        window: int = 1, hint_positions: int = 0,
     ) -> None:
         if window < 1:
             raise ValueError(f"SlotState: window = {window} must be >= 1 (1 = no speculative decoding).")
@@ -62,6 +71,13 @@ class SlotState:
         self.slot_rows = torch.full((num_reqs, B + window), -1, dtype=torch.int32, device=self.device)
         self._lru_init = torch.arange(B, dtype=torch.int16, device=self.device)
         self.lru = self._lru_init.expand(num_layers, num_reqs, B).clone()
+        #: resident hint (see module docstring); only for single-row decode with a host pool
+        #: of ``hint_positions`` columns (the verify kernel does not read it)
+        self.resident: torch.Tensor | None = None
+        if window == 1 and hint_positions > 0:
+            self.resident = torch.zeros(
+                (num_layers, num_reqs, -(-hint_positions // 32)), dtype=torch.int32, device=self.device
+            )
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs
         self.rows_held = [0] * num_reqs
@@ -74,6 +90,8 @@ class SlotState:
         self.slot_tokens[:, r].fill_(-1)
         self.slot_rows[r].fill_(-1)
         self.lru[:, r].copy_(self._lru_init)
+        if self.resident is not None:
+            self.resident[:, r].zero_()
         self.phase[r] = Phase.FREE
         self.rows_held[r] = 0
         self.seq_len[r] = 0
@@ -102,6 +120,9 @@ class SlotState:
             if resident:
                 self.slot_tokens[:, r, :B] = torch.arange(B, dtype=torch.int32, device=self.device)
             self.slot_tokens[:, r, B] = seq_len - 1
+        if self.resident is not None:
+            held = torch.arange(min(seq_len, B) if resident else 0, device=self.device)
+            self.resident[:, r] = position_bits(held, self.resident.shape[2])
         self.rows_held[r] = n_rows
         self.seq_len[r] = seq_len
         self.phase[r] = Phase.DECODING

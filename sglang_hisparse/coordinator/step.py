@@ -97,12 +97,26 @@ class StepMapper:
         r_dev = req_index.to(dev, torch.int64)
         s_dev = torch.tensor(new_slot, dtype=torch.int64).to(dev, non_blocking=True)
         st.slot_tokens[:, r_dev, s_dev] = (seq_lens.to(dev) - 1).to(torch.int32)
+        if st.resident is not None:
+            self._hint_short_growth(req_index_cpu, new_slot)
         ctx.allocator.rebind(new_logical, st.slot_rows[r_dev, s_dev], logical_ids_cpu=new_logical_cpu)
         if ctx.recorder is not None:
             ctx.recorder.begin_step(req_index_cpu, seq_lens_cpu)
         ctx.telemetry.add_step()
         ctx.telemetry.add_backup(len(back_r), len(back_r) * ctx.item_bytes * ctx.num_layers)
         ctx.telemetry.maybe_log()
+
+    def _hint_short_growth(self, rs: list[int], slots: list[int]) -> None:
+        """A short request's new token p lives in history slot p: set its resident-hint bit."""
+        st, B, dev = self.ctx.state, self.ctx.buffer_size, self.ctx.device
+        grown = [(r, s) for r, s in zip(rs, slots, strict=True) if s < B]
+        if not grown:
+            return
+        r_t = torch.tensor([r for r, _ in grown], dtype=torch.int64).to(dev, non_blocking=True)
+        w_t = torch.tensor([s >> 5 for _, s in grown], dtype=torch.int64).to(dev, non_blocking=True)
+        bit = [1 << (s & 31) for _, s in grown]
+        bit_t = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bit], dtype=torch.int32)
+        st.resident[:, r_t, w_t] |= bit_t.to(dev, non_blocking=True)
 
     def _backup(self, rs: list[int], slots: list[int], positions: list[int]) -> None:
         ctx, st = self.ctx, self.ctx.state
