@@ -92,8 +92,9 @@ class Case:
         tr, io = self.tr, self.io
         mod.resolve(tr["top_k"][t], io["req"], io["lens"], io["nr"], tr["slot_tokens"],
                     tr["slot_rows"], tr["lru"], tr["host_rows"], self.host, io["dev_cache"],
-                    io["out"], self.e64, self.e32, self.c32, self.arrivals, self.ctas,
-                    self.block, 0, copy)
+                    io["out"], self.e64, self.e32, self.c32, self.arrivals,
+                    tr["resident"] if HINT else self.arrivals, self.ctas, self.block, 0, copy,
+                    ops.DEFAULT_EARLY_ROWS if HINT else -1)
 
     def key(self):
         return f"{self.item}/{self.bs}/{self.ctas}/{self.churn}/{self.block}"

@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
+from sglang_hisparse.kernels.reference import resident_hint  # noqa: E402
 
 DEV = "cuda"
 
@@ -92,7 +93,8 @@ def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed, layout="u
     slot_rows = (1 + torch.arange(bs * (B + 1), dtype=torch.int32, device=DEV)).view(bs, B + 1)
     host_rows = host_layout(layout, bs=bs, ctx=ctx, host_rows_total=host_rows_total, g=g)
     return dict(slot_tokens=slot_tokens, lru=lru, slot_rows=slot_rows, host_rows=host_rows,
-                top_k=top_k, misses=misses)
+                top_k=top_k, misses=misses,
+                resident=resident_hint(slot_tokens, B, -(-host_rows.shape[1] // 32)))
 
 
 _SPIN: list[torch.Tensor] = []
@@ -123,6 +125,8 @@ def sm_clock_mhz() -> int | None:
 
 
 WARM = True
+#: also time each config without the resident hint (--no-hint-too): the early fetch's effect
+NO_HINT = False
 
 
 def time_graph(fn, restore, steps, reps):
@@ -163,11 +167,12 @@ def plan_rows(plan: MissPlan) -> tuple[torch.Tensor, torch.Tensor]:
 def batch_inputs(tr, *, bs, k, B, item, ctx):
     """Device cache, index tensors, out_rows and a restore() of a trace's initial state."""
     dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
-    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
+    st0, lru0, res0 = tr["slot_tokens"].clone(), tr["lru"].clone(), tr["resident"].clone()
 
     def restore():
         tr["slot_tokens"].copy_(st0)
         tr["lru"].copy_(lru0)
+        tr["resident"].copy_(res0)
 
     return dict(dev_cache=dev_cache, req=torch.arange(bs, device=DEV),
                 lens=torch.full((bs,), ctx, dtype=torch.int64, device=DEV),
@@ -185,12 +190,12 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
         io[x] for x in ("dev_cache", "req", "lens", "nr", "out", "restore"))
     plans = [MissPlan.empty(bs, k, DEV) for _ in range(steps + 1)]
 
-    def resolve(t, mode=ResolveMode.COPY, plan=None):
+    def resolve(t, mode=ResolveMode.COPY, plan=None, hint=True):
         ops.resolve(top_k=tr["top_k"][t], req_index=req, seq_lens=lens, num_real_reqs=nr,
                     slot_tokens=tr["slot_tokens"], slot_rows=tr["slot_rows"], lru=tr["lru"],
                     host_rows=tr["host_rows"], host_cache=host, device_cache=dev_cache,
                     out_rows=out, plan=plan, mode=mode, block_size=block,
-                    ctas_per_request=ctas)
+                    ctas_per_request=ctas, resident=tr["resident"] if hint else None)
 
     # Record every step's plan once (eager) for the ceiling and replay; check the churn.
     restore()
@@ -204,6 +209,7 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
 
     us = time_graph(lambda t: resolve(t + 1), restore, steps, reps)
     noio = time_graph(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps, reps)
+    us_nh = time_graph(lambda t: resolve(t + 1, hint=False), restore, steps, reps) if NO_HINT else None
     gather = _jit.gather_module(item).gather
     ceil_us = time_graph(lambda t: gather(flat[t][0], flat[t][1], host, dev_cache),
                          lambda: None, steps, reps)
@@ -217,10 +223,14 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
                ctas=ctas_used,
                misses_per_step=rows_per_step, resolve_us=round(us, 2), noio_us=round(noio, 2),
                sm_mhz=sm_clock_mhz())
+    if us_nh is not None:
+        rec.update(nohint_us=round(us_nh, 2))
     if rows_per_step:
         rec.update(io_gbps=round(gbytes / (us * 1e-6), 2), ceiling_us=round(ceil_us, 2),
                    ceiling_gbps=round(gbytes / (ceil_us * 1e-6), 2),
-                   io_ratio=round(ceil_us / us, 3), replay8_us=round(rep_us, 2),
+                   io_ratio=round(ceil_us / us, 3),
+                   **({} if us_nh is None else dict(nohint_io_ratio=round(ceil_us / us_nh, 3))),
+                   replay8_us=round(rep_us, 2),
                    replay8_gbps=round(gbytes / (rep_us * 1e-6), 2),
                    replay8_ratio=round(ceil_us / rep_us, 3))
     return rec
@@ -298,18 +308,24 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench_resolve.json")
     ap.add_argument("--quick", action="store_true", help="a few configs only")
+    ap.add_argument("--targets", action="store_true",
+                    help="only the issue's target configs: k 2048, B 4096, 32K context, both row "
+                         "sizes, batch 1/16/64 at 0/5/15 %% churn, the uneven traces, the replays")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--block", type=int, default=None,
                     help="threads per CTA (default: the op's auto choice, as in serving)")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="pinned host pool size")
+    ap.add_argument("--no-hint-too", action="store_true",
+                    help="also time every config without the resident hint (no early fetch)")
     ap.add_argument("--cold", action="store_true",
                     help="no clock warm-up before timed regions (shows the idle-clock effect)")
     ap.add_argument("--profile", action="store_true",
                     help="eager calls only, for ncu: -k regex:resolve_kernel")
     args = ap.parse_args(argv)
-    global WARM
+    global WARM, NO_HINT
     WARM = not args.cold
+    NO_HINT = args.no_hint_too
     from sglang_hisparse.kernels.__main__ import precompile
 
     precompile([(2048, B, i) for B in (2048, 4096) for i in (656, 1152)], [640, 656, 704, 1152],
@@ -332,11 +348,14 @@ def main(argv=None) -> int:
             for ctx in (32768, 131072) for bs in (1, 16, 64) for c in (0.0, 0.05, 0.15)]
     if args.quick:
         grid = [(4096, 1152, 32768, bs, c) for bs in (1, 16, 64) for c in (0.0, 0.15)]
+    if args.targets:
+        grid = [(4096, item, 32768, bs, c) for item in (656, 1152) for bs in (1, 16, 64)
+                for c in (0.0, 0.05, 0.15)]
     for B, item, ctx, bs, c in grid:
         add(dict(kind="trace", **bench_config(pool, bs=bs, k=k, B=B, item=item, ctx=ctx,
                                               churns=[c] * bs, steps=S, reps=R, block=blk,
                                               ctas=None)))
-    for bs in (1, 64):  # same configs with the GPU left idle before timing (clock effect)
+    for bs in () if args.targets else (1, 64):  # same configs, GPU idle before timing
         WARM = False
         rec = bench_config(pool, bs=bs, k=k, B=4096, item=1152, ctx=32768, churns=[0.15] * bs,
                            steps=S, reps=R, block=blk, ctas=None)
@@ -347,13 +366,13 @@ def main(argv=None) -> int:
             add(dict(kind="uneven", **bench_config(
                 pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=uneven_churns(bs, 0.15, bs),
                 steps=S, reps=R, block=blk, ctas=ctas, layout=layout)))
-    for bs in (16, 64):  # the issue's batch >= 16 IO targets with HostKVPool's page layout
+    for bs in () if args.targets else (16, 64):  # batch >= 16 with HostKVPool's page layout
         for item in (656, 1152):
             for c in (0.05, 0.15):
                 add(dict(kind="trace_paged", **bench_config(
                     pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=[c] * bs, steps=S,
                     reps=R, block=blk, ctas=None, layout="paged")))
-    for bs in (1, 16, 64):  # the other block size at the default CTA split (vs the trace records)
+    for bs in () if args.targets else (1, 16, 64):  # the other block size, default CTA split
         for c in (0.0, 0.15):
             add(dict(kind="block_sweep", **bench_config(
                 pool, bs=bs, k=k, B=4096, item=1152, ctx=32768, churns=[c] * bs, steps=S,
@@ -363,6 +382,8 @@ def main(argv=None) -> int:
     sweep += [(64, 4, 256), (64, 4, 1024), (16, 16, 1024)]
     if args.quick:
         sweep = [(1, c, 512) for c in (8, 32)]
+    if args.targets:
+        sweep = []
     for bs, ctas, b in sweep:
         add(dict(kind="ctas_sweep", **bench_config(pool, bs=bs, k=k, B=4096, item=1152, ctx=32768,
                                                    churns=[0.15] * bs, steps=S, reps=R, block=b,
@@ -370,7 +391,7 @@ def main(argv=None) -> int:
     for bs, per_req in ((100, 2), (16, 307)):
         for item in (656, 1152):
             add(replay_small(pool, bs=bs, per_req=per_req, item=item, steps=S, reps=R))
-    for item in (640, 656, 704, 1152):
+    for item in () if args.targets else (640, 656, 704, 1152):
         for gib in (0.25, args.pool_gib):
             add(ceiling_probe(pool, item=item, gib=gib, rows=4912, steps=S, reps=R))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

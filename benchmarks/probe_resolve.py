@@ -33,16 +33,19 @@ from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E40
 
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit  # noqa: E402
+from sglang_hisparse.kernels import ops  # noqa: E402
 
-# Phase boundaries HS_PHASE(0..9) in resolve.cuh, in order.
+# Phase boundaries HS_PHASE(0..11) in resolve.cuh, in order ("mark" includes the early fetch's
+# issue; "copy" is the direct copies, "staged_wait" the wait for the early-fetched rows).
 PHASES = ["indices", "stage", "mark", "prefix", "ids_hits", "exchange", "miss_fetch", "outputs",
-          "copy"]
+          "copy", "staged_wait", "staged_store"]
 _ARGS = _jit._RESOLVE_ARGS
 _CALL = _jit._RESOLVE_CALL
 
 
-def phase_module(k, B, item):
+def phase_module(k, B, item, defines=()):
     wrapper = (
+        "".join(f"#define {d} 1\n" for d in defines) +
         "#define HS_PHASE_PROFILE 1\n#include \"resolve.cuh\"\nusing tvm::ffi::TensorView;\n"
         f"void resolve({_ARGS}) {{\n  hisparse::resolve_launch<{k}, {B}, {item}>({_CALL});\n}}\n"
         "void read_phases(TensorView out, TensorView ns) {\n"
@@ -57,7 +60,8 @@ def phase_module(k, B, item):
         "  empty_kernel<<<dim3(ctas, bs), block, smem, st>>>();\n"
         "  HS_CUDA(cudaGetLastError());\n}\n"
     )
-    return _jit._build(f"probe_resolve_k{k}_b{B}_i{item}", wrapper,
+    tag = "".join("_" + d.lower() for d in defines)
+    return _jit._build(f"probe_resolve_k{k}_b{B}_i{item}{tag}", wrapper,
                        ["resolve", "read_phases", "empty"])
 
 
@@ -72,8 +76,10 @@ def sm_hz() -> float:
         return 1.98e9
 
 
-def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8):
-    """Phase clocks and graph time of one config, eager NO_IO then COPY."""
+def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8, hint=True,
+                 defines=()):
+    """Phase clocks and graph time of one config, eager NO_IO then COPY (``hint``: with the
+    resident hint, i.e. the early fetch, as the coordinator runs it)."""
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=[churn] * bs, steps=steps,
                     host_rows_total=host.shape[0], seed=0)
     io = batch_inputs(tr, bs=bs, k=k, B=B, item=item, ctx=ctx)
@@ -94,7 +100,8 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
         def call(t, copy=copy):
             mod.resolve(tr["top_k"][t], req, lens, nr, tr["slot_tokens"], tr["slot_rows"],
                         tr["lru"], tr["host_rows"], host, dev_cache, out, e64, e32, c32,
-                        arrivals, ctas, block, 0, copy)
+                        arrivals, tr["resident"] if hint else arrivals, ctas, block, 0, copy,
+                        ops.DEFAULT_EARLY_ROWS if hint else -1)
 
         restore()
         deltas = {p: [] for p in PHASES}
@@ -115,7 +122,8 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
         hz = sm_hz()
         us = time_graph(lambda t, call=call: call(t + 1), restore, steps, 5)
         floor = time_graph(empty, lambda: None, steps, 5)
-        rec = dict(kind="phases", bs=bs, ctas=ctas, churn=churn, block=block, copy=copy,
+        rec = dict(kind="phases", bs=bs, ctas=ctas, churn=churn, block=block, copy=copy, hint=hint,
+                   defines=list(defines),
                    k=k, B=B, item=item, graph_us=round(us, 2), empty_graph_us=round(floor, 2),
                    sm_mhz=round(hz / 1e6),
                    cta_total_us=round(statistics.median(total) / hz * 1e6, 2),
@@ -127,14 +135,19 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
         add(rec)
 
 
-def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768):
-    mod = phase_module(k, B, item)
+CONFIGS = ((1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (64, 2, 0.0, 1024), (64, 2, 0.15, 1024),
+           (64, 2, 0.15, 512), (128, 1, 0.15, 512))
+
+
+def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768, defines=(), configs=CONFIGS,
+                 hints=(True, False)):
+    mod = phase_module(k, B, item, defines)
     host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     host = host[: (host.numel() // item) * item].view(-1, item)
-    for bs, ctas, churn, block in ((1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (64, 2, 0.0, 1024),
-                                   (64, 2, 0.15, 1024), (64, 2, 0.15, 512), (128, 1, 0.15, 512)):
-        phase_config(add, mod, host, bs=bs, ctas=ctas, churn=churn, block=block, k=k, B=B,
-                     item=item, ctx=ctx)
+    for bs, ctas, churn, block in configs:
+        for hint in hints:
+            phase_config(add, mod, host, bs=bs, ctas=ctas, churn=churn, block=block, k=k, B=B,
+                         item=item, ctx=ctx, hint=hint, defines=defines)
 
 
 # ---- host-pool allocation study ---------------------------------------------------------------
@@ -230,12 +243,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="probe_resolve.json")
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--skip-phases", action="store_true")
+    ap.add_argument("--early-rows", type=int, default=None,
+                    help="rows per CTA the early fetch may stage (default: the op's)")
     ap.add_argument("--gib", type=float, default=4.0, help="pool size for the host study")
     ap.add_argument("--ways", default="cudaHostAlloc,malloc_register,mmap_thp,mmap_hugetlb",
                     help="host allocations to compare (comma-separated)")
     ap.add_argument("--slices", default="0.0625,0.5",
                     help="pool slices (GiB) gathered from, besides the whole pool")
     args = ap.parse_args(argv)
+    if args.early_rows is not None:
+        ops.DEFAULT_EARLY_ROWS = args.early_rows
     recs = []
 
     def add(rec):
