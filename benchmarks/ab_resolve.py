@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from bench_resolve import DEV, batch_inputs, make_trace, sm_clock_mhz, time_graph  # noqa: E402
 
-from sglang_hisparse.kernels import _jit  # noqa: E402
+from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 
 CONFIGS = [  # (bs, ctas, churn, block)
     (1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (16, 8, 0.15, 1024), (64, 2, 0.0, 1024),
@@ -49,6 +49,8 @@ CONFIGS = [  # (bs, ctas, churn, block)
     (100, 1, 0.05, 1024),
 ]
 K, B, CTX, STEPS = 2048, 4096, 32768, 12
+#: pass the trace's resident hint to both kernels (--hint): the early fetch, as the coordinator
+HINT = False
 
 
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
@@ -161,8 +163,12 @@ def main(argv=None) -> int:
     ap.add_argument("--new-flags", default="", help="extra nvcc flags for the new kernel")
     ap.add_argument("--out", default="ab_resolve.json")
     ap.add_argument("--items", default="1152,656")
+    ap.add_argument("--hint", action="store_true",
+                    help="give both kernels the resident hint (early fetch on, as in serving)")
     ap.add_argument("--worker", choices=("base", "new"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global HINT
+    HINT = args.hint
     items = [int(x) for x in args.items.split(",")]
     if args.worker:
         path, flags = (args.baseline, args.base_flags) if args.worker == "base" else (args.new, args.new_flags)
@@ -176,7 +182,7 @@ def main(argv=None) -> int:
     recs = {key: dict(same=ok) for key, ok in same.items()}
     base_cmd = [sys.executable, __file__, "--baseline", str(args.baseline), "--new", str(args.new),
                 f"--base-flags={args.base_flags}", f"--new-flags={args.new_flags}",
-                "--items", args.items]
+                "--items", args.items, *(["--hint"] if args.hint else [])]
     for i, side in enumerate(("base", "new", "new", "base")):  # each side once first, once last
         proc = subprocess.run([*base_cmd, "--worker", side], capture_output=True, text=True)
         if proc.returncode != 0:

@@ -32,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E402
 
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
-from sglang_hisparse.kernels import _jit  # noqa: E402
-from sglang_hisparse.kernels import ops  # noqa: E402
+from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 
 # Phase boundaries HS_PHASE(0..11) in resolve.cuh, in order ("mark" includes the early fetch's
 # issue; "copy" is the direct copies, "staged_wait" the wait for the early-fetched rows).
