@@ -42,9 +42,8 @@ _ARGS = _jit._RESOLVE_ARGS
 _CALL = _jit._RESOLVE_CALL
 
 
-def phase_module(k, B, item, defines=()):
+def phase_module(k, B, item):
     wrapper = (
-        "".join(f"#define {d} 1\n" for d in defines) +
         "#define HS_PHASE_PROFILE 1\n#include \"resolve.cuh\"\nusing tvm::ffi::TensorView;\n"
         f"void resolve({_ARGS}) {{\n  hisparse::resolve_launch<{k}, {B}, {item}>({_CALL});\n}}\n"
         "void read_phases(TensorView out, TensorView ns) {\n"
@@ -59,8 +58,7 @@ def phase_module(k, B, item, defines=()):
         "  empty_kernel<<<dim3(ctas, bs), block, smem, st>>>();\n"
         "  HS_CUDA(cudaGetLastError());\n}\n"
     )
-    tag = "".join("_" + d.lower() for d in defines)
-    return _jit._build(f"probe_resolve_k{k}_b{B}_i{item}{tag}", wrapper,
+    return _jit._build(f"probe_resolve_k{k}_b{B}_i{item}", wrapper,
                        ["resolve", "read_phases", "empty"])
 
 
@@ -75,8 +73,7 @@ def sm_hz() -> float:
         return 1.98e9
 
 
-def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8, hint=True,
-                 defines=()):
+def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8, hint=True):
     """Phase clocks and graph time of one config, eager NO_IO then COPY (``hint``: with the
     resident hint, i.e. the early fetch, as the coordinator runs it)."""
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=[churn] * bs, steps=steps,
@@ -122,7 +119,6 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
         us = time_graph(lambda t, call=call: call(t + 1), restore, steps, 5)
         floor = time_graph(empty, lambda: None, steps, 5)
         rec = dict(kind="phases", bs=bs, ctas=ctas, churn=churn, block=block, copy=copy, hint=hint,
-                   defines=list(defines),
                    k=k, B=B, item=item, graph_us=round(us, 2), empty_graph_us=round(floor, 2),
                    sm_mhz=round(hz / 1e6),
                    cta_total_us=round(statistics.median(total) / hz * 1e6, 2),
@@ -138,15 +134,14 @@ CONFIGS = ((1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (64, 2, 0.0, 1024), (64, 2,
            (64, 2, 0.15, 512), (128, 1, 0.15, 512))
 
 
-def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768, defines=(), configs=CONFIGS,
-                 hints=(True, False)):
-    mod = phase_module(k, B, item, defines)
+def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768):
+    mod = phase_module(k, B, item)
     host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     host = host[: (host.numel() // item) * item].view(-1, item)
-    for bs, ctas, churn, block in configs:
-        for hint in hints:
+    for bs, ctas, churn, block in CONFIGS:
+        for hint in (True, False):
             phase_config(add, mod, host, bs=bs, ctas=ctas, churn=churn, block=block, k=k, B=B,
-                         item=item, ctx=ctx, hint=hint, defines=defines)
+                         item=item, ctx=ctx, hint=hint)
 
 
 # ---- host-pool allocation study ---------------------------------------------------------------

@@ -179,12 +179,12 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // loaded now, in the same round trip as the indices.
   constexpr int kPieces = ITEM / 16;
   const bool early = a.resident != nullptr && a.stage_cap > 0 && a.copy;
-  const int own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
+  const int n_own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
   int p0[kBatch];
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int e = tid - 32 + u * ET;
-    p0[u] = early && tid >= 32 && e < own ? tk[c + e * a.ctas] : -1;
+    p0[u] = early && tid >= 32 && e < n_own ? tk[c + e * a.ctas] : -1;
   }
   if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
   uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
   if (early) {
-    for (int e0 = tid - 32 - (tid & 31); tid >= 32 && e0 < own; e0 += ET * kBatch) {
+    for (int e0 = tid - 32 - (tid & 31); tid >= 32 && e0 < n_own; e0 += ET * kBatch) {
       const bool preloaded = e0 == tid - 32 - (tid & 31);
       int p[kBatch];
       uint32_t w[kBatch];
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int e = e0 + (tid & 31) + u * ET;
-        p[u] = preloaded ? p0[u] : e < own ? tks[c + e * a.ctas] : -1;
+        p[u] = preloaded ? p0[u] : e < n_own ? tks[c + e * a.ctas] : -1;
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         int j = src[u] >= 0 ? base + __popc(cand & lanemask_lt()) : -1;
         if (j >= a.stage_cap) j = -1;
         if (j >= 0) sdst[j] = -1;
-        if (e < own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
+        if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
         for (unsigned left = cand; left; left &= left - 1) {
           const int l = __ffs(left) - 1, jl = base + __popc(cand & ((1u << l) - 1u));
           if (jl >= a.stage_cap) break;
@@ -455,8 +455,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   HS_PHASE(6);
   // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
   //    flight), record the new slot token (the writer; it also moves the hint bit from the
-  //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA owning its first entry (i mod ctas): from its staged
-  //    row if the early fetch took it, else directly (listed in `first`, free from here on).
+  //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
+  //    owning its first entry (i mod ctas): from its staged row if the early fetch took it,
+  //    else directly (listed in `first`, free from here on).
   int32_t* direct = first;
   const bool hint_writer = hint && writer;
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {

@@ -189,7 +189,7 @@ class Resolver:
             **({"block_size": self.block_size} if self.block_size and top_k.is_cuda else {}),
         )
         if not verify and ctx.state.resident is not None:
-            kw.update(resident=ctx.state.resident[li], **({} if self.early_fetch else {"early_rows": 0}))
+            kw.update(resident=ctx.state.resident[li], early_rows=None if self.early_fetch else 0)
         (verify_ops.resolve_verify if verify else ops.resolve)(**kw)
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(

@@ -34,6 +34,7 @@ import torch
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.coordinator.state import Phase
+from sglang_hisparse.kernels.reference import int32_bits
 
 
 class StepMapper:
@@ -114,8 +115,7 @@ class StepMapper:
             return
         r_t = torch.tensor([r for r, _ in grown], dtype=torch.int64).to(dev, non_blocking=True)
         w_t = torch.tensor([s >> 5 for _, s in grown], dtype=torch.int64).to(dev, non_blocking=True)
-        bit = [1 << (s & 31) for _, s in grown]
-        bit_t = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bit], dtype=torch.int32)
+        bit_t = int32_bits(torch.tensor([1 << (s & 31) for _, s in grown], dtype=torch.int64))
         st.resident[:, r_t, w_t] |= bit_t.to(dev, non_blocking=True)
 
     def _backup(self, rs: list[int], slots: list[int], positions: list[int]) -> None:

@@ -46,7 +46,8 @@ from .contract import (
     validation_enabled,
 )
 
-__all__ = ["MissPlan", "ResolveMode", "resolve", "replay", "resident_hint", "position_bits"]
+__all__ = ["MissPlan", "ResolveMode", "resolve", "replay", "resident_hint", "position_bits",
+           "int32_bits"]
 
 
 def _pack_bits(pos: torch.Tensor, words: int) -> torch.Tensor:
@@ -59,14 +60,14 @@ def _pack_bits(pos: torch.Tensor, words: int) -> torch.Tensor:
     return (mask.view(words, 32).long() << shifts).sum(-1)
 
 
-def _as_int32_bits(words: torch.Tensor) -> torch.Tensor:
+def int32_bits(words: torch.Tensor) -> torch.Tensor:
     """int64 values in [0, 2**32) -> the int32 tensor with the same 32 bits."""
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def position_bits(positions: torch.Tensor, words: int) -> torch.Tensor:
     """int32 [words]: the bit of every position in 1-D ``positions`` set (others ignored)."""
-    return _as_int32_bits(_pack_bits(positions, words))
+    return int32_bits(_pack_bits(positions, words))
 
 
 def resident_hint(slot_tokens: torch.Tensor, buffer_size: int, words: int) -> torch.Tensor:
@@ -75,7 +76,7 @@ def resident_hint(slot_tokens: torch.Tensor, buffer_size: int, words: int) -> to
     rows = [_pack_bits(t, words) for t in slot_tokens[:, :buffer_size]]
     if not rows:
         return torch.zeros(0, words, dtype=torch.int32, device=slot_tokens.device)
-    return _as_int32_bits(torch.stack(rows))
+    return int32_bits(torch.stack(rows))
 
 
 def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
@@ -124,7 +125,7 @@ def _resolve_long(
         words = resident.shape[1]
         old = resident[r].long() & 0xFFFFFFFF
         loaded = _pack_bits(misses, words)
-        resident[r] = _as_int32_bits((old & ~_pack_bits(tokens[victims], words)) | loaded)
+        resident[r] = int32_bits((old & ~_pack_bits(tokens[victims], words)) | loaded)
     slot_tokens[r, victims] = misses.to(slot_tokens.dtype)
     lookup[misses] = victims
     lru[r] = torch.cat([evictable[m:], victims, hits]).to(lru.dtype)
