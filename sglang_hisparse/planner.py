@@ -7,9 +7,12 @@ Per TP rank (every figure below is per GPU unless it says "node"):
                                                                                   4 fp32 scales, bf16 rope)
     index row    X = index_head_dim + index_head_dim/128 * 4                    ( 132 B: fp8 key + fp32 scale)
     full KV      per request = L * I * n   +  L_idx * X * n
-    HiSparse     per request = L * I * min(n, B + 1)  +  L_idx * X * n
+    HiSparse     per request = L * I * min(n, B + 1)  +  L_idx * X * n  +  S
                  (the indexer scores every position each step, so index-K stays on the GPU in full;
                   B hot slots plus the reserved newest-token slot per layer)
+    slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8
+                 (slot tokens, LRU and resident hint per layer; slot rows and host_rows shared;
+                  ``state_bytes.slot_state_bytes`` with P = n, no speculative decoding)
     host         per request = L * I * n          (pinned; authoritative copy of every KV row)
     link         per request per step = L * k * m * I   host->device (m = miss rate, 0 while n <= B)
 
@@ -36,6 +39,7 @@ from sglang_hisparse.kernel_limits import (
     resolve_smem_bytes,
 )
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
+from sglang_hisparse.state_bytes import slot_state_bytes
 
 GIB = 2**30
 GB = 10**9
@@ -154,6 +158,7 @@ class ContextPlan:
     full_bytes_per_request: int
     hisparse_kv_bytes_per_request: int      # hot buffers, all layers
     hisparse_index_bytes_per_request: int   # index-K for the whole context (stays on the GPU)
+    hisparse_state_bytes_per_request: int   # coordinator slot state + host_rows (state_bytes)
     host_bytes_per_request: int
     batch_full: int                         # per GPU, HBM-limited
     batch_hisparse_hbm: int                 # per GPU, HBM-limited
@@ -174,7 +179,8 @@ class ContextPlan:
 
     @property
     def hisparse_bytes_per_request(self) -> int:
-        return self.hisparse_kv_bytes_per_request + self.hisparse_index_bytes_per_request
+        return (self.hisparse_kv_bytes_per_request + self.hisparse_index_bytes_per_request
+                + self.hisparse_state_bytes_per_request)
 
 
 @dataclass(frozen=True)
@@ -198,16 +204,25 @@ def index_layers(inputs: PlanInputs, hisparse: bool) -> int:
     return len(model.anchors)
 
 
+def _hisparse_bytes(inputs: PlanInputs, n: int) -> tuple[int, int, int]:
+    """HBM of one request of ``n`` tokens with HiSparse: (hot buffers, index-K, slot state)."""
+    m, B = inputs.model, inputs.hot_slots
+    hot_kv = m.layers * m.kv_bytes(inputs.kv_dtype) * min(n, B + 1)
+    hot_idx = index_layers(inputs, True) * m.index_bytes * n
+    # sized for the longest request, so a server planned for n tokens holds it per request slot
+    state = slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
+    return hot_kv, hot_idx, state
+
+
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     m, B, k = inputs.model, inputs.hot_slots, inputs.top_k
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
     full = m.layers * row * n + index_layers(inputs, False) * idx * n
-    hot_kv = m.layers * row * min(n, B + 1)
-    hot_idx = index_layers(inputs, True) * idx * n
+    hot_kv, hot_idx, state = _hisparse_bytes(inputs, n)
     host = m.layers * row * n
     ranks_serving = inputs.tp if inputs.dp_attention else 1
     b_full = int(budget // full)
-    b_hbm = int(budget // (hot_kv + hot_idx))
+    b_hbm = int(budget // (hot_kv + hot_idx + state))
     b_host = int(inputs.host_dram_gib * GIB / inputs.tp // host)
     b_hs = min(b_hbm, b_host)
     per_token = m.layers * k * inputs.miss_rate * row if n > B else 0.0
@@ -244,7 +259,8 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
                     f"(<= {link / per_token:.0f} tok/s per GPU) unless the batch is <= {b_io * ranks_serving}")
     return ContextPlan(
         context=n, full_bytes_per_request=full, hisparse_kv_bytes_per_request=hot_kv,
-        hisparse_index_bytes_per_request=hot_idx, host_bytes_per_request=host,
+        hisparse_index_bytes_per_request=hot_idx, hisparse_state_bytes_per_request=state,
+        host_bytes_per_request=host,
         batch_full=b_full, batch_hisparse_hbm=b_hbm, batch_hisparse_host=b_host, batch_hisparse=b_hs,
         limited_by="host" if b_host < b_hbm else "hbm", node_batch_full=node_full,
         node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * b_hs * host,
@@ -257,18 +273,27 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
 def break_even_context(inputs: PlanInputs) -> int | None:
     """Smallest context at which HiSparse's HBM per request is ``min_gain`` times smaller.
 
-    Past B the two footprints are linear in n: full = a*n, HiSparse = c + d*n with
-    a = L*I + L_idx_full*X, c = L*I*(B+1), d = L_idx_hisparse*X. a*n >= g*(c + d*n) gives
-    n >= g*c / (a - g*d); never when a <= g*d (the index cache alone is too large a share).
+    Past B the two footprints are linear in n (the resident hint's 32-position words aside):
+    full = a*n, HiSparse = c + d*n with a = L*I + L_idx_full*X, c = L*I*(B+1) + S(0),
+    d = L_idx_hisparse*X + (S(32) - S(0))/32 (S = slot state). a*n >= g*(c + d*n) gives
+    n >= g*c / (a - g*d), stepped on while the hint's rounding leaves HiSparse short (about
+    g*4L/(a - g*d) steps); never when a <= g*d (the index cache alone is too large a share).
     """
-    m, g = inputs.model, inputs.min_gain
+    m, g, B = inputs.model, inputs.min_gain, inputs.hot_slots
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
+
+    def state(n: int) -> int:
+        return slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
+
     a = m.layers * row + index_layers(inputs, False) * idx
-    c = m.layers * row * (inputs.hot_slots + 1)
-    d = index_layers(inputs, True) * idx
+    c = m.layers * row * (B + 1) + state(0)
+    d = index_layers(inputs, True) * idx + (state(32) - state(0)) / 32
     if a <= g * d:
         return None
-    return max(inputs.hot_slots + 1, math.ceil(g * c / (a - g * d)))
+    n = max(B + 1, math.ceil(g * c / (a - g * d)))
+    while a * n < g * sum(_hisparse_bytes(inputs, n)):
+        n += 1
+    return n
 
 
 def plan(inputs: PlanInputs) -> Plan:

@@ -30,6 +30,9 @@ n=5 (grown)   slots 0 1 2 3 | 4     first growth past B: slot B gets a row, LRU 
 n=9           slots a b c d | 8     a..d = whatever the LRU kept; slot B = token n-1
 ```
 
+Device bytes per request slot (these tensors plus the host pool's ``host_rows`` row):
+``state_bytes.slot_state_bytes``, which the capacity planner counts.
+
 Host-side bookkeeping (Python lists, indexed by request slot) records what the host needs
 to decide without reading device memory: the phase, rows held, the current length, and
 whether the next decode step may skip the write-through backup.
@@ -42,6 +45,7 @@ import enum
 import torch
 
 from ..kernels.reference import position_bits
+from ..state_bytes import hint_words
 
 
 class Phase(enum.Enum):
@@ -74,9 +78,9 @@ class SlotState:
         #: resident hint (see module docstring); only for single-row decode with a host pool
         #: of ``hint_positions`` columns (the verify kernel does not read it)
         self.resident: torch.Tensor | None = None
-        if window == 1 and hint_positions > 0:
+        if words := hint_words(max_context=hint_positions, window=window):
             self.resident = torch.zeros(
-                (num_layers, num_reqs, -(-hint_positions // 32)), dtype=torch.int32, device=self.device
+                (num_layers, num_reqs, words), dtype=torch.int32, device=self.device
             )
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs

@@ -83,6 +83,24 @@ def test_published_glm51_figures():
     assert row.hisparse_index_bytes_per_request == 78 * 132 * K128
 
 
+def test_per_request_hbm_counts_the_coordinators_slot_state():
+    """GLM-5.1 at 128K, B = 4096: per layer slot_tokens (B+1)*4, lru B*2 and the resident hint
+    (128K/32 int32 words); once per request slot_rows (B+1)*4 and host_rows 128K int64."""
+    row = _plan(kv_budget_gib=40).contexts[0]
+    hint = 78 * (K128 // 32) * 4
+    assert hint == 1_277_952  # ~1 MB a request: 256 MB for 256 requests
+    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8
+    assert row.hisparse_state_bytes_per_request == state == 4_260_156
+    assert row.hisparse_bytes_per_request == 78 * 1152 * 4097 + 78 * 132 * K128 + state
+    # The slot state is sized by the context, not the batch: a short context holds less.
+    short = _plan(contexts=(8192,), kv_budget_gib=40).contexts[0]
+    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8
+    assert short.hisparse_state_bytes_per_request == short_state
+    # 0.25 % of the request, yet here it costs one: 25 requests per GPU without it, 24 with it.
+    assert 40 * 2**30 // (row.hisparse_bytes_per_request - state) == 25
+    assert row.batch_hisparse_hbm == 24
+
+
 # ------------------------------------------------------------------------ index sharing
 def test_glm52_index_sharing_has_21_anchors():
     # default rule: a layer runs its indexer iff max(layer - 1, 0) % freq == 0
@@ -129,10 +147,10 @@ def test_batches_host_and_link_by_hand():
     row = _plan(kv_budget_gib=40).contexts[0]
     budget = 40 * 2**30
     full = 78 * 1284 * K128
-    hs = 78 * 1152 * 4097 + 78 * 132 * K128
+    hs = 78 * 1152 * 4097 + 78 * 132 * K128 + 4_260_156  # hot KV + index-K + slot state
     host = 78 * 1152 * K128
     assert row.batch_full == budget // full == 3
-    assert row.batch_hisparse_hbm == budget // hs == 25
+    assert row.batch_hisparse_hbm == budget // hs == 24
     assert row.batch_hisparse_host == (2048 * 2**30 // 8) // host == 23
     assert (row.batch_hisparse, row.limited_by) == (23, "host")
     assert (row.node_batch_full, row.node_batch_hisparse) == (24, 184)
@@ -184,8 +202,10 @@ def test_break_even_context_is_where_the_footprint_ratio_crosses_min_gain():
     a, c, d = 78 * 1284, 78 * 1152 * 4097, 78 * 132
 
     def ratio(x: int) -> float:
-        return a * x / (c + d * x)
+        state = 78 * (4097 * 4 + 4096 * 2 + -(-x // 32) * 4) + 4097 * 4 + 8 * x
+        return a * x / (c + d * x + state)
 
+    assert n == 6556  # 6519 without the slot state
     assert ratio(n) >= 1.5 > ratio(n - 1)
     # a model whose index cache alone is over 1/min_gain of the full footprint never pays off
     assert planner.break_even_context(

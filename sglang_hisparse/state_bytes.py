@@ -1,0 +1,44 @@
+"""Device bytes of the coordinator's per-request state: pure arithmetic (no torch, no sglang).
+
+Per TP rank and request slot, whatever the request's length (the tensors are sized for the
+longest request when the coordinator is built; shapes in ``coordinator.state``)::
+
+    slot_tokens   L * (B+W) * 4         int32, per layer
+    slot_rows         (B+W) * 4         int32, shared by the layers
+    lru           L *  B    * 2         int16, per layer
+    resident      L * ceil(P/32) * 4    int32 bitmap, per layer; W = 1 only (the resident hint)
+    host_rows               P * 8       int64, shared by the layers (the host pool's page table,
+                                        on the GPU: the resolve kernel reads it)
+
+``P`` = ``host_rows`` columns (the longest request, SGLang's ``req_to_token`` width), ``W`` the
+verify window (1 without speculative decoding). GLM-5.1 (78 layers, B = 4096) at 128K: 4.3 MB
+a request slot, 1.1 GB for 256 of them; the hint and ``host_rows`` grow with P, the rest with B.
+
+NOTE: not next to ``SlotState`` in ``coordinator/state.py``: importing the coordinator package
+imports torch, and the planner must not. ``SlotState`` takes the hint's width from
+``hint_words``, and tests/unit/test_state_bytes.py checks ``slot_state_bytes`` against the
+tensors the coordinator allocates, so formula and allocation cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+__all__ = ["hint_words", "slot_state_bytes"]
+
+
+def hint_words(*, max_context: int, window: int) -> int:
+    """int32 words per layer and request of the resident hint; 0 = no hint (speculative
+    decoding, whose verify kernel does not read it, or no host pool columns)."""
+    return -(-max_context // 32) if window == 1 and max_context > 0 else 0
+
+
+def slot_state_bytes(
+    *, num_layers: int, buffer_size: int, max_context: int, window: int = 1
+) -> int:
+    """Device bytes per request slot (module docstring): ``SlotState``'s tensors built with
+    ``hint_positions = max_context`` plus the slot's ``host_rows`` row.
+
+    num_layers: L local layers; buffer_size: B; max_context: P; window: W (>= 1).
+    """
+    L, B, W, P = num_layers, buffer_size, window, max_context
+    per_layer = (B + W) * 4 + B * 2 + hint_words(max_context=P, window=W) * 4
+    return L * per_layer + (B + W) * 4 + P * 8

@@ -1,0 +1,79 @@
+"""``state_bytes.slot_state_bytes`` equals what the coordinator allocates per request slot (CPU).
+
+Sizes: L = 3 layers, R = 5 request slots, B = 6 hot slots, P = 70 host_rows columns (3 hint
+words, the last one partly used), so every term of the formula has an odd size of its own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.coordinator.state import SlotState
+from sglang_hisparse.device_pool import DeviceKVPool
+from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.state_bytes import hint_words, slot_state_bytes
+
+L, R, B, P = 3, 5, 6, 70
+
+
+def _host(max_context: int = P, num_layers: int = L) -> HostKVPool:
+    return HostKVPool(num_layers=num_layers, item_bytes=16, capacity_tokens=64, page_size=1,
+                      max_requests=R, max_context=max_context, pin=False)
+
+
+def _state_bytes(state: SlotState, buffer_size: int) -> int:
+    """Bytes of every tensor ``state`` holds; a tensor added to SlotState is counted here too,
+    so the helper has to learn about it. The [B] LRU template is shared, not per request."""
+    tensors = {name: t for name, t in vars(state).items() if isinstance(t, torch.Tensor)}
+    assert tensors.pop("_lru_init").shape == (buffer_size,)
+    return sum(t.nbytes for t in tensors.values())
+
+
+def test_hint_words():
+    assert [hint_words(max_context=p, window=1) for p in (0, 1, 32, 33, 70)] == [0, 1, 1, 2, 3]
+    assert hint_words(max_context=70, window=2) == 0  # the verify kernel reads no hint
+
+
+@pytest.mark.parametrize(
+    ("window", "per_request"),
+    [
+        # L * (slot_tokens (B+1)*4 + lru B*2 + hint 3*4) + slot_rows (B+1)*4 + host_rows P*8
+        (1, 3 * (7 * 4 + 6 * 2 + 3 * 4) + 7 * 4 + 70 * 8),
+        # speculative decoding, W = 3: B+3 columns, no hint
+        (3, 3 * (9 * 4 + 6 * 2) + 9 * 4 + 70 * 8),
+    ],
+)
+def test_helper_matches_the_tensors_slot_state_and_host_rows_allocate(window, per_request):
+    state = SlotState(num_layers=L, num_reqs=R, buffer_size=B, device="cpu", window=window,
+                      hint_positions=P)
+    assert (state.resident is not None) == (window == 1)
+    helper = slot_state_bytes(num_layers=L, buffer_size=B, max_context=P, window=window)
+    assert helper == per_request
+    assert _state_bytes(state, B) + _host().host_rows.nbytes == R * helper
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 2])
+def test_helper_matches_what_hisparse_core_builds(draft_tokens):
+    # the core sizes the hint by its host pool's columns and drops it under speculative decoding
+    k, b, max_context = 2, 4, 40
+    alloc = DualSpaceAllocator(32, host_to_device_ratio=2)
+    pool = DeviceKVPool(num_layers=2, item_bytes=16, allocator=alloc)
+    host = _host(max_context=max_context, num_layers=2)
+    core = HiSparseCore(top_k=k, buffer_size=b, num_reqs=R, allocator=alloc, host=host,
+                        device_kv=pool.kv, host_kv=host.kv, device="cpu", max_batch=R,
+                        log_interval_s=0, num_draft_tokens=draft_tokens)
+    helper = slot_state_bytes(num_layers=2, buffer_size=b, max_context=max_context,
+                              window=max(1, draft_tokens))
+    assert _state_bytes(core.state, b) + host.host_rows.nbytes == R * helper
+
+
+def test_the_planner_imports_the_helper_without_torch():
+    code = "import sys, sglang_hisparse.planner; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
