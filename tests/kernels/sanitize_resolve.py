@@ -19,8 +19,9 @@ from sglang_hisparse.kernels import ops
 def main() -> int:
     quick = "--quick" in sys.argv
     cases = [(64, 128, 1152, 3), (512, 1024, 656, 3)] + ([] if quick else [(64, 64, 656, 5)])
-    blocks = (32, 96, 512) if quick else (32, 64, 96, 480, 512, 1024)
-    # with a resident hint the kernel also runs its early fetch (cp.async into shared memory)
+    blocks = (32, 96, 288, 512) if quick else (32, 64, 96, 256, 480, 512, 1024)
+    # with a resident hint (and >= 64 threads) the kernel also runs its early fetch (cp.async
+    # into shared memory)
     hints = (None, "noise") if quick else (None, "exact", "noise")
     failed = 0
     for (k, B, item, bs), hint in ((c, h) for c in cases for h in hints):

@@ -47,8 +47,10 @@ def test_kernel_matches_reference_over_two_steps(k, B, item, bs):
 
 
 @pytest.mark.parametrize("k,B,item", [(64, 128, 1152), (2048, 4096, 656)])
-def test_every_block_size_and_cta_split(k, B, item):
-    sc = scenario(k, B, item, 3, seed=11)
+@pytest.mark.parametrize("hint", [None, "noise"])
+def test_every_block_size_and_cta_split(k, B, item, hint):
+    """Every accepted block size; with a hint, those of >= 64 threads run the early fetch."""
+    sc = scenario(k, B, item, 3, seed=11, hint=hint)
     want = reference_result(sc)
     for block in BLOCKS:
         for ctas in (1, 2, 5, 32):
@@ -61,8 +63,9 @@ def test_every_block_size_and_cta_split(k, B, item):
 def test_resident_hint_changes_no_result_and_is_kept_like_the_reference(k, B, item, bs):
     """Exact, random and empty hints (the early fetch stages right, wrong and all guesses):
     outputs, state, plan and the updated hint match the reference over two steps, for block
-    sizes with and without the early fetch (< 64 threads: none), CTA splits and staging caps
-    down to one row (the rest copied directly) and zero (hint kept, nothing staged)."""
+    sizes with and without the early fetch (< 64 threads: none; 96, 256 and 288: the
+    run-time-sized build), CTA splits and staging caps down to one row (the rest copied directly) and
+    zero (hint kept, nothing staged)."""
     for hint in ("exact", "noise", "empty"):
         sc = scenario(k, B, item, bs, seed=k + bs, hint=hint)
         want = reference_result(sc)
@@ -70,6 +73,8 @@ def test_resident_hint_changes_no_result_and_is_kept_like_the_reference(k, B, it
                    dict(block_size=512, ctas_per_request=5, early_rows=3),
                    dict(block_size=32, ctas_per_request=2), dict(block_size=96, ctas_per_request=32,
                                                                  early_rows=1),
+                   dict(block_size=288, ctas_per_request=32, early_rows=1),
+                   dict(block_size=256, ctas_per_request=3),
                    dict(block_size=1024, ctas_per_request=8, early_rows=0)):
             assert mismatches(want, kernel_result(sc, **kw)) == [], f"{hint} {kw}"
         sc2 = next_selection(sc, want[0], seed=k + bs + 1)
