@@ -35,9 +35,10 @@ MAX_CTAS_PER_REQUEST = 32
 DEFAULT_REPLAY_CTAS = 8
 #: Rows each CTA may fetch early (with a resident hint); the launcher lowers it to what fits
 #: in shared memory next to the bookkeeping.
-#: NOTE: measured on the H200 (k 2048, B 4096, 32K context, benchmarks/RESOLVE.md): host reads
-#: in flight slow every other memory instruction of their SM, so staging every miss (up to 124
-#: rows) held the bookkeeping until the rows had landed (batch 16 at 5 % churn: 45.1 us);
+#: NOTE: measured on the H200 (k 2048, B 4096, 32K context, benchmarks/RESOLVE.md): a warp's
+#: shared-memory work waits behind its own host reads and every global load of the SM behind
+#: any warp's, so staging every miss (up to 124 rows) held the bookkeeping until the rows had
+#: landed (batch 16 at 5 % churn: 45.1 us);
 #: 2 / 4 / 6 / 16 rows gave 43.2 / 42.7 / 43.1 / 46.6 us (1152 B) and 32.3 / 29.4 / 30.0 /
 #: 33.8 us (656 B), batch 1 at 15 % 18.7 / 16.9 / 15.8 / 16.2 us: a few rows per CTA keep the
 #: link busy through the bookkeeping, the rest follow it.
