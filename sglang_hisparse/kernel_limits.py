@@ -24,6 +24,13 @@ def _ceil16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
+def position_words(positions: int) -> int:
+    """32-bit words of a one-bit-per-position bitmap over ``positions`` (host_rows columns):
+    the resolve kernel's position bitmap and the resident hint's row (the launcher computes
+    the same)."""
+    return (positions + 31) // 32
+
+
 def _hash_entries(selected: int) -> int:
     # Open-addressing table over the selected positions at load factor <= 1/2, at least 64.
     return max(64, _pow2_ceil(2 * selected))
@@ -44,7 +51,7 @@ def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0) -> int:
     fixed = _ceil16(4 * k) + _ceil16(2 * k) + _ceil16(4 * k) + _ceil16(2 * k)
     fixed += _ceil16(max(4 * b, 16 * k + 2 * b)) + _ceil16(2 * b)
     fixed += _ceil16(4 * ((b + 31) // 32 + (k + 31) // 32)) + _SCAN_BYTES
-    words = (max_context + 31) // 32
+    words = position_words(max_context)
     return fixed + _ceil16(4 * words) + _ceil16(2 * words)
 
 

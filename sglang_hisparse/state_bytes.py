@@ -22,13 +22,15 @@ tensors the coordinator allocates, so formula and allocation cannot drift apart 
 
 from __future__ import annotations
 
+from .kernel_limits import position_words
+
 __all__ = ["hint_words", "slot_state_bytes"]
 
 
 def hint_words(*, max_context: int, window: int) -> int:
     """int32 words per layer and request of the resident hint; 0 = no hint (speculative
     decoding, whose verify kernel does not read it, or no host pool columns)."""
-    return -(-max_context // 32) if window == 1 and max_context > 0 else 0
+    return position_words(max_context) if window == 1 else 0
 
 
 def slot_state_bytes(

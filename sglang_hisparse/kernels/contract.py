@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernel_limits import position_words
+
 #: Kernels copy rows with 16-byte loads; an item size must be a multiple of this.
 ROW_ALIGN = 16
 
@@ -172,7 +174,7 @@ def check_resident(resident: torch.Tensor | None, *, lru: torch.Tensor,
     if resident is None:
         return
     _need("resident", resident, (torch.int32,), 2)
-    want = (lru.shape[0], -(-host_rows.shape[1] // 32))
+    want = (lru.shape[0], position_words(host_rows.shape[1]))
     _same("resident.shape", tuple(resident.shape), want,
           "(request slots, ceil(host_rows.shape[1] / 32)): one bit per host_rows column")
     if resident.device != lru.device:

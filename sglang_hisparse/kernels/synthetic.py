@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernel_limits import position_words
+
 
 @dataclass
 class HotState:
@@ -40,7 +42,7 @@ class HotState:
         bits: a hint gone wrong, which must cost time only) or ``empty`` (all clear)."""
         from .reference import resident_hint
 
-        B, words = self.lru.shape[1], -(-self.host_rows.shape[1] // 32)
+        B, words = self.lru.shape[1], position_words(self.host_rows.shape[1])
         st = self.clone()
         if kind == "exact":
             st.resident = resident_hint(self.slot_tokens, B, words)
