@@ -164,6 +164,15 @@ def plan_rows(plan: MissPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return plan.src[mask].contiguous(), plan.dst[mask].contiguous()
 
 
+def lookup_keys(table: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Indices into the flat host_rows ``table`` whose entries are the host rows ``src``: what
+    the lookup gather starts from (a position, not a host row)."""
+    vals, idx = torch.sort(table)
+    key = idx[torch.searchsorted(vals, src).clamp(max=table.numel() - 1)]
+    assert torch.equal(table[key], src), "a planned host row is not in host_rows"
+    return key
+
+
 def batch_inputs(tr, *, bs, k, B, item, ctx):
     """Device cache, index tensors, out_rows and a restore() of a trace's initial state."""
     dev_cache = torch.empty(1 + bs * (B + 1), item, dtype=torch.uint8, device=DEV)
@@ -210,9 +219,14 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     us = time_graph(lambda t: resolve(t + 1), restore, steps, reps)
     noio = time_graph(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps, reps)
     us_nh = time_graph(lambda t: resolve(t + 1, hint=False), restore, steps, reps) if NO_HINT else None
-    gather = _jit.gather_module(item).gather
-    ceil_us = time_graph(lambda t: gather(flat[t][0], flat[t][1], host, dev_cache),
+    gmod = _jit.gather_module(item)
+    ceil_us = time_graph(lambda t: gmod.gather(flat[t][0], flat[t][1], host, dev_cache),
                          lambda: None, steps, reps)
+    table = tr["host_rows"].reshape(-1)
+    keys = [lookup_keys(table, f[0]) for f in flat]
+    lookup_us = time_graph(
+        lambda t: gmod.gather_lookup(keys[t], flat[t][1], table, host, dev_cache),
+        lambda: None, steps, reps)
     rep_us = time_graph(lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
                                              device_cache=dev_cache, ctas=8),
                         lambda: None, steps, reps)
@@ -229,6 +243,8 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
         rec.update(io_gbps=round(gbytes / (us * 1e-6), 2), ceiling_us=round(ceil_us, 2),
                    ceiling_gbps=round(gbytes / (ceil_us * 1e-6), 2),
                    io_ratio=round(ceil_us / us, 3),
+                   lookup_ceiling_us=round(lookup_us, 2),
+                   lookup_io_ratio=round(lookup_us / us, 3),
                    **({} if us_nh is None else dict(nohint_io_ratio=round(ceil_us / us_nh, 3))),
                    replay8_us=round(rep_us, 2),
                    replay8_gbps=round(gbytes / (rep_us * 1e-6), 2),

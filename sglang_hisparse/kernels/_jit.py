@@ -152,10 +152,16 @@ def replay_module(item: int) -> Any:
 
 @functools.cache
 def gather_module(item: int) -> Any:
-    """Plain scattered gather (benchmark ceiling): ``gather(src, dst, host_cache, device_cache)``."""
+    """Plain scattered gather (benchmark ceiling): ``gather(src, dst, host_cache, device_cache)``,
+    and ``gather_lookup(key, dst, table, host_cache, device_cache)``, which first looks each
+    row's host row up as ``table[key]`` (one more dependent load: the bound for kernels given
+    positions instead of host rows)."""
     wrapper = (
         '#include "gather.cuh"\nusing tvm::ffi::TensorView;\n'
         "void gather(TensorView src, TensorView dst, TensorView host_cache, TensorView device_cache) {\n"
         f"  hisparse::gather_launch<{item}>(src, dst, host_cache, device_cache);\n}}\n"
+        "void gather_lookup(TensorView key, TensorView dst, TensorView table, TensorView host_cache,\n"
+        "                   TensorView device_cache) {\n"
+        f"  hisparse::gather_launch<{item}>(key, dst, host_cache, device_cache, &table);\n}}\n"
     )
-    return _build(f"hisparse_gather_i{item}", wrapper, ["gather"])
+    return _build(f"hisparse_gather_i{item}", wrapper, ["gather", "gather_lookup"])
