@@ -34,10 +34,10 @@ from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E40
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 
-# Phase boundaries HS_PHASE(0..11) in resolve.cuh, in order ("mark" includes the early fetch's
-# issue; "copy" is the direct copies, "staged_wait" the wait for the early-fetched rows).
+# Phase boundaries HS_PHASE(0..11) in resolve.cuh, in order ("stage" includes the early fetch's
+# issue; "staged_wait" is the wait for the early-fetched rows, "copy" the direct copies).
 PHASES = ["indices", "stage", "mark", "prefix", "ids_hits", "exchange", "miss_fetch", "outputs",
-          "copy", "staged_wait", "staged_store"]
+          "staged_wait", "staged_store", "copy"]
 _ARGS = _jit._RESOLVE_ARGS
 _CALL = _jit._RESOLVE_CALL
 

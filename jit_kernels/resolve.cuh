@@ -5,7 +5,8 @@
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
 // bitmap, 3 B per 16 positions). With a resident hint, up to stage_cap probable misses per
-// CTA are fetched into shared memory before the bookkeeping (step 0b, "early fetch").
+// CTA are fetched into shared memory before the bookkeeping (step 0b, "early fetch"), and
+// stored once it ends, before the direct copies (step 7).
 #pragma once
 
 #include "common.cuh"
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int* scratch = reinterpret_cast<int*>(smem + L::scan);
   uint32_t* bm = reinterpret_cast<uint32_t*>(smem + L::bytes);
   uint16_t* prefix = reinterpret_cast<uint16_t*>(smem + L::bytes + L::bitmap_bytes(a.words));
-  __shared__ int s_writer, s_staged, s_direct;
+  __shared__ int s_writer, s_direct;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x;
   const int T = TB ? TB : static_cast<int>(blockDim.x);
@@ -219,11 +220,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
   fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
   fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
-  if (tid == 0) s_staged = s_direct = 0;
+  if (tid == 0) s_direct = 0;
   const bool hint = a.resident != nullptr;
   uint32_t* res = hint ? a.resident + r * a.res_stride : nullptr;
   // Hint words and host rows of the preloaded positions, loaded together (the host row is only
-  // used if the bit is clear) and in flight over the barrier below.
+  // used if the bit is clear).
   const int64_t* hrow = a.host_rows + r * a.hr_stride;
   uint32_t w0[kBatch];
   int64_t h0[kBatch];
@@ -233,61 +234,56 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     w0[u] = sel ? res[p0[u] >> 5] : ~0u;
     h0[u] = sel ? hrow[p0[u]] : -1;
   }
-  cp_async_wait<1>();
-  __syncthreads();
-  HS_PHASE(2);
   // 0b. Early fetch: a selected position whose hint bit is clear is probably a miss, so its row
-  //     starts streaming from the host into this CTA's shared memory now (cp.async group 2) and
-  //     lands while the bookkeeping below runs. The bookkeeping stays authoritative: a staged
-  //     row is stored (step 6) only if its entry is a miss's first occurrence (step 5); every
-  //     other miss is copied directly. sidx[i]: staging index of owned entry i, -1 if none.
-  //     Each warp ranks its candidates with one ballot and one shared atomic, then issues their
-  //     rows itself (all lanes, coalesced), with no block barrier in between.
+  //     starts streaming from the host into this CTA's shared memory (cp.async group 2) as soon
+  //     as the hint word and host row are in, before any barrier, and lands while the
+  //     bookkeeping below runs. The bookkeeping stays authoritative: a staged row is stored
+  //     (step 7) only if its entry is a miss's first occurrence (step 5); every other miss is
+  //     copied directly. sidx[i]: staging slot of owned entry i, -1 if none.
+  //     Slots are dealt to warps up front (no shared counter, so nothing to clear first): the W
+  //     warps that hold preloaded entries get q = ceil(stage_cap / W) slots each, in warp order,
+  //     and fill them with their first candidates (one ballot per round); each warp issues its
+  //     rows itself (all lanes, coalesced). Entries past the preloaded ones are not staged.
   //     NOTE: warp 0 takes no entries: thread 0's __threadfence before the arrival (step 3)
   //     would wait for its host reads to land and hold the whole CTA at the next barrier.
+  //     NOTE: the first hint words arrive ~1 us after the launch; issuing after the block
+  //     barrier and a shared-counter ranking (v8) started the rows ~1 us later.
   uint8_t* stg = smem + L::total(a.words);
   int16_t* sidx = reinterpret_cast<int16_t*>(stg);
   int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
   uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
   if (early) {
-    for (int e0 = tid - 32 - (tid & 31); tid >= 32 && e0 < n_own; e0 += ET * kBatch) {
-      const bool preloaded = e0 == tid - 32 - (tid & 31);
-      int p[kBatch];
-      uint32_t w[kBatch];
-      int64_t src[kBatch];
+    for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // slots no warp fills
+    if (tid >= 32) {
+      const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
+      const int q = (a.stage_cap + holders - 1) / holders, slot0 = ((tid >> 5) - 1) * q;
+      const int quota = max(0, min(q, a.stage_cap - slot0));
+      int taken = 0;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int e = e0 + (tid & 31) + u * ET;
-        p[u] = preloaded ? p0[u] : e < n_own ? tks[c + e * a.ctas] : -1;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        w[u] = preloaded ? w0[u] : p[u] >= 0 && p[u] < limit ? res[p[u] >> 5] : ~0u;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        src[u] = (w[u] >> (p[u] & 31)) & 1u ? -1 : preloaded ? h0[u] : hrow[p[u]];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int e = e0 + (tid & 31) + u * ET;
-        const unsigned cand = __ballot_sync(kFull, src[u] >= 0);
-        int base = 0;
-        if (cand && (tid & 31) == 0) base = atomicAdd(&s_staged, __popc(cand));
-        base = __shfl_sync(kFull, base, 0);
-        int j = src[u] >= 0 ? base + __popc(cand & lanemask_lt()) : -1;
-        if (j >= a.stage_cap) j = -1;
+        const int e = tid - 32 + u * ET;
+        const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
+        const unsigned cand = __ballot_sync(kFull, src >= 0);
+        const int rank = taken + __popc(cand & lanemask_lt());
+        const int j = src >= 0 && rank < quota ? slot0 + rank : -1;
         if (j >= 0) sdst[j] = -1;
         if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
-        for (unsigned left = cand; left; left &= left - 1) {
-          const int l = __ffs(left) - 1, jl = base + __popc(cand & ((1u << l) - 1u));
-          if (jl >= a.stage_cap) break;
-          const int64_t row = __shfl_sync(kFull, src[u], l);
+        int t = taken;
+        for (unsigned left = cand; left && t < quota; left &= left - 1, ++t) {
+          const int64_t row = __shfl_sync(kFull, src, __ffs(left) - 1);
           for (int pc = (tid & 31); pc < kPieces; pc += 32)
-            cp_async16(sdata + jl * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
+            cp_async16(sdata + (slot0 + t) * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
         }
+        taken += __popc(cand);
       }
     }
     cp_async_commit();
   }
+  cp_async_wait<1>();
+  __syncthreads();
+  HS_PHASE(2);
+  if (early)  // owned entries past the preloaded ones: not staged
+    for (int e = ET * kBatch + tid - 32; tid >= 32 && e < n_own; e += ET) sidx[c + e * a.ctas] = -1;
   // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
   //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
   //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
@@ -529,24 +525,26 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     if (c == 0 && tid == 0) a.plan_count[b] = m;
   }
   HS_PHASE(8);
-  if (a.copy)
-    copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                    a.dc_stride, direct);
-  HS_PHASE(9);
-  if (early) {  // the staged rows that are misses, once all have landed
+  // 7. The staged rows that are misses go out first: the bookkeeping above waited for them
+  //    anyway (its arrival and global loads wait behind host reads), and storing them after the
+  //    direct copies (v8) put their wait, a barrier and their stores on the kernel's tail.
+  if (early) {
     cp_async_wait<0>();
     __syncthreads();
   }
-  HS_PHASE(10);
+  HS_PHASE(9);
   if (early) {
-    const int n_staged = min(s_staged, a.stage_cap);
-    for (int x = tid; x < n_staged * kPieces; x += T) {
+    for (int x = tid; x < a.stage_cap * kPieces; x += T) {
       const int j = x / kPieces, piece = x % kPieces;
       if (sdst[j] >= 0)
         reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(sdst[j]) * a.dc_stride)[piece] =
             reinterpret_cast<const int4*>(sdata + j * ITEM)[piece];
     }
   }
+  HS_PHASE(10);
+  if (a.copy)
+    copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
+                    a.dc_stride, direct);
   HS_PHASE(11);
 }
 

@@ -41,7 +41,11 @@ DEFAULT_REPLAY_CTAS = 8
 #: landed (batch 16 at 5 % churn: 45.1 us);
 #: 2 / 4 / 6 / 16 rows gave 43.2 / 42.7 / 43.1 / 46.6 us (1152 B) and 32.3 / 29.4 / 30.0 /
 #: 33.8 us (656 B), batch 1 at 15 % 18.7 / 16.9 / 15.8 / 16.2 us: a few rows per CTA keep the
-#: link busy through the bookkeeping, the rest follow it.
+#: link busy through the bookkeeping, the rest follow it. Re-measured on v11 (slots dealt to
+#: warps, rows issued before the first barrier; results/resolve_v11_early_rows_sweep.json):
+#: 6 / 10 / 16 rows 28.3-28.7 / 28.2-29.0 / 29.6-30.4 us (656 B), 42.6-43.0 / 42.6 / 42.5-42.6
+#: us (1152 B), batch 1 @15 % 16.6-16.7 / 15.7-16.0 / 16.2-16.3 us: 6 stays (10 only helps
+#: batch 1, whose target is met; two runs each).
 DEFAULT_EARLY_ROWS = 6
 
 _arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
