@@ -1,11 +1,14 @@
 """Where the resolve kernel's time goes, and what bounds host reads (GPU, JSON out).
 
-Two studies, each written to the JSON as records of its own ``kind``:
+Three studies, each written to the JSON as records of its own ``kind``:
 
 * ``phases``: the resolve kernel built with ``HS_PHASE_PROFILE`` records ``clock64()`` at each
   phase boundary in thread 0 of every CTA; per phase the median cycles over CTAs and steps
   (converted with the SM clock), plus in the same run the CUDA-graph time per launch of the
   real kernel and of an empty kernel with the same grid and shared memory (the launch floor).
+* ``timeline`` (``--timeline``): the same build's ``%globaltimer`` marks read GPU-wide: when
+  each phase ends after the launch's first CTA started (median and last CTA), and how each CTA's
+  end follows the misses it owns. Shows whether the copies or the bookkeeping set the time.
 * ``host``: the same-run scattered-gather ceiling over pinned pools allocated four ways
   (``cudaHostAlloc``; ``malloc`` + ``cudaHostRegister`` as ``HostKVPool`` does; an ``mmap``
   with ``MADV_HUGEPAGE`` + ``cudaHostRegister``; ``MAP_HUGETLB`` when the kernel has huge pages)
@@ -13,6 +16,7 @@ Two studies, each written to the JSON as records of its own ``kind``:
   the bound moves with the host page size, GPU address translation is the limit.
 
     python benchmarks/probe_resolve.py --out probe.json [--skip-host] [--skip-phases]
+    python benchmarks/probe_resolve.py --skip-host --skip-phases --timeline --out timeline.json
 """
 
 from __future__ import annotations
@@ -73,18 +77,32 @@ def sm_hz() -> float:
         return 1.98e9
 
 
-def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8, hint=True):
-    """Phase clocks and graph time of one config, eager NO_IO then COPY (``hint``: with the
-    resident hint, i.e. the early fetch, as the coordinator runs it)."""
+def phase_inputs(mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps, hint=True):
+    """A synthetic trace for the phase-profiled build and ``call(t, copy)``, which resolves its
+    step t eagerly (no plan; ``hint``: with the resident hint, i.e. the early fetch, as the
+    coordinator runs it)."""
     tr = make_trace(bs=bs, k=k, B=B, ctx=ctx, churns=[churn] * bs, steps=steps,
                     host_rows_total=host.shape[0], seed=0)
     io = batch_inputs(tr, bs=bs, k=k, B=B, item=item, ctx=ctx)
-    dev_cache, req, lens, nr, out, restore = (
-        io[x] for x in ("dev_cache", "req", "lens", "nr", "out", "restore"))
     arrivals = torch.zeros(bs, dtype=torch.int32, device=DEV)
     e64 = torch.empty(0, 0, dtype=torch.int64, device=DEV)
     e32 = torch.empty(0, 0, dtype=torch.int32, device=DEV)
     c32 = torch.empty(0, dtype=torch.int32, device=DEV)
+
+    def call(t, copy):
+        mod.resolve(tr["top_k"][t], io["req"], io["lens"], io["nr"], tr["slot_tokens"],
+                    tr["slot_rows"], tr["lru"], tr["host_rows"], host, io["dev_cache"], io["out"],
+                    e64, e32, c32, arrivals, tr["resident"] if hint else arrivals, ctas, block,
+                    0, copy, ops.DEFAULT_EARLY_ROWS if hint else -1)
+
+    return tr, io["restore"], call
+
+
+def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps=8, hint=True):
+    """Phase clocks and graph time of one config, eager NO_IO then COPY (``hint``: with the
+    resident hint, i.e. the early fetch, as the coordinator runs it)."""
+    _, restore, resolve = phase_inputs(mod, host, bs=bs, ctas=ctas, churn=churn, block=block,
+                                       k=k, B=B, item=item, ctx=ctx, steps=steps, hint=hint)
     buf = torch.zeros(4096, 12, dtype=torch.int64)
     nsbuf = torch.zeros(4096, 12, dtype=torch.int64)
     smem_bytes = resolve_smem_bytes(k, B, ctx)
@@ -94,10 +112,7 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
 
     for copy in (0, 1):
         def call(t, copy=copy):
-            mod.resolve(tr["top_k"][t], req, lens, nr, tr["slot_tokens"], tr["slot_rows"],
-                        tr["lru"], tr["host_rows"], host, dev_cache, out, e64, e32, c32,
-                        arrivals, tr["resident"] if hint else arrivals, ctas, block, 0, copy,
-                        ops.DEFAULT_EARLY_ROWS if hint else -1)
+            resolve(t, copy)
 
         restore()
         deltas = {p: [] for p in PHASES}
@@ -132,6 +147,68 @@ def phase_config(add, mod, host, *, bs, ctas, churn, block, k, B, item, ctx, ste
 
 CONFIGS = ((1, 32, 0.15, 1024), (16, 8, 0.05, 1024), (64, 2, 0.0, 1024), (64, 2, 0.15, 1024),
            (64, 2, 0.15, 512), (128, 1, 0.15, 512))
+
+
+def owned_misses(top_k, slot_tokens, *, B, ctas, newest):
+    """[bs, ctas]: the misses each CTA owns (first occurrences of positions no history slot
+    holds; owner of entry i = i mod ctas), from the state before the call."""
+    bs = top_k.shape[0]
+    cnt = torch.zeros(bs, ctas)
+    for b in range(bs):
+        held, seen = set(slot_tokens[b, :B].tolist()), set()
+        for i, p in enumerate(top_k[b].tolist()):
+            if p != newest and p not in held and p not in seen:
+                cnt[b, i % ctas] += 1
+            seen.add(p)
+    return cnt
+
+
+def study_timeline(add, *, gib=4.0, k=2048, B=4096, ctx=32768, steps=8):
+    """GPU-wide timeline of COPY launches (hint on): per phase boundary, the time since the
+    first CTA of the launch started (``%globaltimer`` of thread 0 of every CTA), median and
+    last over the CTAs, median over steps 2..steps (eager, so absolute figures run higher than
+    in a graph; compare kernels with each other). Plus, per step, how each CTA's end time
+    follows the misses it owns (``rows_vs_end``)."""
+    pool = torch.empty(int(gib * 2**30), dtype=torch.uint8, pin_memory=True)
+    buf = torch.zeros(4096, 12, dtype=torch.int64)
+    nsbuf = torch.zeros(4096, 12, dtype=torch.int64)
+    names = ["start"] + PHASES
+    for item, bs, ctas, churn in TIMELINE_CONFIGS:
+        mod = phase_module(k, B, item)
+        host = pool[: (pool.numel() // item) * item].view(-1, item)
+        tr, restore, call = phase_inputs(mod, host, bs=bs, ctas=ctas, churn=churn, block=1024,
+                                         k=k, B=B, item=item, ctx=ctx, steps=steps)
+        restore()
+        rel_steps, rows_vs_end = [], []
+        for t in range(1, steps + 1):
+            before = tr["slot_tokens"].clone()
+            call(t, 1)
+            torch.cuda.synchronize()
+            mod.read_phases(buf, nsbuf)
+            ns = nsbuf[: bs * ctas].double()
+            rel = (ns - ns[:, 0].min()) / 1e3
+            if t == 1:  # the first launch also pays for cold caches
+                continue
+            rel_steps.append(rel)
+            rows = owned_misses(tr["top_k"][t], before, B=B, ctas=ctas, newest=ctx - 1).flatten()
+            end = rel[:, len(PHASES)]
+            rows_vs_end.append(dict(
+                r=round(float(torch.corrcoef(torch.stack([rows, end]))[0, 1]), 3),
+                rows_min=int(rows.min()), rows_max=int(rows.max()),
+                end_of_max_rows=round(float(end[rows.argmax()]), 2),
+                end_max=round(float(end.max()), 2), end_median=round(float(end.median()), 2)))
+        rel = torch.stack(rel_steps)  # [steps - 1, CTAs, boundaries]
+        med = rel.median(dim=1).values.median(dim=0).values
+        last = rel.max(dim=1).values.median(dim=0).values
+        add(dict(kind="timeline", bs=bs, ctas=ctas, churn=churn, k=k, B=B, item=item, block=1024,
+                 early_rows=ops.DEFAULT_EARLY_ROWS,
+                 median_cta_us={n: round(float(v), 2) for n, v in zip(names, med, strict=True)},
+                 last_cta_us={n: round(float(v), 2) for n, v in zip(names, last, strict=True)},
+                 rows_vs_end=rows_vs_end))
+    del pool
+
+
+TIMELINE_CONFIGS = ((1152, 16, 8, 0.05), (656, 16, 8, 0.05), (1152, 1, 32, 0.15))
 
 
 def study_phases(add, *, k=2048, B=4096, item=1152, ctx=32768):
@@ -237,6 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="probe_resolve.json")
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--skip-phases", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also the GPU-wide phase timeline of COPY launches (kind 'timeline')")
     ap.add_argument("--early-rows", type=int, default=None,
                     help="rows per CTA the early fetch may stage (default: the op's)")
     ap.add_argument("--gib", type=float, default=4.0, help="pool size for the host study")
@@ -255,6 +334,8 @@ def main(argv=None) -> int:
 
     if not args.skip_phases:
         study_phases(add)
+    if args.timeline:
+        study_timeline(add, gib=args.gib)
     if not args.skip_host:
         study_host(add, gib=args.gib, ways=tuple(args.ways.split(",")),
                    slices=tuple(float(x) for x in args.slices.split(",")) + (None,))
