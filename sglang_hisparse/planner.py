@@ -10,9 +10,10 @@ Per TP rank (every figure below is per GPU unless it says "node"):
     HiSparse     per request = L * I * min(n, B + 1)  +  L_idx * X * n  +  S
                  (the indexer scores every position each step, so index-K stays on the GPU in full;
                   B hot slots plus the reserved newest-token slot per layer)
-    slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8
+    slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8  +  k*16 + 16
                  (slot tokens, LRU and resident hint per layer; slot rows and host_rows shared;
-                  ``state_bytes.slot_state_bytes`` with P = n, no speculative decoding)
+                  ``state_bytes.slot_state_bytes`` with P = n, no speculative decoding; then the
+                  resolver's out_rows, miss plan and counters per batch row, ``resolver_bytes``)
     host         per request = L * I * n          (pinned; authoritative copy of every KV row)
     link         per request per step = L * k * m * I   host->device (m = miss rate, 0 while n <= B)
 
@@ -39,7 +40,7 @@ from sglang_hisparse.kernel_limits import (
     resolve_smem_bytes,
 )
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
-from sglang_hisparse.state_bytes import slot_state_bytes
+from sglang_hisparse.state_bytes import resolver_bytes, slot_state_bytes
 
 GIB = 2**30
 GB = 10**9
@@ -158,7 +159,7 @@ class ContextPlan:
     full_bytes_per_request: int
     hisparse_kv_bytes_per_request: int      # hot buffers, all layers
     hisparse_index_bytes_per_request: int   # index-K for the whole context (stays on the GPU)
-    hisparse_state_bytes_per_request: int   # coordinator slot state + host_rows (state_bytes)
+    hisparse_state_bytes_per_request: int   # slot state + host_rows + resolver buffers (state_bytes)
     host_bytes_per_request: int
     batch_full: int                         # per GPU, HBM-limited
     batch_hisparse_hbm: int                 # per GPU, HBM-limited
@@ -209,9 +210,16 @@ def _hisparse_bytes(inputs: PlanInputs, n: int) -> tuple[int, int, int]:
     m, B = inputs.model, inputs.hot_slots
     hot_kv = m.layers * m.kv_bytes(inputs.kv_dtype) * min(n, B + 1)
     hot_idx = index_layers(inputs, True) * m.index_bytes * n
-    # sized for the longest request, so a server planned for n tokens holds it per request slot
-    state = slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
-    return hot_kv, hot_idx, state
+    return hot_kv, hot_idx, _state_bytes(inputs, n)
+
+
+def _state_bytes(inputs: PlanInputs, n: int) -> int:
+    """Coordinator state of one request slot sized for ``n`` tokens (a server planned for n
+    holds it per slot, whatever the request's length) plus its decode-batch row's resolver
+    buffers (the planned batch is the request count)."""
+    m, B = inputs.model, inputs.hot_slots
+    return (slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
+            + resolver_bytes(top_k=inputs.top_k))
 
 
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
@@ -282,12 +290,9 @@ def break_even_context(inputs: PlanInputs) -> int | None:
     m, g, B = inputs.model, inputs.min_gain, inputs.hot_slots
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
 
-    def state(n: int) -> int:
-        return slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
-
     a = m.layers * row + index_layers(inputs, False) * idx
-    c = m.layers * row * (B + 1) + state(0)
-    d = index_layers(inputs, True) * idx + (state(32) - state(0)) / 32
+    c = m.layers * row * (B + 1) + _state_bytes(inputs, 0)
+    d = index_layers(inputs, True) * idx + (_state_bytes(inputs, 32) - _state_bytes(inputs, 0)) / 32
     if a <= g * d:
         return None
     n = max(B + 1, math.ceil(g * c / (a - g * d)))

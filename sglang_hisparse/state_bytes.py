@@ -14,6 +14,16 @@ longest request when the coordinator is built; shapes in ``coordinator.state``):
 verify window (1 without speculative decoding). GLM-5.1 (78 layers, B = 4096) at 128K: 4.3 MB
 a request slot, 1.1 GB for 256 of them; the hint and ``host_rows`` grow with P, the rest with B.
 
+Per decode-batch row, the resolver's buffers (``coordinator.resolver``, one set for all layers;
+shapes in ``kernels.contract``), with ``k`` = top-k::
+
+    out_rows          k * 4             int32, the slots handed to attention
+    plan              k * 12 + 4        int64 host rows, int32 device rows, int32 count
+    batch ids, arrivals  4 + 4          int32 (arrivals: the kernel's counters, CUDA only)
+    and with speculative decoding the same for the verify kernel at W * k columns (no batch ids)
+
+32 KB a row at k = 2048 (128 KB at W = 3): under 1 % of the slot state above.
+
 NOTE: not next to ``SlotState`` in ``coordinator/state.py``: importing the coordinator package
 imports torch, and the planner must not. ``SlotState`` takes the hint's width from
 ``hint_words``, and tests/unit/test_state_bytes.py checks ``slot_state_bytes`` against the
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 from .kernel_limits import position_words
 
-__all__ = ["hint_words", "slot_state_bytes"]
+__all__ = ["hint_words", "resolver_bytes", "slot_state_bytes"]
 
 
 def hint_words(*, max_context: int, window: int) -> int:
@@ -44,3 +54,16 @@ def slot_state_bytes(
     L, B, W, P = num_layers, buffer_size, window, max_context
     per_layer = (B + W) * 4 + B * 2 + hint_words(max_context=P, window=W) * 4
     return L * per_layer + (B + W) * 4 + P * 8
+
+
+def resolver_bytes(*, top_k: int, num_draft_tokens: int = 0, cuda: bool = True) -> int:
+    """Device bytes per decode-batch row of the resolver's output, plan and counter buffers
+    (module docstring). ``num_draft_tokens``: W, 0 without speculative decoding (then no verify
+    buffers); ``cuda``: include the kernels' arrival counters (not allocated on a CPU device).
+    """
+    arrivals = 4 if cuda else 0
+    single = top_k * 4 + top_k * 12 + 4 + 4 + arrivals  # out_rows, plan, batch ids, counters
+    if num_draft_tokens <= 0:
+        return single
+    wk = num_draft_tokens * top_k
+    return single + wk * 4 + wk * 12 + 4 + arrivals

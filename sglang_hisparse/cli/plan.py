@@ -189,7 +189,7 @@ def render(p: planner.Plan) -> str:
         ("HBM per request, HiSparse", [f"{_gib(r.hisparse_bytes_per_request)} ({r.hisparse_bytes_per_request / 1e9:.2f} GB)" for r in p.contexts]),
         ("  hot buffers (KV)", [_gib(r.hisparse_kv_bytes_per_request) for r in p.contexts]),
         ("  index-K (whole context)", [_gib(r.hisparse_index_bytes_per_request) for r in p.contexts]),
-        ("  slot state + host_rows", [f"{r.hisparse_state_bytes_per_request / 1e6:.1f} MB" for r in p.contexts]),
+        ("  coordinator state", [f"{r.hisparse_state_bytes_per_request / 1e6:.1f} MB" for r in p.contexts]),
         ("decode batch per node, full KV", [str(r.node_batch_full) for r in p.contexts]),
         ("decode batch per node, HiSparse", [f"{r.node_batch_hisparse} ({r.limited_by}-bound)" for r in p.contexts]),
         ("host DRAM needed per node", [f"{r.host_dram_node_bytes / planner.GIB:.0f} of {i.host_dram_gib:g} GiB" for r in p.contexts]),

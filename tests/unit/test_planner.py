@@ -85,16 +85,20 @@ def test_published_glm51_figures():
 
 def test_per_request_hbm_counts_the_coordinators_slot_state():
     """GLM-5.1 at 128K, B = 4096: per layer slot_tokens (B+1)*4, lru B*2 and the resident hint
-    (128K/32 int32 words); once per request slot_rows (B+1)*4 and host_rows 128K int64."""
+    (128K/32 int32 words); once per request slot_rows (B+1)*4 and host_rows 128K int64; and its
+    batch row's resolver buffers: out_rows k int32, the miss plan k int64 + k int32 + a count,
+    the batch id and the kernel's arrival counter."""
     row = _plan(kv_budget_gib=40).contexts[0]
     hint = 78 * (K128 // 32) * 4
     assert hint == 1_277_952  # ~1 MB a request: 256 MB for 256 requests
-    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8
-    assert row.hisparse_state_bytes_per_request == state == 4_260_156
+    resolver = 2048 * 4 + 2048 * 12 + 4 + 4 + 4
+    assert resolver == 32_780  # under 1 % of the rest
+    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8 + resolver
+    assert row.hisparse_state_bytes_per_request == state == 4_292_936
     assert row.hisparse_bytes_per_request == 78 * 1152 * 4097 + 78 * 132 * K128 + state
     # The slot state is sized by the context, not the batch: a short context holds less.
     short = _plan(contexts=(8192,), kv_budget_gib=40).contexts[0]
-    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8
+    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8 + resolver
     assert short.hisparse_state_bytes_per_request == short_state
     # 0.25 % of the request, yet here it costs one: 25 requests per GPU without it, 24 with it.
     assert 40 * 2**30 // (row.hisparse_bytes_per_request - state) == 25

@@ -17,7 +17,7 @@ from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
-from sglang_hisparse.state_bytes import hint_words, slot_state_bytes
+from sglang_hisparse.state_bytes import hint_words, resolver_bytes, slot_state_bytes
 
 L, R, B, P = 3, 5, 6, 70
 
@@ -71,6 +71,29 @@ def test_helper_matches_what_hisparse_core_builds(draft_tokens):
     helper = slot_state_bytes(num_layers=2, buffer_size=b, max_context=max_context,
                               window=max(1, draft_tokens))
     assert _state_bytes(core.state, b) + host.host_rows.nbytes == R * helper
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 1, 3])
+def test_resolver_bytes_match_the_resolvers_buffers(draft_tokens):
+    # out_rows, the miss plan and the batch ids per decode-batch row; with speculative decoding
+    # (even W = 1) the verify kernel's out_verify and plan at W*k columns too (CPU: no counters)
+    k, b, max_batch = 4, 16, 3
+    alloc = DualSpaceAllocator(64, host_to_device_ratio=2)
+    pool = DeviceKVPool(num_layers=2, item_bytes=16, allocator=alloc)
+    host = _host(max_context=40, num_layers=2)
+    core = HiSparseCore(top_k=k, buffer_size=b, num_reqs=R, allocator=alloc, host=host,
+                        device_kv=pool.kv, host_kv=host.kv, device="cpu", max_batch=max_batch,
+                        log_interval_s=0, num_draft_tokens=draft_tokens)
+    res = core.resolver
+    plans = [res.plan, res.plan_verify] if draft_tokens else [res.plan]
+    held = [res.out_rows, res._batch_ids] + [t for p in plans for t in (p.src, p.dst, p.count)]
+    if draft_tokens:
+        held.append(res.out_verify)
+    assert sum(t.nbytes for t in held) == max_batch * resolver_bytes(
+        top_k=k, num_draft_tokens=draft_tokens, cuda=False)
+    # on CUDA each kernel kind adds one int32 arrival counter per batch row
+    assert resolver_bytes(top_k=k, num_draft_tokens=draft_tokens) - resolver_bytes(
+        top_k=k, num_draft_tokens=draft_tokens, cuda=False) == (8 if draft_tokens else 4)
 
 
 def test_the_planner_imports_the_helper_without_torch():
