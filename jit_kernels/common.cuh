@@ -289,6 +289,22 @@ inline int64_t check_hot_state(const TensorView& num_real, const TensorView& slo
   return R;
 }
 
+// Shared-memory limits of device `dev`: per block with the opt-in attribute, and per SM. Read
+// once per device (a host query, so launchers may call it while a graph is being captured).
+struct SmemLimits {
+  int optin = 0, per_sm = 0;
+};
+inline SmemLimits smem_limits(int dev) {
+  static SmemLimits known[64];
+  SmemLimits l = dev >= 0 && dev < 64 ? known[dev] : SmemLimits{};
+  if (l.optin == 0) {
+    HS_CUDA(cudaDeviceGetAttribute(&l.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    HS_CUDA(cudaDeviceGetAttribute(&l.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    if (dev >= 0 && dev < 64) known[dev] = l;
+  }
+  return l;
+}
+
 template <typename Kernel>
 inline void set_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024) {

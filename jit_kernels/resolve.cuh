@@ -57,7 +57,7 @@ struct Layout {
   static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords)), bytes = scan + 4 * 40;
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
-  static constexpr size_t total(size_t words) { return bytes + a16(4 * words) + a16(2 * words); }
+  static constexpr size_t total(size_t words) { return bytes + bitmap_bytes(words) + a16(2 * words); }
   // Early-fetch staging after that (only with a resident hint): the staging index of each
   // top-k entry (int16), then per staged row its device row (int32, -1 while unclaimed), then
   // the rows' bytes.
@@ -601,25 +601,21 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
              "resident must be int32 [R=" << R << ", " << words << "] (one bit per host_rows column)");
   }
   const size_t base = L::total(static_cast<size_t>(words));
-  static int smem_optin[64] = {0}, smem_sm[64] = {0};
-  if (dev < 64 && smem_optin[dev] == 0) {
-    HS_CUDA(cudaDeviceGetAttribute(&smem_optin[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    HS_CUDA(cudaDeviceGetAttribute(&smem_sm[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  }
+  const SmemLimits lim = smem_limits(dev);
   // Early-fetch rows: as many as fit (at most stage_rows) in what a CTA may take: all its SM
   // offers at 1024 threads (one CTA per SM anyway), half an SM below (two CTAs per SM stay).
   int cap = 0;
-  if (hint && stage_rows > 0 && block >= 64 && dev < 64) {
-    const size_t budget = block > 512 ? static_cast<size_t>(smem_optin[dev])
-                                      : std::min<size_t>(smem_optin[dev], smem_sm[dev] / 2 - 1024);
+  if (hint && stage_rows > 0 && block >= 64) {
+    const size_t budget = block > 512 ? static_cast<size_t>(lim.optin)
+                                      : std::min<size_t>(lim.optin, lim.per_sm / 2 - 1024);
     cap = static_cast<int>(std::min<int64_t>(stage_rows, K));
     while (cap > 0 && base + L::stage_bytes(cap, ITEM) > budget) --cap;
   }
   const size_t smem = base + L::stage_bytes(cap, ITEM);
-  HS_CHECK(dev >= 64 || base <= static_cast<size_t>(smem_optin[dev]),
+  HS_CHECK(base <= static_cast<size_t>(lim.optin),
            "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
            << " positions needs " << base << " B of shared memory per CTA; this GPU allows "
-           << smem_optin[dev] << " B. Lower the pool's max_context (host_rows columns) or "
+           << lim.optin << " B. Lower the pool's max_context (host_rows columns) or "
            "device_buffer_size (see sglang_hisparse/kernel_limits.py)");
   if (bs == 0) return;
 

@@ -202,8 +202,7 @@ void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cuda
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
   static bool smem_set = false;  // once per instantiation (a host attribute, capture-safe)
   if (!smem_set) {
-    int optin = 0;
-    HS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const int optin = smem_limits(dev).optin;
     HS_CHECK(bytes <= static_cast<size_t>(optin),
              "resolve_verify needs " << bytes << " B of shared memory per CTA for k=" << K
              << " B=" << B << " W=" << W << " (about 8*pow2(2*W*k) + 6*W*k + 3*B), but this "
