@@ -77,6 +77,24 @@ class Mismatch(AssertionError):
     """Attention output of the HiSparse path differs from the all-resident oracle."""
 
 
+def capture_inert(core: HiSparseCore, layers) -> torch.cuda.CUDAGraph:
+    """``layers()`` (one decode step's swap-ins) warmed up on a side stream, then captured.
+
+    Both run with ``core.num_real_reqs`` = 0, so every launch is inert: a warm-up that resolved
+    would mutate the hot state for a step the engine never takes. Set ``num_real_reqs`` to the
+    real batch before each ``replay()``."""
+    core.num_real_reqs.fill_(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layers()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    return graph
+
+
 class DecodeEngine:
     """See the module docstring. ``prefetch``/``skip_io`` are passed to the core (None: env)."""
 

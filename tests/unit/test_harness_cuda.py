@@ -13,7 +13,13 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (kernels, pinned host pool, streams)")
 
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, Mismatch, ToyRequest  # noqa: E402
+from sglang_hisparse.testing.engine import (  # noqa: E402
+    DecodeEngine,
+    EngineSizes,
+    Mismatch,
+    ToyRequest,
+    capture_inert,
+)
 from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario  # noqa: E402
 from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
 
@@ -81,17 +87,7 @@ def _graph_steps(engine: DecodeEngine, model: ToyModel) -> None:
         for layer in range(L):
             out_s[layer].copy_(core.swap_in(req_s, seq_s, topk_s[model.anchor_of(layer)], layer))
 
-    # Warm-up would resolve (and mutate state) for a step the engine never takes, so capture
-    # with every row padded: num_real_reqs = 0 makes each launch inert.
-    core.num_real_reqs.fill_(0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layers()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
+    graph = capture_inert(core, layers)
 
     checked = 0
     for _ in range(12):

@@ -14,7 +14,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (verify kernel, pinned host pool, streams)")
 
-from sglang_hisparse.testing.engine import EngineSizes, Mismatch, ToyRequest  # noqa: E402
+from sglang_hisparse.testing.engine import EngineSizes, Mismatch, ToyRequest, capture_inert  # noqa: E402
 from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario  # noqa: E402
 from sglang_hisparse.testing.spec_engine import SpecDecodeEngine  # noqa: E402
 from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
@@ -81,15 +81,7 @@ def _graph_rounds(engine: SpecDecodeEngine, model: ToyModel, W: int) -> None:
         for layer in range(L):  # dsa_backend views the result [bs*W, k]
             out_s[layer].copy_(core.swap_in(req_s, lens_s, topk_s[model.anchor_of(layer)], layer))
 
-    core.num_real_reqs.fill_(0)  # capture with every request padded: each launch is inert
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layers()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
+    graph = capture_inert(core, layers)
 
     rng, checked = random.Random(5), 0
     for rnd in range(10):
