@@ -10,7 +10,7 @@ Per TP rank (every figure below is per GPU unless it says "node"):
     HiSparse     per request = L * I * min(n, B + 1)  +  L_idx * X * n  +  S
                  (the indexer scores every position each step, so index-K stays on the GPU in full;
                   B hot slots plus the reserved newest-token slot per layer)
-    slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8  +  k*16 + 16
+    slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8  +  k*16 + 12
                  (slot tokens, LRU and resident hint per layer; slot rows and host_rows shared;
                   ``state_bytes.slot_state_bytes`` with P = n, no speculative decoding; then the
                   resolver's out_rows, miss plan and counters per batch row, ``resolver_bytes``)
