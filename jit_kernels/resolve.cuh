@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
   uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
   if (early) {
-    for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // slots no warp fills
+    for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
     if (tid >= 32) {
       const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
       const int q = (a.stage_cap + holders - 1) / holders, slot0 = ((tid >> 5) - 1) * q;
@@ -266,7 +266,6 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         const unsigned cand = __ballot_sync(kFull, src >= 0);
         const int rank = taken + __popc(cand & lanemask_lt());
         const int j = src >= 0 && rank < quota ? slot0 + rank : -1;
-        if (j >= 0) sdst[j] = -1;
         if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
         int t = taken;
         for (unsigned left = cand; left && t < quota; left &= left - 1, ++t) {
