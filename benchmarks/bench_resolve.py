@@ -4,7 +4,8 @@ Trace with controlled churn c per request: the selection S_t keeps k-1 positions
 newest token; each step replaces round(c*k) of them with positions never resident before, so
 every step has exactly that many misses (the kept positions were selected last step: hits).
 Each measurement is a CUDA graph of ``--steps`` back-to-back launches (state restored between
-replays, outside the timed region), median of ``--reps`` replays, divided by the steps.
+replays, outside the timed region), median of ``--reps`` replays, divided by the steps
+(``--interleave``: the config's graphs replayed in rotating rounds instead; see time_graphs).
 
 Per config: resolve µs (COPY), no-IO µs (bookkeeping only), IO GB/s (miss bytes / COPY time),
 and in the same run the ceiling: a plain scattered gather (one warp per row, full grid) of the
@@ -125,36 +126,83 @@ def sm_clock_mhz() -> int | None:
 
 
 WARM = True
+#: replay the graphs of a config in interleaved rounds (--interleave); see time_graphs
+INTERLEAVE = False
 #: also time each config without the resident hint (--no-hint-too): the early fetch's effect
 NO_HINT = False
 
 
-def time_graph(fn, restore, steps, reps):
-    """Median µs per step of a graph of ``steps`` calls of fn(t)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+class GraphTimer:
+    """A CUDA graph of ``steps`` calls of fn(t), captured once (after an eager warm-up that
+    builds the kernels and their workspace); each call restores the state, warms the clocks and
+    times one replay: µs per step."""
+
+    def __init__(self, fn, restore, steps):
+        self.restore, self.steps = restore, steps
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            restore()
+            for t in range(steps):
+                fn(t)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
         restore()
-        for t in range(steps):
-            fn(t)  # warm-up (eager): builds, workspace
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    restore()
-    with torch.cuda.graph(g):
-        for t in range(steps):
-            fn(t)
-    times = []
-    for _ in range(reps):
-        restore()
+        with torch.cuda.graph(self.graph):
+            for t in range(steps):
+                fn(t)
+
+    def __call__(self) -> float:
+        self.restore()
         if WARM:
             spin()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        self.graph.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / steps)
-    return statistics.median(times)
+        return a.elapsed_time(b) * 1000 / self.steps
+
+
+def time_graph(fn, restore, steps, reps):
+    """Median µs per step of a graph of ``steps`` calls of fn(t)."""
+    timer = GraphTimer(fn, restore, steps)
+    return statistics.median(timer() for _ in range(reps))
+
+
+def time_graphs(graphs: dict, reps: int) -> dict[str, list[float]]:
+    """µs per step of each graph, ``reps`` replays each; ``graphs`` maps a name to a function
+    that captures it (a GraphTimer). Sequential (the default): each graph is captured, warmed up
+    and replayed ``reps`` times before the next is captured. With INTERLEAVE: all are captured
+    first, then ``reps`` rounds replay each once, the order rotated every round.
+
+    NOTE (H200, results/resolve_timing_order_h200.json): the two orders do not agree. Interleaved,
+    the resolve kernel and the plain gather both took up to ~35 % longer than sequential on the
+    same trace, while the lookup gather (replayed right after the plain one, the same rows in
+    the same order) did not; host-read speed depends on which rows the previous graph read.
+    Sequential timing gives every graph the same history (itself), so it stays the default.
+    """
+    names = list(graphs)
+    if not INTERLEAVE:
+        out = {}
+        for n in names:
+            timer = graphs[n]()
+            out[n] = [timer() for _ in range(reps)]
+        return out
+    timers = {n: make() for n, make in graphs.items()}
+    out = {n: [] for n in names}
+    for i in range(reps):
+        for j in range(len(names)):
+            n = names[(i + j) % len(names)]
+            out[n].append(timers[n]())
+    return out
+
+
+def paired(num: list[float], den: list[float]) -> dict:
+    """Median and quartiles of the per-round ratios num_i / den_i (min and max below 4 rounds)."""
+    r = sorted(a / b for a, b in zip(num, den, strict=True))
+    q = statistics.quantiles(r, n=4) if len(r) >= 4 else [r[0], r[-1]]
+    return dict(median=round(statistics.median(r), 3), q=[round(q[0], 3), round(q[-1], 3)])
 
 
 def plan_rows(plan: MissPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,33 +264,45 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     rows_per_step = sum(tr["misses"])
     gbytes = rows_per_step * item / 1e9
 
-    us = time_graph(lambda t: resolve(t + 1), restore, steps, reps)
-    noio = time_graph(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps, reps)
-    us_nh = time_graph(lambda t: resolve(t + 1, hint=False), restore, steps, reps) if NO_HINT else None
     gmod = _jit.gather_module(item)
-    ceil_us = time_graph(lambda t: gmod.gather(flat[t][0], flat[t][1], host, dev_cache),
-                         lambda: None, steps, reps)
     table = tr["host_rows"].reshape(-1)
     keys = [lookup_keys(table, f[0]) for f in flat]
-    lookup_us = time_graph(
-        lambda t: gmod.gather_lookup(keys[t], flat[t][1], table, host, dev_cache),
-        lambda: None, steps, reps)
-    rep_us = time_graph(lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
-                                             device_cache=dev_cache, ctas=8),
-                        lambda: None, steps, reps)
+    graphs = dict(
+        resolve=lambda: GraphTimer(lambda t: resolve(t + 1), restore, steps),
+        noio=lambda: GraphTimer(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps))
+    if NO_HINT:
+        graphs["nohint"] = lambda: GraphTimer(lambda t: resolve(t + 1, hint=False), restore, steps)
+    if rows_per_step:
+        graphs.update(
+            ceiling=lambda: GraphTimer(
+                lambda t: gmod.gather(flat[t][0], flat[t][1], host, dev_cache), lambda: None, steps),
+            lookup=lambda: GraphTimer(
+                lambda t: gmod.gather_lookup(keys[t], flat[t][1], table, host, dev_cache),
+                lambda: None, steps),
+            replay8=lambda: GraphTimer(
+                lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
+                                     device_cache=dev_cache, ctas=8), lambda: None, steps))
+    samples = time_graphs(graphs, reps)
+    med = {n: statistics.median(v) for n, v in samples.items()}
+    us, noio, us_nh = med["resolve"], med["noio"], med.get("nohint")
     ctas_used = ctas or ops.default_ctas_per_request(bs, torch.device(DEV))
     rec = dict(bs=bs, k=k, B=B, item=item, ctx=ctx, churn=round(statistics.mean(churns), 4),
                uneven=len(set(churns)) > 1, host_layout=layout,
                block=block or ops.auto_block_size(bs, ctas_used, torch.device(DEV)),
                ctas=ctas_used,
                misses_per_step=rows_per_step, resolve_us=round(us, 2), noio_us=round(noio, 2),
-               sm_mhz=sm_clock_mhz())
+               sm_mhz=sm_clock_mhz(), timing="interleaved" if INTERLEAVE else "sequential")
+    if INTERLEAVE:
+        rec["rounds_us"] = {n: [round(x, 2) for x in v] for n, v in samples.items()}
     if us_nh is not None:
         rec.update(nohint_us=round(us_nh, 2))
     if rows_per_step:
+        ceil_us, lookup_us, rep_us = med["ceiling"], med["lookup"], med["replay8"]
         rec.update(io_gbps=round(gbytes / (us * 1e-6), 2), ceiling_us=round(ceil_us, 2),
                    ceiling_gbps=round(gbytes / (ceil_us * 1e-6), 2),
                    io_ratio=round(ceil_us / us, 3),
+                   **(dict(io_ratio_paired=paired(samples["ceiling"], samples["resolve"]))
+                      if INTERLEAVE else {}),
                    lookup_ceiling_us=round(lookup_us, 2),
                    lookup_io_ratio=round(lookup_us / us, 3),
                    **({} if us_nh is None else dict(nohint_io_ratio=round(ceil_us / us_nh, 3))),
@@ -265,14 +325,21 @@ def replay_small(pool, *, bs, per_req, item, steps, reps):
     nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
     src, dst = plan.src[:, :per_req].reshape(-1), plan.dst[:, :per_req].reshape(-1)
     gather = _jit.gather_module(item).gather
-    ceil_us = time_graph(lambda t: gather(src, dst, host, dev_cache), lambda: None, steps, reps)
+    graphs = dict(ceiling=lambda: GraphTimer(lambda t: gather(src, dst, host, dev_cache),
+                                             lambda: None, steps))
+    for ctas in (1, 2, 4, 8):
+        graphs[f"ctas{ctas}"] = lambda c=ctas: GraphTimer(
+            lambda t: ops.replay(plan=plan, num_real_reqs=nr, host_cache=host,
+                                 device_cache=dev_cache, ctas=c), lambda: None, steps)
+    samples = time_graphs(graphs, reps)
+    ceil_us = statistics.median(samples["ceiling"])
     rec = dict(kind="replay", bs=bs, per_req=per_req, item=item, ceiling_us=round(ceil_us, 2))
     for ctas in (1, 2, 4, 8):
-        us = time_graph(lambda t, c=ctas: ops.replay(plan=plan, num_real_reqs=nr, host_cache=host,
-                                                    device_cache=dev_cache, ctas=c),
-                        lambda: None, steps, reps)
+        us = statistics.median(samples[f"ctas{ctas}"])
         rec[f"ctas{ctas}_us"] = round(us, 2)
         rec[f"ctas{ctas}_ratio"] = round(ceil_us / us, 3)
+    if INTERLEAVE:
+        rec["ctas8_ratio_paired"] = paired(samples["ceiling"], samples["ctas8"])["median"]
     return rec
 
 
@@ -328,7 +395,13 @@ def main(argv=None) -> int:
                     help="only the issue's target configs: k 2048, B 4096, 32K context, both row "
                          "sizes, batch 1/16/64 at 0/5/15 %% churn, the uneven traces, the replays")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="replays (rounds) per graph")
+    ap.add_argument("--interleave", action="store_true",
+                    help="replay a config's graphs in interleaved rounds, not one after another "
+                         "(records each round and the per-round ratios; see time_graphs)")
+    ap.add_argument("--batches", default=None,
+                    help="only the trace configs of these batch sizes (comma-separated, e.g. 16): "
+                         "no uneven traces, replays or sweeps")
     ap.add_argument("--block", type=int, default=None,
                     help="threads per CTA (default: the op's auto choice, as in serving)")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="pinned host pool size")
@@ -339,9 +412,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="eager calls only, for ncu: -k regex:resolve_kernel")
     args = ap.parse_args(argv)
-    global WARM, NO_HINT
+    global WARM, NO_HINT, INTERLEAVE
     WARM = not args.cold
     NO_HINT = args.no_hint_too
+    INTERLEAVE = args.interleave
     from sglang_hisparse.kernels.__main__ import precompile
 
     precompile([(2048, B, i) for B in (2048, 4096) for i in (656, 1152)], [640, 656, 704, 1152],
@@ -367,6 +441,9 @@ def main(argv=None) -> int:
     if args.targets:
         grid = [(4096, item, 32768, bs, c) for item in (656, 1152) for bs in (1, 16, 64)
                 for c in (0.0, 0.05, 0.15)]
+    only = {int(x) for x in args.batches.split(",")} if args.batches else None
+    if only:  # just these trace configs: no uneven traces, replays or sweeps
+        grid = [g for g in grid if g[3] in only]
     for B, item, ctx, bs, c in grid:
         add(dict(kind="trace", **bench_config(pool, bs=bs, k=k, B=B, item=item, ctx=ctx,
                                               churns=[c] * bs, steps=S, reps=R, block=blk,
@@ -377,7 +454,7 @@ def main(argv=None) -> int:
                            steps=S, reps=R, block=blk, ctas=None)
         WARM = not args.cold
         add(dict(kind="cold_clock", **rec))
-    for bs, item in ((16, 1152), (24, 656)):
+    for bs, item in () if only else ((16, 1152), (24, 656)):
         for ctas, layout in ((None, "uniform"), (1, "uniform"), (None, "paged"), (1, "paged")):
             add(dict(kind="uneven", **bench_config(
                 pool, bs=bs, k=k, B=4096, item=item, ctx=32768, churns=uneven_churns(bs, 0.15, bs),
@@ -398,16 +475,16 @@ def main(argv=None) -> int:
     sweep += [(64, 4, 256), (64, 4, 1024), (16, 16, 1024)]
     if args.quick:
         sweep = [(1, c, 512) for c in (8, 32)]
-    if args.targets:
+    if args.targets or only:
         sweep = []
     for bs, ctas, b in sweep:
         add(dict(kind="ctas_sweep", **bench_config(pool, bs=bs, k=k, B=4096, item=1152, ctx=32768,
                                                    churns=[0.15] * bs, steps=S, reps=R, block=b,
                                                    ctas=ctas)))
-    for bs, per_req in ((100, 2), (16, 307)):
+    for bs, per_req in () if only else ((100, 2), (16, 307)):
         for item in (656, 1152):
             add(replay_small(pool, bs=bs, per_req=per_req, item=item, steps=S, reps=R))
-    for item in () if args.targets else (640, 656, 704, 1152):
+    for item in () if args.targets or only else (640, 656, 704, 1152):
         for gib in (0.25, args.pool_gib):
             add(ceiling_probe(pool, item=item, gib=gib, rows=4912, steps=S, reps=R))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -6,7 +6,8 @@ entries, and rows j >= 1 swap ``spread*k`` of those for row-specific fresh posit
 step replaces ``churn*k`` entries of L_t with positions never resident before, so every step's
 union misses exactly ``churn*k + (W-1)*spread*k`` rows (everything else was selected the step
 before: hits). Each measurement is a CUDA graph of ``--steps`` back-to-back launches (state
-restored between replays, outside the timed region), median of ``--reps`` replays / steps.
+restored between replays, outside the timed region), median of ``--reps`` replays / steps
+(bench_resolve.time_graphs, which also spins the GPU up before each replay).
 
 Per config: verify µs (COPY), no-IO µs (bookkeeping only), IO GB/s (union miss bytes / COPY
 time) and, in the same run, the ceiling: a plain scattered gather (one warp per row, full grid)
@@ -31,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
 from sglang_hisparse.kernels.verify_ops import resolve_verify  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_resolve import GraphTimer, time_graphs  # noqa: E402
 
 DEV = "cuda"
 
@@ -73,32 +77,6 @@ def make_trace(*, bs, W, k, B, ctx, churn, spread, steps, host_rows_total, seed)
                 misses=bs * (m_core + (W - 1) * m_row))
 
 
-def time_graph(fn, restore, steps, reps):
-    """Median µs per call of a CUDA graph of ``steps`` calls ``fn(t)``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        restore()
-        for t in range(steps):
-            fn(t)  # eager warm-up: builds, smem attributes, workspace
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    restore()
-    with torch.cuda.graph(graph):
-        for t in range(steps):
-            fn(t)
-    times = []
-    for _ in range(reps):
-        restore()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / steps)
-    return statistics.median(times)
-
-
 def bench_config(host_pool, *, bs, W, k, B, item, ctx, churn, spread, steps, reps, block, ctas):
     n = host_pool.numel() // item
     host = host_pool[: n * item].view(n, item)
@@ -136,15 +114,20 @@ def bench_config(host_pool, *, bs, W, k, B, item, ctx, churn, spread, steps, rep
         flat.append((p.src[mask].contiguous(), p.dst[mask].contiguous()))
     gbytes = tr["misses"] * item / 1e9
 
-    us = time_graph(lambda t: verify(t + 1), restore, steps, reps)
-    noio = time_graph(lambda t: verify(t + 1, mode=ResolveMode.NO_IO), restore, steps, reps)
     gather = _jit.gather_module(item).gather
-    ceil_us = time_graph(lambda t: gather(flat[t][0], flat[t][1], host, dev_cache),
-                         lambda: None, steps, reps)
+    graphs = dict(verify=lambda: GraphTimer(lambda t: verify(t + 1), restore, steps),
+                  noio=lambda: GraphTimer(lambda t: verify(t + 1, mode=ResolveMode.NO_IO),
+                                          restore, steps))
+    if tr["misses"]:
+        graphs["ceiling"] = lambda: GraphTimer(
+            lambda t: gather(flat[t][0], flat[t][1], host, dev_cache), lambda: None, steps)
+    samples = time_graphs(graphs, reps)
+    us, noio = statistics.median(samples["verify"]), statistics.median(samples["noio"])
     rec = dict(bs=bs, n=W - 1, W=W, k=k, B=B, item=item, ctx=ctx, churn=churn, spread=spread,
                block=block, ctas=ctas or "auto", union_misses_per_step=tr["misses"],
                verify_us=round(us, 2), noio_us=round(noio, 2))
     if tr["misses"]:
+        ceil_us = statistics.median(samples["ceiling"])
         rec.update(io_gbps=round(gbytes / (us * 1e-6), 2), ceiling_us=round(ceil_us, 2),
                    ceiling_gbps=round(gbytes / (ceil_us * 1e-6), 2),
                    io_ratio=round(ceil_us / us, 3))

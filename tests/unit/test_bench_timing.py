@@ -1,0 +1,67 @@
+"""The kernel benchmarks' replay order (benchmarks/bench_resolve.py:time_graphs): sequential by
+default, or every graph once per round with the order rotated each round, and the per-round
+ratios. Plain callables stand in for the CUDA graphs; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("bench_resolve")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _graphs(log):
+    """Stand-ins for GraphTimer factories: capturing and each replay are logged."""
+    values = iter(range(100))
+
+    def factory(name):
+        def make():
+            log.append(f"capture {name}")
+
+            def replay():
+                log.append(name)
+                return float(next(values))
+            return replay
+        return make
+
+    return {n: factory(n) for n in "abc"}
+
+
+def test_sequential_captures_and_replays_one_graph_at_a_time(bench, monkeypatch):
+    monkeypatch.setattr(bench, "INTERLEAVE", False)
+    log: list[str] = []
+    samples = bench.time_graphs(_graphs(log), reps=2)
+    assert log == ["capture a", "a", "a", "capture b", "b", "b", "capture c", "c", "c"]
+    assert samples == {"a": [0.0, 1.0], "b": [2.0, 3.0], "c": [4.0, 5.0]}
+
+
+def test_interleaved_rounds_rotate_the_order(bench, monkeypatch):
+    monkeypatch.setattr(bench, "INTERLEAVE", True)
+    log: list[str] = []
+    samples = bench.time_graphs(_graphs(log), reps=3)
+    assert log[:3] == ["capture a", "capture b", "capture c"]
+    assert log[3:] == list("abc" "bca" "cab")  # no graph is always first (or last) in its round
+    assert samples == {"a": [0.0, 5.0, 7.0], "b": [1.0, 3.0, 8.0], "c": [2.0, 4.0, 6.0]}
+
+
+def test_paired_ratios_are_per_round(bench):
+    # Drift that moves both alike leaves the paired ratio exact, whatever the medians say.
+    resolve = [10.0, 20.0, 30.0, 40.0, 50.0]
+    ceiling = [9.0, 18.0, 27.0, 36.0, 45.0]
+    assert bench.paired(ceiling, resolve) == {"median": 0.9, "q": [0.9, 0.9]}
+    assert bench.paired([1.0, 3.0], [2.0, 2.0]) == {"median": 1.0, "q": [0.5, 1.5]}
+    with pytest.raises(ValueError):
+        bench.paired([1.0], [1.0, 2.0])  # rounds must pair up
