@@ -6,7 +6,9 @@ machines the fixtures pretend to be an H200 (sm_90) so the real validation path 
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,18 @@ LLAMA_CONFIG = {
     "torch_dtype": "bfloat16",
     "rms_norm_eps": 1e-6,
 }
+
+
+@pytest.fixture(scope="session")
+def import_benchmark():
+    """Import a script from ``benchmarks/`` by module name (they are scripts, not a package):
+    ``benchmarks/`` is on ``sys.path`` from the first test that asks until the session ends."""
+    path = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, path)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(path)
 
 
 def write_model(root: Path, config: dict) -> Path:

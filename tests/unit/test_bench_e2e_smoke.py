@@ -8,24 +8,15 @@ No timing is asserted.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("bench_e2e")
-    finally:
-        sys.path.remove(str(BENCH))
+def bench(import_benchmark):
+    return import_benchmark("bench_e2e")
 
 
 @pytest.fixture(scope="module")

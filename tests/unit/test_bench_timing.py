@@ -5,22 +5,12 @@ ratios. Plain callables stand in for the CUDA graphs; no timing is asserted.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("bench_resolve")
-    finally:
-        sys.path.remove(str(BENCH))
+def bench(import_benchmark):
+    return import_benchmark("bench_resolve")
 
 
 def _graphs(log):
