@@ -1,0 +1,90 @@
+"""Host-read rate against the host reads each SM keeps in flight (GPU, JSON out).
+
+The same random rows per step (batch x 5 % of k = 2048, uniform over the 4 GiB pinned pool) are
+copied by the plain gather (one warp per row, full grid: ~12 rows in flight per SM at batch 16)
+and by the replay kernel on G CTAs of T threads, each thread keeping ``kUnroll`` (4) 16-byte
+loads in flight: about G * T * 4 / (SMs * item / 16) rows per SM. If the rate falls when an SM
+holds many rows at once, a kernel that issues every miss early (v9, v12) should lose to one
+that feeds the link a few rows per SM at a time (benchmarks/RESOLVE.md).
+
+    python benchmarks/probe_inflight.py --out inflight.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_resolve import DEV, Pool, plan_rows, time_graph  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_hisparse.kernels import _jit, ops  # noqa: E402
+from sglang_hisparse.kernels.contract import MissPlan  # noqa: E402
+
+
+def random_plans(bs, per_req, rows_total, dev_rows, steps, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    plans = []
+    for _ in range(steps):
+        p = MissPlan.empty(bs, 2048, DEV)
+        p.src[:, :per_req] = torch.randint(0, rows_total, (bs, per_req), generator=g, device=DEV)
+        p.dst[:, :per_req] = torch.randperm(dev_rows, generator=g, device=DEV)[
+            : bs * per_req].view(bs, per_req).int()
+        p.count.fill_(per_req)
+        plans.append(p)
+    return plans
+
+
+def probe_config(host, item, bs, sms, steps, reps):
+    """The gather and the replay grids on one config's plans: one record each."""
+    per_req = round(0.05 * 2048)
+    rows = bs * per_req
+    dev_cache = torch.empty(2 * rows, item, dtype=torch.uint8, device=DEV)
+    plans = random_plans(bs, per_req, host.shape[0], 2 * rows, steps, seed=bs)
+    flat = [plan_rows(p) for p in plans]
+    nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
+    gather = _jit.gather_module(item).gather
+    us = time_graph(lambda t: gather(flat[t][0], flat[t][1], host, dev_cache), lambda: None,
+                    steps, reps)
+    recs = [dict(kernel="gather", item=item, bs=bs, rows=rows, us=round(us, 2),
+                 rows_per_sm_in_flight=round(rows / sms, 1))]
+    for ctas in (8, 33, 66, 132, 264):
+        for block in (128, 512):
+            us = time_graph(
+                lambda t, c=ctas, b=block: ops.replay(
+                    plan=plans[t], num_real_reqs=nr, host_cache=host, device_cache=dev_cache,
+                    ctas=c, block_size=b),
+                lambda: None, steps, reps)
+            in_flight = min(rows, ctas * block * 4 * 16 / item) / min(ctas, sms)
+            recs.append(dict(kernel="replay", item=item, bs=bs, rows=rows, ctas=ctas, block=block,
+                             us=round(us, 2), rows_per_sm_in_flight=round(in_flight, 1)))
+    return recs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="probe_inflight.json")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    pool, sms = Pool(4.0), torch.cuda.get_device_properties(0).multi_processor_count
+    recs = []
+    for item in (656, 1152):
+        for bs in (16, 64):
+            for rec in probe_config(pool.rows(item), item, bs, sms, args.steps, args.reps):
+                recs.append(rec)
+                print(json.dumps(rec), flush=True)
+    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                              records=recs), indent=1))
+    print(f"wrote {args.out} ({len(recs)} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
