@@ -179,7 +179,8 @@ def time_graphs(graphs: dict, reps: int) -> dict[str, list[float]]:
     NOTE (H200, results/resolve_timing_order_h200.json): the two orders do not agree. Interleaved,
     the resolve kernel and the plain gather both took up to ~35 % longer than sequential on the
     same trace, while the lookup gather (replayed right after the plain one, the same rows in
-    the same order) did not; host-read speed depends on which rows the previous graph read.
+    the same order) did not: host-read speed depends on which graph read host memory before
+    (every graph reads the same rows; the order and shape of the reads differ).
     Sequential timing gives every graph the same history (itself), so it stays the default.
     """
     names = list(graphs)
@@ -264,15 +265,15 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     rows_per_step = sum(tr["misses"])
     gbytes = rows_per_step * item / 1e9
 
-    gmod = _jit.gather_module(item)
-    table = tr["host_rows"].reshape(-1)
-    keys = [lookup_keys(table, f[0]) for f in flat]
     graphs = dict(
         resolve=lambda: GraphTimer(lambda t: resolve(t + 1), restore, steps),
         noio=lambda: GraphTimer(lambda t: resolve(t + 1, mode=ResolveMode.NO_IO), restore, steps))
     if NO_HINT:
         graphs["nohint"] = lambda: GraphTimer(lambda t: resolve(t + 1, hint=False), restore, steps)
     if rows_per_step:
+        gmod = _jit.gather_module(item)
+        table = tr["host_rows"].reshape(-1)
+        keys = [lookup_keys(table, f[0]) for f in flat]
         graphs.update(
             ceiling=lambda: GraphTimer(
                 lambda t: gmod.gather(flat[t][0], flat[t][1], host, dev_cache), lambda: None, steps),
@@ -312,16 +313,26 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     return rec
 
 
+def random_plans(bs, per_req, rows_total, dev_rows, steps, seed):
+    """``steps`` miss plans of ``per_req`` copies per batch row: host rows drawn uniformly from
+    ``rows_total``, distinct device rows from ``dev_rows`` (plan width 2048)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    plans = []
+    for _ in range(steps):
+        p = MissPlan.empty(bs, 2048, DEV)
+        p.src[:, :per_req] = torch.randint(0, rows_total, (bs, per_req), generator=g, device=DEV)
+        p.dst[:, :per_req] = torch.randperm(dev_rows, generator=g, device=DEV)[
+            : bs * per_req].view(bs, per_req).int()
+        p.count.fill_(per_req)
+        plans.append(p)
+    return plans
+
+
 def replay_small(pool, *, bs, per_req, item, steps, reps):
     """Replay of bs x per_req random rows with <= 8 CTAs vs the full-grid gather ceiling."""
     host = pool.rows(item)
-    g = torch.Generator(device=DEV).manual_seed(1)
     dev_cache = torch.empty(bs * per_req * 4, item, dtype=torch.uint8, device=DEV)
-    plan = MissPlan.empty(bs, 2048, DEV)
-    plan.src[:, :per_req] = torch.randint(0, host.shape[0], (bs, per_req), generator=g, device=DEV)
-    plan.dst[:, :per_req] = torch.randperm(dev_cache.shape[0], generator=g, device=DEV)[
-        : bs * per_req].view(bs, per_req).int()
-    plan.count.fill_(per_req)
+    (plan,) = random_plans(bs, per_req, host.shape[0], dev_cache.shape[0], steps=1, seed=1)
     nr = torch.tensor([bs], dtype=torch.int32, device=DEV)
     src, dst = plan.src[:, :per_req].reshape(-1), plan.dst[:, :per_req].reshape(-1)
     gather = _jit.gather_module(item).gather

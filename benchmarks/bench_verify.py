@@ -34,7 +34,7 @@ from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
 from sglang_hisparse.kernels.verify_ops import resolve_verify  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import GraphTimer, time_graphs  # noqa: E402
+from bench_resolve import GraphTimer, plan_rows, time_graphs  # noqa: E402
 
 DEV = "cuda"
 
@@ -107,11 +107,7 @@ def bench_config(host_pool, *, bs, W, k, B, item, ctx, churn, spread, steps, rep
     counts = [int(p.count.sum()) for p in plans]
     if counts[0] != 0 or any(c != tr["misses"] for c in counts[1:]):
         raise RuntimeError(f"trace produced misses {counts}, planned {tr['misses']} per step")
-    cols = torch.arange(W * k, device=DEV)
-    flat = []
-    for p in plans[1:]:
-        mask = cols[None, :] < p.count[:, None]
-        flat.append((p.src[mask].contiguous(), p.dst[mask].contiguous()))
+    flat = [plan_rows(p) for p in plans[1:]]
     gbytes = tr["misses"] * item / 1e9
 
     gather = _jit.gather_module(item).gather

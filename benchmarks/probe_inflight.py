@@ -20,24 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, time_graph  # noqa: E402
+from bench_resolve import DEV, Pool, plan_rows, random_plans, time_graph  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
-from sglang_hisparse.kernels.contract import MissPlan  # noqa: E402
-
-
-def random_plans(bs, per_req, rows_total, dev_rows, steps, seed):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    plans = []
-    for _ in range(steps):
-        p = MissPlan.empty(bs, 2048, DEV)
-        p.src[:, :per_req] = torch.randint(0, rows_total, (bs, per_req), generator=g, device=DEV)
-        p.dst[:, :per_req] = torch.randperm(dev_rows, generator=g, device=DEV)[
-            : bs * per_req].view(bs, per_req).int()
-        p.count.fill_(per_req)
-        plans.append(p)
-    return plans
 
 
 def probe_config(host, item, bs, sms, steps, reps):
