@@ -4,7 +4,7 @@
 import pytest
 
 
-@pytest.mark.parametrize("name", ["probe_bulk_reads", "probe_inflight", "probe_resolve"])
+@pytest.mark.parametrize("name", ["probe_bulk_reads", "probe_gather_shape", "probe_inflight", "probe_resolve"])
 def test_probe_help(import_benchmark, name, capsys):
     mod = import_benchmark(name)
     with pytest.raises(SystemExit) as exc:

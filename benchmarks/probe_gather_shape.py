@@ -1,0 +1,167 @@
+"""What a kernel's launch shape, its dependent loads and a late start cost a host gather (GPU,
+JSON out).
+
+Resolve ends ~2.5 us after the same-run gather of the same rows at batch 16 @5 % (RESOLVE.md).
+This splits that gap: the same random rows (batch x 5 % of k = 2048 from the 4 GiB pinned pool)
+are copied one warp per row by one probe kernel in several shapes, each timed like the
+benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
+
+* ``grid``: ``gather`` = 256-thread CTAs of 8 rows (the ceiling's shape); ``resolve`` = one CTA
+  per request share as resolve launches it at that batch (8 CTAs per request at batch 16: 128
+  CTAs of 1024 threads, ~13 rows each), with ``smem_kb`` of dynamic shared memory reserved;
+* ``deps``: dependent global loads before each host read: 0 = the host row is given; 1 = looked
+  up in ``host_rows`` (as the lookup ceiling); 2 = one more load first (resolve: top-k entry,
+  then host row);
+* ``delay_cycles``: warps from ``late_warp`` on spin that many SM cycles before their first
+  load (0: every warp; a late start, or with 6 a second wave as v11 issues its direct rows).
+
+    python benchmarks/probe_gather_shape.py --out gather_shape.json
+
+NOTE: benchmark-only kernel (inline below, built through the package's cached tvm-ffi JIT).
+Results: benchmarks/RESOLVE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_resolve import DEV, Pool, plan_rows, random_plans, time_graph  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_hisparse.kernels import _jit  # noqa: E402
+
+_SOURCE = r'''
+#include "common.cuh"
+namespace probe {
+using namespace hisparse;
+using tvm::ffi::TensorView;
+
+// Row r's host row: src[r] (deps 0), table[key[r]] (1), table[key2[perm[r]]] (2).
+template <int ITEM>
+__global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, const int32_t* key,
+                                     const int32_t* perm, const int32_t* key2, const int32_t* dst,
+                                     int rows, int per_cta, int deps, long long delay, int late_warp,
+                                     const uint8_t* host, int64_t hs, uint8_t* dev, int64_t ds) {
+  constexpr int kP = ITEM / 16, kPerLane = (kP + 31) / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const int r0 = blockIdx.x * per_cta, r1 = min(rows, r0 + per_cta);
+  if (delay > 0 && warp >= late_warp) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < delay) {}
+  }
+  for (int r = r0 + warp; r < r1; r += nw) {
+    const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
+    const int4* s = reinterpret_cast<const int4*>(host + h * hs);
+    int4* d = reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[r]) * ds);
+    int4 v[kPerLane];
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) if (lane + 32 * u < kP) v[u] = __ldg(s + lane + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) if (lane + 32 * u < kP) d[lane + 32 * u] = v[u];
+  }
+}
+
+template <int ITEM>
+void shaped_gather(TensorView src, TensorView table, TensorView key, TensorView perm,
+                   TensorView key2, TensorView dst, TensorView host, TensorView dev, int ctas,
+                   int threads, int smem, int deps, int64_t delay, int late_warp) {
+  const int rows = static_cast<int>(src.size(0));
+  auto kernel = shaped_gather_kernel<ITEM>;
+  HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev.device().device_id));
+  kernel<<<ctas, threads, smem, stream>>>(
+      ptr<const int64_t>(src), ptr<const int64_t>(table), ptr<const int32_t>(key),
+      ptr<const int32_t>(perm), ptr<const int32_t>(key2), ptr<const int32_t>(dst), rows,
+      (rows + ctas - 1) / ctas, deps, delay, late_warp, ptr<const uint8_t>(host), host.stride(0),
+      ptr<uint8_t>(dev), dev.stride(0));
+  HS_CUDA(cudaGetLastError());
+}
+}  // namespace probe
+using tvm::ffi::TensorView;
+'''
+
+
+def module(item: int):
+    """The probe kernel for ``item``-byte rows: ``shaped_gather``."""
+    wrapper = _SOURCE + (
+        "void shaped_gather(TensorView s, TensorView t, TensorView k, TensorView p, TensorView k2, "
+        "TensorView d, TensorView h, TensorView v, int64_t ctas, int64_t threads, int64_t smem, "
+        f"int64_t deps, int64_t delay, int64_t late) {{ probe::shaped_gather<{item}>(s, t, k, p, k2, d, h, "
+        "v, (int)ctas, (int)threads, (int)smem, (int)deps, delay, (int)late); }\n")
+    return _jit._build(f"hisparse_probe_shape_i{item}", wrapper, ["shaped_gather"])
+
+
+# (grid, smem KiB, deps, delay cycles, first delayed warp); the plain gather before and after.
+# The last resolve shape is v11's schedule without its bookkeeping: 6 rows per CTA at once, the
+# rest ~10 us later.
+SHAPES = [("gather", 0, 0, 0, 0), ("gather", 0, 1, 0, 0), ("gather", 0, 2, 0, 0),
+          ("gather", 0, 0, 2000, 0), ("gather", 0, 0, 4000, 0), ("resolve", 0, 0, 0, 0),
+          ("resolve", 90, 0, 0, 0), ("resolve", 90, 2, 0, 0), ("resolve", 90, 2, 2000, 0),
+          ("resolve", 90, 2, 20000, 6), ("gather", 0, 0, 0, 0)]
+
+
+def shape_records(host, item, bs, steps, reps):
+    mod, plain = module(item), _jit.gather_module(item).gather
+    per_req = round(0.05 * 2048)
+    rows = bs * per_req
+    dev_cache = torch.empty(2 * rows, item, dtype=torch.uint8, device=DEV)
+    # host_rows table of a few requests' worth of positions; each row's key is its entry
+    table = torch.randint(0, host.shape[0], (max(bs * 32768, 2 * steps * bs * 103),), device=DEV)
+    keys = torch.randperm(table.numel(), device=DEV)[: steps * rows].int().view(steps, rows)
+    ins = []
+    for plan, key in zip(random_plans(bs, per_req, host.shape[0], 2 * rows, steps, seed=bs), keys, strict=True):
+        src, dst = plan_rows(plan)
+        table[key.long()] = src  # distinct keys per step: no step overwrites another's entries
+        perm = torch.randperm(rows, device=DEV).int()
+        key2 = torch.empty_like(key)
+        key2[perm.long()] = key
+        ins.append((src, key, perm, key2, dst))
+    for src, key, perm, key2, _ in ins:
+        assert torch.equal(table[key.long()], src) and torch.equal(table[key2[perm.long()].long()], src)
+    recs = []
+
+    def run(grid, smem_kb, deps, delay, late):
+        ctas, threads = (-(-rows // 8), 256) if grid == "gather" else (128, 1024)
+        fn = lambda t: mod.shaped_gather(  # noqa: E731
+            ins[t][0], table, ins[t][1], ins[t][2], ins[t][3], ins[t][4], host, dev_cache,
+            ctas, threads, smem_kb * 1024, deps, delay, late)
+        return time_graph(fn, lambda: None, steps, reps)
+
+    us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None, steps, reps)
+    recs.append(dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2)))
+    for grid, smem_kb, deps, delay, late in SHAPES:
+        recs.append(dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
+                         deps=deps, delay_cycles=delay, late_warp=late,
+                         us=round(run(grid, smem_kb, deps, delay, late), 2)))
+    us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None, steps, reps)
+    recs.append(dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2)))
+    return recs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="probe_gather_shape.json")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args(argv)
+    pool = Pool(4.0)
+    recs = []
+    for item in (656, 1152):
+        for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps):
+            recs.append(rec)
+            print(json.dumps(rec), flush=True)
+    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                              records=recs), indent=1))
+    print(f"wrote {args.out} ({len(recs)} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
