@@ -313,6 +313,23 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     return rec
 
 
+def probe_args(doc: str, out: str, reps: int, argv=None) -> argparse.Namespace:
+    """``--out``, ``--steps`` and ``--reps`` of the GPU probe scripts (probe_*.py)."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--steps", type=int, default=12, help="launches per timed graph")
+    ap.add_argument("--reps", type=int, default=reps, help="replays per graph (median)")
+    return ap.parse_args(argv)
+
+
+def write_probe(path: str, recs: list[dict]) -> None:
+    """A probe's records as JSON, with the device they ran on."""
+    Path(path).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), records=recs),
+                                     indent=1))
+    print(f"wrote {path} ({len(recs)} records)")
+
+
 def random_plans(bs, per_req, rows_total, dev_rows, steps, seed):
     """``steps`` miss plans of ``per_req`` copies per batch row: host rows drawn uniformly from
     ``rows_total``, distinct device rows from ``dev_rows`` (plan width 2048)."""

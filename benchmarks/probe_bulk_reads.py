@@ -23,7 +23,6 @@ Results: benchmarks/RESOLVE.md ("Bulk reads and where the stall reaches").
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, random_plans, time_graph  # noqa: E402
+from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
@@ -230,12 +229,7 @@ def stall_records(host, item, mod, sms, chase, g):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="probe_bulk_reads.json")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args(argv)
+    args = probe_args(__doc__, "probe_bulk_reads.json", 7, argv)
     pool, sms = Pool(4.0), torch.cuda.get_device_properties(0).multi_processor_count
     g = torch.Generator(device=DEV).manual_seed(0)
     chase = torch.randperm(1 << 27, generator=g, device=DEV).int()  # 512 MB: misses L2
@@ -246,9 +240,7 @@ def main(argv=None) -> int:
             recs.append(rec)
             print(json.dumps(rec), flush=True)
         recs += stall_records(host, item, mod, sms, chase, g)
-    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                              records=recs), indent=1))
-    print(f"wrote {args.out} ({len(recs)} records)")
+    write_probe(args.out, recs)
     return 0
 
 

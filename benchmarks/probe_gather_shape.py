@@ -23,7 +23,6 @@ Results: benchmarks/RESOLVE.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, random_plans, time_graph  # noqa: E402
+from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
@@ -145,21 +144,14 @@ def shape_records(host, item, bs, steps, reps):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="probe_gather_shape.json")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args(argv)
+    args = probe_args(__doc__, "probe_gather_shape.json", 7, argv)
     pool = Pool(4.0)
     recs = []
     for item in (656, 1152):
         for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps):
             recs.append(rec)
             print(json.dumps(rec), flush=True)
-    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                              records=recs), indent=1))
-    print(f"wrote {args.out} ({len(recs)} records)")
+    write_probe(args.out, recs)
     return 0
 
 

@@ -12,7 +12,6 @@ that feeds the link a few rows per SM at a time (benchmarks/RESOLVE.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, random_plans, time_graph  # noqa: E402
+from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
@@ -53,12 +52,7 @@ def probe_config(host, item, bs, sms, steps, reps):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="probe_inflight.json")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--reps", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = probe_args(__doc__, "probe_inflight.json", 5, argv)
     pool, sms = Pool(4.0), torch.cuda.get_device_properties(0).multi_processor_count
     recs = []
     for item in (656, 1152):
@@ -66,9 +60,7 @@ def main(argv=None) -> int:
             for rec in probe_config(pool.rows(item), item, bs, sms, args.steps, args.reps):
                 recs.append(rec)
                 print(json.dumps(rec), flush=True)
-    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                              records=recs), indent=1))
-    print(f"wrote {args.out} ({len(recs)} records)")
+    write_probe(args.out, recs)
     return 0
 
 
