@@ -15,6 +15,13 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
 * ``delay_cycles``: warps from ``late_warp`` on spin that many SM cycles before their first
   load (0: every warp; a late start, or with 6 a second wave as v11 issues its direct rows).
 
+* ``handoff``: role separation in a thread-block cluster per request (``cluster`` CTAs, one per
+  SM): rank 0 reads nothing from host, waits ``delay_cycles`` (the bookkeeping), then writes
+  each row's destination into its reader's shared memory and raises the reader's flag; ranks
+  1.. put all their rows in flight at once (2 dependent loads), wait for the flag by polling
+  shared memory, then store. The floor of a resolve whose reading SMs never wait on global
+  memory before their rows land.
+
     python benchmarks/probe_gather_shape.py --out gather_shape.json
 
 NOTE: benchmark-only kernel (inline below, built through the package's cached tvm-ffi JIT).
@@ -37,6 +44,7 @@ from sglang_hisparse.kernels import _jit  # noqa: E402
 
 _SOURCE = r'''
 #include "common.cuh"
+#include <cooperative_groups.h>
 namespace probe {
 using namespace hisparse;
 using tvm::ffi::TensorView;
@@ -81,19 +89,111 @@ void shaped_gather(TensorView src, TensorView table, TensorView key, TensorView 
       ptr<uint8_t>(dev), dev.stride(0));
   HS_CUDA(cudaGetLastError());
 }
+
+// Role separation within a cluster of CL CTAs per request (one CTA per SM: `smem` reserves
+// enough shared memory). Rank 0, the "bookkeeper", reads nothing from host: it waits `delay`
+// cycles (the bookkeeping's time), then writes each row's destination into its reader's
+// shared memory (distributed shared memory) and raises the reader's flag. Ranks 1.. read the
+// request's rows (row j to rank 1 + j % (CL - 1)) into shared memory at once, with 2 dependent
+// loads each, then wait for their flag (a shared-memory poll: nothing on the global path) and
+// store the rows. The split cluster barrier orders the flags' reset before any remote write.
+constexpr int kMaxRows = 64;
+template <int ITEM>
+__global__ void handoff_kernel(const int64_t* table, const int32_t* perm, const int32_t* key2,
+                               const int32_t* dst, int per_req, long long delay,
+                               const uint8_t* host, int64_t hs, uint8_t* dev, int64_t ds) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int CL = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int q = blockIdx.x / CL, readers = CL - 1;
+  extern __shared__ __align__(16) uint8_t sm[];
+  __shared__ int sdst[kMaxRows];
+  __shared__ volatile int flag;
+  constexpr int kP = ITEM / 16;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  if (rank == 0) {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (threadIdx.x == 0 && delay > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < delay) {}
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < per_req; j += blockDim.x) {
+      int* remote = cluster.map_shared_rank(sdst, 1 + j % readers);
+      remote[j / readers] = dst[q * per_req + j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("fence.acq_rel.cluster;" ::: "memory");
+      for (int k = 1; k < CL; ++k) *cluster.map_shared_rank(const_cast<int*>(&flag), k) = 1;
+    }
+    return;
+  }
+  if (threadIdx.x == 0) flag = 0;
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  const int mine = (per_req - rank + readers) / readers;  // rows j = rank - 1 + t * readers
+  for (int t = warp; t < mine; t += nw) {
+    const int r = q * per_req + rank - 1 + t * readers;
+    const uint8_t* row = host + table[key2[perm[r]]] * hs;
+    for (int pc = lane; pc < kP; pc += 32) cp_async16(sm + t * ITEM + 16 * pc, row + 16 * pc);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x == 0) {
+    while (flag == 0) {}
+    asm volatile("fence.acq_rel.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < mine * kP; x += blockDim.x)
+    reinterpret_cast<int4*>(dev + static_cast<int64_t>(sdst[x / kP]) * ds)[x % kP] =
+        reinterpret_cast<const int4*>(sm + (x / kP) * ITEM)[x % kP];
+}
+
+template <int ITEM>
+void handoff(TensorView table, TensorView perm, TensorView key2, TensorView dst, TensorView host,
+             TensorView dev, int bs, int cl, int smem, int64_t delay) {
+  const int per_req = static_cast<int>(dst.size(0)) / bs;
+  HS_CHECK(cl >= 2 && cl <= 8, "cluster of 2..8 CTAs");
+  HS_CHECK((per_req + cl - 2) / (cl - 1) <= kMaxRows, "too many rows per reader");
+  auto kernel = handoff_kernel<ITEM>;
+  HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(bs * cl);
+  cfg.blockDim = dim3(1024);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev.device().device_id));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  HS_CUDA(cudaLaunchKernelEx(&cfg, kernel, ptr<const int64_t>(table), ptr<const int32_t>(perm),
+                             ptr<const int32_t>(key2), ptr<const int32_t>(dst), per_req, delay,
+                             ptr<const uint8_t>(host), host.stride(0), ptr<uint8_t>(dev),
+                             dev.stride(0)));
+}
 }  // namespace probe
 using tvm::ffi::TensorView;
 '''
 
 
 def module(item: int):
-    """The probe kernel for ``item``-byte rows: ``shaped_gather``."""
+    """The probe kernels for ``item``-byte rows: ``shaped_gather`` and ``handoff``."""
     wrapper = _SOURCE + (
         "void shaped_gather(TensorView s, TensorView t, TensorView k, TensorView p, TensorView k2, "
         "TensorView d, TensorView h, TensorView v, int64_t ctas, int64_t threads, int64_t smem, "
         f"int64_t deps, int64_t delay, int64_t late) {{ probe::shaped_gather<{item}>(s, t, k, p, k2, d, h, "
         "v, (int)ctas, (int)threads, (int)smem, (int)deps, delay, (int)late); }\n")
-    return _jit._build(f"hisparse_probe_shape_i{item}", wrapper, ["shaped_gather"])
+    wrapper += (
+        "void handoff(TensorView t, TensorView p, TensorView k2, TensorView d, TensorView h, "
+        "TensorView v, int64_t bs, int64_t cl, int64_t smem, int64_t delay) "
+        f"{{ probe::handoff<{item}>(t, p, k2, d, h, v, (int)bs, (int)cl, (int)smem, delay); }}\n")
+    return _jit._build(f"hisparse_probe_shape_i{item}", wrapper, ["shaped_gather", "handoff"])
 
 
 # (grid, smem KiB, deps, delay cycles, first delayed warp); the plain gather before and after.
@@ -138,6 +238,19 @@ def shape_records(host, item, bs, steps, reps):
         recs.append(dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
                          deps=deps, delay_cycles=delay, late_warp=late,
                          us=round(run(grid, smem_kb, deps, delay, late), 2)))
+    for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)):
+        fn = lambda t, cl=cl, delay=delay: mod.handoff(  # noqa: E731
+            table, ins[t][2], ins[t][3], ins[t][4], host, dev_cache, bs, cl, 120 * 1024, delay)
+        recs.append(dict(kind="handoff", item=item, bs=bs, rows=rows, cluster=cl,
+                         delay_cycles=delay, us=round(time_graph(fn, lambda: None, steps, reps), 2)))
+    # the handoff's copies land where the plan says
+    src, _, perm, key2, dst = ins[0]
+    host[src.cpu()] = torch.randint(0, 255, (rows, item), dtype=torch.uint8)
+    dev_cache.zero_()
+    mod.handoff(table, perm, key2, dst, host, dev_cache, bs, 8, 120 * 1024, 0)
+    torch.cuda.synchronize()
+    for rec in recs[-4:]:
+        rec["correct"] = torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
     us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None, steps, reps)
     recs.append(dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2)))
     return recs
