@@ -323,6 +323,15 @@ def probe_args(doc: str, out: str, reps: int, argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def printed(recs) -> list[dict]:
+    """A probe's records, each printed as one JSON line as it is measured (progress on stdout)."""
+    out = []
+    for rec in recs:
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+    return out
+
+
 def write_probe(path: str, recs: list[dict]) -> None:
     """A probe's records as JSON, with the device they ran on."""
     Path(path).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), records=recs),

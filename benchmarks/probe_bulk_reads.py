@@ -23,7 +23,6 @@ Results: benchmarks/RESOLVE.md ("Bulk reads and where the stall reaches").
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -31,7 +30,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    Pool,
+    plan_rows,
+    printed,
+    probe_args,
+    random_plans,
+    time_graph,
+    write_probe,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
@@ -177,8 +185,8 @@ def module(item: int):
 
 
 def gather_records(host, item, mod, steps, reps):
+    """The warp gather and the bulk gather on the same rows: one record per grid, as measured."""
     gather = _jit.gather_module(item).gather
-    recs = []
     for bs in (16, 64):
         per_req = round(0.05 * 2048)
         rows = bs * per_req
@@ -186,9 +194,13 @@ def gather_records(host, item, mod, steps, reps):
         flat = [plan_rows(p) for p in random_plans(bs, per_req, host.shape[0], 2 * rows, steps, seed=bs)]
         s, d = flat[0]
         host[s.cpu()] = torch.randint(0, 255, (rows, item), dtype=torch.uint8)
-        mod.bulk_gather(s, d, host, dev_cache, 8)
-        torch.cuda.synchronize()
-        correct = torch.equal(dev_cache[d.long()].cpu(), host[s.cpu()])
+
+        def correct(r, s=s, d=d, c=dev_cache):
+            """The bulk gather with R = r copies step 0's rows byte for byte."""
+            c.zero_()
+            mod.bulk_gather(s, d, host, c, r)
+            torch.cuda.synchronize()
+            return torch.equal(c[d.long()].cpu(), host[s.cpu()])
         # the warp gather before and after the bulk grids (host-read speed drifts with order)
         for r in (None, 2, 4, 8, 13, 26, None):
             if r is None:
@@ -198,13 +210,12 @@ def gather_records(host, item, mod, steps, reps):
             rec = dict(kind="gather", kernel="warp" if r is None else "bulk", item=item, bs=bs,
                        rows=rows, us=round(time_graph(fn, lambda: None, steps, reps), 2))
             if r is not None:
-                rec.update(R=r, ctas=-(-rows // r), correct=correct)
-            recs.append(rec)
-    return recs
+                rec.update(R=r, ctas=-(-rows // r), correct=correct(r))
+            yield rec
 
 
 def stall_records(host, item, mod, sms, chase, g):
-    recs = []
+    """ns per chained load by rows per SM, issue method, chase and split: records as measured."""
     out = torch.zeros(2 * sms, dtype=torch.int64, device=DEV)
     for r in (2, 6, 13, 26):
         for smem, split in ((False, False), (True, False), (False, True)):
@@ -219,13 +230,11 @@ def stall_records(host, item, mod, sms, chase, g):
                     t = out[0::2].tolist()
                     even.append(statistics.median(t[0::2]) / steps)
                     odd.append(statistics.median(t[1::2]) / steps)
-                recs.append(dict(kind="stall", item=item, R=r, mode=MODES[m],
-                                 chase=CHASES[int(smem)], split=split,
-                                 ns_per_load=round(statistics.median(even + odd), 1),
-                                 readers_ns=round(statistics.median(even), 1),
-                                 others_ns=round(statistics.median(odd), 1)))
-                print(json.dumps(recs[-1]), flush=True)
-    return recs
+                yield dict(kind="stall", item=item, R=r, mode=MODES[m],
+                           chase=CHASES[int(smem)], split=split,
+                           ns_per_load=round(statistics.median(even + odd), 1),
+                           readers_ns=round(statistics.median(even), 1),
+                           others_ns=round(statistics.median(odd), 1))
 
 
 def main(argv=None) -> int:
@@ -236,10 +245,8 @@ def main(argv=None) -> int:
     recs = []
     for item in (656, 1152):
         host, mod = pool.rows(item), module(item)
-        for rec in gather_records(host, item, mod, args.steps, args.reps):
-            recs.append(rec)
-            print(json.dumps(rec), flush=True)
-        recs += stall_records(host, item, mod, sms, chase, g)
+        recs += printed(gather_records(host, item, mod, args.steps, args.reps))
+        recs += printed(stall_records(host, item, mod, sms, chase, g))
     write_probe(args.out, recs)
     return 0
 

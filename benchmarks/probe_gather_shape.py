@@ -30,14 +30,22 @@ Results: benchmarks/RESOLVE.md.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    Pool,
+    plan_rows,
+    printed,
+    probe_args,
+    random_plans,
+    time_graph,
+    write_probe,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
@@ -206,15 +214,17 @@ SHAPES = [("gather", 0, 0, 0, 0), ("gather", 0, 1, 0, 0), ("gather", 0, 2, 0, 0)
 
 
 def shape_records(host, item, bs, steps, reps):
+    """The plain gather, each shape, each handoff, the plain gather again: records as measured."""
     mod, plain = module(item), _jit.gather_module(item).gather
     per_req = round(0.05 * 2048)
     rows = bs * per_req
     dev_cache = torch.empty(2 * rows, item, dtype=torch.uint8, device=DEV)
     # host_rows table of a few requests' worth of positions; each row's key is its entry
-    table = torch.randint(0, host.shape[0], (max(bs * 32768, 2 * steps * bs * 103),), device=DEV)
+    table = torch.randint(0, host.shape[0], (max(bs * 32768, 2 * steps * rows),), device=DEV)
     keys = torch.randperm(table.numel(), device=DEV)[: steps * rows].int().view(steps, rows)
     ins = []
-    for plan, key in zip(random_plans(bs, per_req, host.shape[0], 2 * rows, steps, seed=bs), keys, strict=True):
+    plans = random_plans(bs, per_req, host.shape[0], 2 * rows, steps, seed=bs)
+    for plan, key in zip(plans, keys, strict=True):
         src, dst = plan_rows(plan)
         table[key.long()] = src  # distinct keys per step: no step overwrites another's entries
         perm = torch.randperm(rows, device=DEV).int()
@@ -222,8 +232,8 @@ def shape_records(host, item, bs, steps, reps):
         key2[perm.long()] = key
         ins.append((src, key, perm, key2, dst))
     for src, key, perm, key2, _ in ins:
-        assert torch.equal(table[key.long()], src) and torch.equal(table[key2[perm.long()].long()], src)
-    recs = []
+        assert torch.equal(table[key.long()], src)
+        assert torch.equal(table[key2[perm.long()].long()], src)
 
     def run(grid, smem_kb, deps, delay, late):
         ctas, threads = (-(-rows // 8), 256) if grid == "gather" else (128, 1024)
@@ -232,38 +242,39 @@ def shape_records(host, item, bs, steps, reps):
             ctas, threads, smem_kb * 1024, deps, delay, late)
         return time_graph(fn, lambda: None, steps, reps)
 
-    us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None, steps, reps)
-    recs.append(dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2)))
+    def plain_record():
+        us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None,
+                        steps, reps)
+        return dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2))
+
+    def handoff_correct(cl):
+        """The handoff with clusters of ``cl`` copies step 0's rows byte for byte."""
+        src, _, perm, key2, dst = ins[0]
+        host[src.cpu()] = torch.randint(0, 255, (rows, item), dtype=torch.uint8)
+        dev_cache.zero_()
+        mod.handoff(table, perm, key2, dst, host, dev_cache, bs, cl, 120 * 1024, 0)
+        torch.cuda.synchronize()
+        return torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
+
+    yield plain_record()
     for grid, smem_kb, deps, delay, late in SHAPES:
-        recs.append(dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
-                         deps=deps, delay_cycles=delay, late_warp=late,
-                         us=round(run(grid, smem_kb, deps, delay, late), 2)))
+        yield dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
+                   deps=deps, delay_cycles=delay, late_warp=late,
+                   us=round(run(grid, smem_kb, deps, delay, late), 2))
     for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)):
         fn = lambda t, cl=cl, delay=delay: mod.handoff(  # noqa: E731
             table, ins[t][2], ins[t][3], ins[t][4], host, dev_cache, bs, cl, 120 * 1024, delay)
-        recs.append(dict(kind="handoff", item=item, bs=bs, rows=rows, cluster=cl,
-                         delay_cycles=delay, us=round(time_graph(fn, lambda: None, steps, reps), 2)))
-    # the handoff's copies land where the plan says
-    src, _, perm, key2, dst = ins[0]
-    host[src.cpu()] = torch.randint(0, 255, (rows, item), dtype=torch.uint8)
-    dev_cache.zero_()
-    mod.handoff(table, perm, key2, dst, host, dev_cache, bs, 8, 120 * 1024, 0)
-    torch.cuda.synchronize()
-    for rec in recs[-4:]:
-        rec["correct"] = torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
-    us = time_graph(lambda t: plain(ins[t][0], ins[t][4], host, dev_cache), lambda: None, steps, reps)
-    recs.append(dict(kind="plain_gather", item=item, bs=bs, rows=rows, us=round(us, 2)))
-    return recs
+        yield dict(kind="handoff", item=item, bs=bs, rows=rows, cluster=cl,
+                   delay_cycles=delay, us=round(time_graph(fn, lambda: None, steps, reps), 2),
+                   correct=handoff_correct(cl))
+    yield plain_record()
 
 
 def main(argv=None) -> int:
     args = probe_args(__doc__, "probe_gather_shape.json", 7, argv)
     pool = Pool(4.0)
-    recs = []
-    for item in (656, 1152):
-        for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps):
-            recs.append(rec)
-            print(json.dumps(rec), flush=True)
+    recs = printed(rec for item in (656, 1152)
+                   for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps))
     write_probe(args.out, recs)
     return 0
 

@@ -12,14 +12,22 @@ that feeds the link a few rows per SM at a time (benchmarks/RESOLVE.md).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_resolve import DEV, Pool, plan_rows, probe_args, random_plans, time_graph, write_probe  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    Pool,
+    plan_rows,
+    printed,
+    probe_args,
+    random_plans,
+    time_graph,
+    write_probe,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
@@ -54,12 +62,8 @@ def probe_config(host, item, bs, sms, steps, reps):
 def main(argv=None) -> int:
     args = probe_args(__doc__, "probe_inflight.json", 5, argv)
     pool, sms = Pool(4.0), torch.cuda.get_device_properties(0).multi_processor_count
-    recs = []
-    for item in (656, 1152):
-        for bs in (16, 64):
-            for rec in probe_config(pool.rows(item), item, bs, sms, args.steps, args.reps):
-                recs.append(rec)
-                print(json.dumps(rec), flush=True)
+    recs = printed(rec for item in (656, 1152) for bs in (16, 64)
+                   for rec in probe_config(pool.rows(item), item, bs, sms, args.steps, args.reps))
     write_probe(args.out, recs)
     return 0
 

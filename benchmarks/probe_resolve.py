@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_resolve import DEV, batch_inputs, make_trace, time_graph  # noqa: E402
+from bench_resolve import DEV, batch_inputs, make_trace, time_graph, write_probe  # noqa: E402
 
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
@@ -339,8 +339,7 @@ def main(argv=None) -> int:
     if not args.skip_host:
         study_host(add, gib=args.gib, ways=tuple(args.ways.split(",")),
                    slices=tuple(float(x) for x in args.slices.split(",")) + (None,))
-    Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                              records=recs), indent=1))
+    write_probe(args.out, recs)
     return 0
 
 
