@@ -46,6 +46,8 @@ from sglang_hisparse.kernels import _jit  # noqa: E402
 
 MODES = ("none", "cp.async", "bulk", "ldg")
 CHASES = ("global", "smem")
+#: (chase shared memory, only even CTAs read) of the stall study; the kernels built for them
+STUDIES = ((False, False), (True, False), (False, True))
 
 _SOURCE = r'''
 #include "common.cuh"
@@ -173,14 +175,13 @@ def module(item: int):
     wrapper += ("void bulk_gather(TensorView s, TensorView d, TensorView h, TensorView v, int64_t R) "
                 f"{{ probe::bulk_gather<{item}>(s, d, h, v, (int)R); }}\n")
     for m in range(len(MODES)):
-        for smem in (False, True):
-            for split in (False, True):
-                name = f"stall_{m}_{int(smem)}_{int(split)}"
-                args = f"{item}, {m}, {str(smem).lower()}, {str(split).lower()}"
-                wrapper += (f"void {name}(TensorView s, int64_t R, TensorView h, TensorView c, "
-                            f"int64_t st, TensorView o) {{ probe::stall<{args}>"
-                            "(s, (int)R, h, c, (int)st, o); }\n")
-                names.append(name)
+        for smem, split in STUDIES:
+            name = f"stall_{m}_{int(smem)}_{int(split)}"
+            args = f"{item}, {m}, {str(smem).lower()}, {str(split).lower()}"
+            wrapper += (f"void {name}(TensorView s, int64_t R, TensorView h, TensorView c, "
+                        f"int64_t st, TensorView o) {{ probe::stall<{args}>"
+                        "(s, (int)R, h, c, (int)st, o); }\n")
+            names.append(name)
     return _jit._build(f"hisparse_probe_bulk_i{item}", wrapper, names)
 
 
@@ -218,7 +219,7 @@ def stall_records(host, item, mod, sms, chase, g):
     """ns per chained load by rows per SM, issue method, chase and split: records as measured."""
     out = torch.zeros(2 * sms, dtype=torch.int64, device=DEV)
     for r in (2, 6, 13, 26):
-        for smem, split in ((False, False), (True, False), (False, True)):
+        for smem, split in STUDIES:
             steps = 64 if smem else 16
             for m in ((0, 1, 2, 3, 0) if not split else (0, 1, 3)):
                 fn = getattr(mod, f"stall_{m}_{int(smem)}_{int(split)}")
