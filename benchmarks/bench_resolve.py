@@ -313,13 +313,17 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
     return rec
 
 
-def probe_args(doc: str, out: str, reps: int, argv=None) -> argparse.Namespace:
-    """``--out``, ``--steps`` and ``--reps`` of the GPU probe scripts (probe_*.py)."""
+def probe_args(doc: str, out: str, reps: int, argv=None,
+               flags: dict[str, str] | None = None) -> argparse.Namespace:
+    """``--out``, ``--steps`` and ``--reps`` of the GPU probe scripts (probe_*.py), and the
+    script's own on/off ``flags`` (name -> help)."""
     ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=out)
     ap.add_argument("--steps", type=int, default=12, help="launches per timed graph")
     ap.add_argument("--reps", type=int, default=reps, help="replays per graph (median)")
+    for name, text in (flags or {}).items():
+        ap.add_argument(name, action="store_true", help=text)
     return ap.parse_args(argv)
 
 

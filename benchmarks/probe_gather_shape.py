@@ -9,6 +9,8 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
 * ``grid``: ``gather`` = 256-thread CTAs of 8 rows (the ceiling's shape); ``resolve`` = one CTA
   per request share as resolve launches it at that batch (8 CTAs per request at batch 16: 128
   CTAs of 1024 threads, ~13 rows each), with ``smem_kb`` of dynamic shared memory reserved;
+  ``sms:N`` = N CTAs of 1024 threads, one per SM (``--sm-sweep``: how the rate depends on how
+  many SMs read);
 * ``deps``: dependent global loads before each host read: 0 = the host row is given; 1 = looked
   up in ``host_rows`` (as the lookup ceiling); 2 = one more load first (resolve: top-k entry,
   then host row);
@@ -213,7 +215,7 @@ SHAPES = [("gather", 0, 0, 0, 0), ("gather", 0, 1, 0, 0), ("gather", 0, 2, 0, 0)
           ("resolve", 90, 2, 20000, 6), ("gather", 0, 0, 0, 0)]
 
 
-def shape_records(host, item, bs, steps, reps):
+def shape_records(host, item, bs, steps, reps, shapes=SHAPES, handoffs=True):
     """The plain gather, each shape, each handoff, the plain gather again: records as measured."""
     mod, plain = module(item), _jit.gather_module(item).gather
     per_req = round(0.05 * 2048)
@@ -237,6 +239,8 @@ def shape_records(host, item, bs, steps, reps):
 
     def run(grid, smem_kb, deps, delay, late):
         ctas, threads = (-(-rows // 8), 256) if grid == "gather" else (128, 1024)
+        if grid.startswith("sms:"):
+            ctas = int(grid[4:])
         fn = lambda t: mod.shaped_gather(  # noqa: E731
             ins[t][0], table, ins[t][1], ins[t][2], ins[t][3], ins[t][4], host, dev_cache,
             ctas, threads, smem_kb * 1024, deps, delay, late)
@@ -257,11 +261,11 @@ def shape_records(host, item, bs, steps, reps):
         return torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
 
     yield plain_record()
-    for grid, smem_kb, deps, delay, late in SHAPES:
+    for grid, smem_kb, deps, delay, late in shapes:
         yield dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
                    deps=deps, delay_cycles=delay, late_warp=late,
                    us=round(run(grid, smem_kb, deps, delay, late), 2))
-    for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)):
+    for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)) if handoffs else ():
         fn = lambda t, cl=cl, delay=delay: mod.handoff(  # noqa: E731
             table, ins[t][2], ins[t][3], ins[t][4], host, dev_cache, bs, cl, 120 * 1024, delay)
         yield dict(kind="handoff", item=item, bs=bs, rows=rows, cluster=cl,
@@ -270,11 +274,19 @@ def shape_records(host, item, bs, steps, reps):
     yield plain_record()
 
 
+def sm_sweep_shapes() -> list[tuple]:
+    """The SM sweep: rows on every SM, on all but a batch's worth (16, 32), and on half."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return [(f"sms:{n}", 120, 2, 0, 0) for n in (sms, sms - 8, sms - 16, sms - 32, sms // 2, sms)]
+
+
 def main(argv=None) -> int:
-    args = probe_args(__doc__, "probe_gather_shape.json", 7, argv)
+    args = probe_args(__doc__, "probe_gather_shape.json", 7, argv,
+                      flags={"--sm-sweep": "only the plain gather and the SM sweep (sms:N shapes)"})
     pool = Pool(4.0)
+    kw = dict(shapes=sm_sweep_shapes(), handoffs=False) if args.sm_sweep else {}
     recs = printed(rec for item in (656, 1152)
-                   for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps))
+                   for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps, **kw))
     write_probe(args.out, recs)
     return 0
 
