@@ -275,7 +275,7 @@ def shape_records(host, item, bs, steps, reps, shapes=SHAPES, handoffs=True):
 
 
 def sm_sweep_shapes() -> list[tuple]:
-    """The SM sweep: rows on every SM, on all but a batch's worth (16, 32), and on half."""
+    """The SM sweep: rows on every SM, on all but 8 / 16 / 32, on half, then on all again."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return [(f"sms:{n}", 120, 2, 0, 0) for n in (sms, sms - 8, sms - 16, sms - 32, sms // 2, sms)]
 
