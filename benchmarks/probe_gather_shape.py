@@ -16,6 +16,9 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
   then host row);
 * ``delay_cycles``: warps from ``late_warp`` on spin that many SM cycles before their first
   load (0: every warp; a late start, or with 6 a second wave as v11 issues its direct rows).
+* ``load``: ``registers`` (each lane loads its pieces and stores them, as the ceiling) or
+  ``cp.async`` (``--load-sweep``: every row of a CTA into shared memory at once, then stored, as
+  resolve's early rows and the split launch's readers fetch).
 
 * ``handoff``: role separation in a thread-block cluster per request (``cluster`` CTAs, one per
   SM): rank 0 reads nothing from host, waits ``delay_cycles`` (the bookkeeping), then writes
@@ -25,6 +28,7 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
   memory before their rows land.
 
     python benchmarks/probe_gather_shape.py --out gather_shape.json
+    python benchmarks/probe_gather_shape.py --load-sweep --reps 9 --out gather_loads.json
 
 NOTE: benchmark-only kernel (inline below, built through the package's cached tvm-ffi JIT).
 Results: benchmarks/RESOLVE.md.
@@ -64,13 +68,29 @@ template <int ITEM>
 __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, const int32_t* key,
                                      const int32_t* perm, const int32_t* key2, const int32_t* dst,
                                      int rows, int per_cta, int deps, long long delay, int late_warp,
-                                     const uint8_t* host, int64_t hs, uint8_t* dev, int64_t ds) {
+                                     int load, const uint8_t* host, int64_t hs, uint8_t* dev,
+                                     int64_t ds) {
+  extern __shared__ __align__(16) uint8_t sm[];
   constexpr int kP = ITEM / 16, kPerLane = (kP + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   const int r0 = blockIdx.x * per_cta, r1 = min(rows, r0 + per_cta);
   if (delay > 0 && warp >= late_warp) {
     const long long t0 = clock64();
     while (clock64() - t0 < delay) {}
+  }
+  if (load == 1) {  // cp.async: every row of the CTA into shared memory at once, then stored
+    for (int r = r0 + warp; r < r1; r += nw) {
+      const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
+      for (int pc = lane; pc < kP; pc += 32)
+        cp_async16(sm + (r - r0) * ITEM + 16 * pc, host + h * hs + 16 * pc);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // each lane stores the pieces it fetched: no barrier needed
+    for (int r = r0 + warp; r < r1; r += nw)
+      for (int pc = lane; pc < kP; pc += 32)
+        reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[r]) * ds)[pc] =
+            reinterpret_cast<const int4*>(sm + (r - r0) * ITEM)[pc];
+    return;
   }
   for (int r = r0 + warp; r < r1; r += nw) {
     const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
@@ -87,15 +107,17 @@ __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, c
 template <int ITEM>
 void shaped_gather(TensorView src, TensorView table, TensorView key, TensorView perm,
                    TensorView key2, TensorView dst, TensorView host, TensorView dev, int ctas,
-                   int threads, int smem, int deps, int64_t delay, int late_warp) {
+                   int threads, int smem, int deps, int64_t delay, int late_warp, int load) {
   const int rows = static_cast<int>(src.size(0));
+  HS_CHECK(load == 0 || static_cast<int64_t>((rows + ctas - 1) / ctas) * ITEM <= smem,
+           "cp.async mode: a CTA's rows must fit its shared memory");
   auto kernel = shaped_gather_kernel<ITEM>;
   HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev.device().device_id));
   kernel<<<ctas, threads, smem, stream>>>(
       ptr<const int64_t>(src), ptr<const int64_t>(table), ptr<const int32_t>(key),
       ptr<const int32_t>(perm), ptr<const int32_t>(key2), ptr<const int32_t>(dst), rows,
-      (rows + ctas - 1) / ctas, deps, delay, late_warp, ptr<const uint8_t>(host), host.stride(0),
+      (rows + ctas - 1) / ctas, deps, delay, late_warp, load, ptr<const uint8_t>(host), host.stride(0),
       ptr<uint8_t>(dev), dev.stride(0));
   HS_CUDA(cudaGetLastError());
 }
@@ -197,8 +219,8 @@ def module(item: int):
     wrapper = _SOURCE + (
         "void shaped_gather(TensorView s, TensorView t, TensorView k, TensorView p, TensorView k2, "
         "TensorView d, TensorView h, TensorView v, int64_t ctas, int64_t threads, int64_t smem, "
-        f"int64_t deps, int64_t delay, int64_t late) {{ probe::shaped_gather<{item}>(s, t, k, p, k2, d, h, "
-        "v, (int)ctas, (int)threads, (int)smem, (int)deps, delay, (int)late); }\n")
+        f"int64_t deps, int64_t delay, int64_t late, int64_t load) {{ probe::shaped_gather<{item}>(s, t, k, p, "
+        "k2, d, h, v, (int)ctas, (int)threads, (int)smem, (int)deps, delay, (int)late, (int)load); }\n")
     wrapper += (
         "void handoff(TensorView t, TensorView p, TensorView k2, TensorView d, TensorView h, "
         "TensorView v, int64_t bs, int64_t cl, int64_t smem, int64_t delay) "
@@ -237,13 +259,13 @@ def shape_records(host, item, bs, steps, reps, shapes=SHAPES, handoffs=True):
         assert torch.equal(table[key.long()], src)
         assert torch.equal(table[key2[perm.long()].long()], src)
 
-    def run(grid, smem_kb, deps, delay, late):
+    def run(grid, smem_kb, deps, delay, late, load=0):
         ctas, threads = (-(-rows // 8), 256) if grid == "gather" else (128, 1024)
         if grid.startswith("sms:"):
             ctas = int(grid[4:])
         fn = lambda t: mod.shaped_gather(  # noqa: E731
             ins[t][0], table, ins[t][1], ins[t][2], ins[t][3], ins[t][4], host, dev_cache,
-            ctas, threads, smem_kb * 1024, deps, delay, late)
+            ctas, threads, smem_kb * 1024, deps, delay, late, load)
         return time_graph(fn, lambda: None, steps, reps)
 
     def plain_record():
@@ -261,10 +283,11 @@ def shape_records(host, item, bs, steps, reps, shapes=SHAPES, handoffs=True):
         return torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
 
     yield plain_record()
-    for grid, smem_kb, deps, delay, late in shapes:
+    for grid, smem_kb, deps, delay, late, *load in shapes:
+        mode = load[0] if load else 0
         yield dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
-                   deps=deps, delay_cycles=delay, late_warp=late,
-                   us=round(run(grid, smem_kb, deps, delay, late), 2))
+                   deps=deps, delay_cycles=delay, late_warp=late, load=LOADS[mode],
+                   us=round(run(grid, smem_kb, deps, delay, late, mode), 2))
     for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)) if handoffs else ():
         fn = lambda t, cl=cl, delay=delay: mod.handoff(  # noqa: E731
             table, ins[t][2], ins[t][3], ins[t][4], host, dev_cache, bs, cl, 120 * 1024, delay)
@@ -280,11 +303,28 @@ def sm_sweep_shapes() -> list[tuple]:
     return [(f"sms:{n}", 120, 2, 0, 0) for n in (sms, sms - 8, sms - 16, sms - 32, sms // 2, sms)]
 
 
+LOADS = ("registers", "cp.async")
+
+
+def load_sweep_shapes() -> list[tuple]:
+    """Register loads against cp.async into shared memory (resolve's early rows and the split
+    readers fetch by cp.async), in the ceiling's grid and one CTA per SM on all / all but 16 SMs,
+    each pair back to back, register loads again at the end."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pairs = [("gather", 16, 0), ("gather", 16, 2), (f"sms:{sms}", 120, 2), (f"sms:{sms - 16}", 120, 2)]
+    return [(g, kb, deps, 0, 0, load) for g, kb, deps in pairs for load in (0, 1)] + [
+        ("gather", 16, 0, 0, 0, 0)]
+
+
 def main(argv=None) -> int:
     args = probe_args(__doc__, "probe_gather_shape.json", 7, argv,
-                      flags={"--sm-sweep": "only the plain gather and the SM sweep (sms:N shapes)"})
+                      flags={"--sm-sweep": "only the plain gather and the SM sweep (sms:N shapes)",
+                             "--load-sweep": "only the plain gather and register loads against "
+                                             "cp.async (load field)"})
     pool = Pool(4.0)
     kw = dict(shapes=sm_sweep_shapes(), handoffs=False) if args.sm_sweep else {}
+    if args.load_sweep:
+        kw = dict(shapes=load_sweep_shapes(), handoffs=False)
     recs = printed(rec for item in (656, 1152)
                    for rec in shape_records(pool.rows(item), item, 16, args.steps, args.reps, **kw))
     write_probe(args.out, recs)
