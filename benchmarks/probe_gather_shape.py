@@ -18,7 +18,10 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
   load (0: every warp; a late start, or with 6 a second wave as v11 issues its direct rows).
 * ``load``: ``registers`` (each lane loads its pieces and stores them, as the ceiling) or
   ``cp.async`` (``--load-sweep``: every row of a CTA into shared memory at once, then stored, as
-  resolve's early rows and the split launch's readers fetch).
+  resolve's early rows and the split launch's readers fetch); ``registers, marked``: register
+  loads with ``%globaltimer`` marks per row, so the record also has when the last launch's last
+  warp started (``start_last_us``) and its rows were stored (median, last), from its first
+  warp's start: the in-kernel span, against ``us`` per launch.
 
 * ``handoff``: role separation in a thread-block cluster per request (``cluster`` CTAs, one per
   SM): rank 0 reads nothing from host, waits ``delay_cycles`` (the bookkeeping), then writes
@@ -63,6 +66,16 @@ namespace probe {
 using namespace hisparse;
 using tvm::ffi::TensorView;
 
+// --marks: lane 0 of the warp copying row r records %globaltimer when it starts the row and
+// after it has stored it (the stores need the row's loads back). Register loads only.
+constexpr int kMarkRows = 8192;
+__device__ unsigned long long probe_marks[kMarkRows][2];
+__device__ __forceinline__ unsigned long long probe_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Row r's host row: src[r] (deps 0), table[key[r]] (1), table[key2[perm[r]]] (2).
 template <int ITEM>
 __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, const int32_t* key,
@@ -92,7 +105,9 @@ __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, c
             reinterpret_cast<const int4*>(sm + (r - r0) * ITEM)[pc];
     return;
   }
+  const bool mark = load == 2;
   for (int r = r0 + warp; r < r1; r += nw) {
+    const unsigned long long t0 = mark ? probe_now() : 0;
     const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
     const int4* s = reinterpret_cast<const int4*>(host + h * hs);
     int4* d = reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[r]) * ds);
@@ -101,6 +116,10 @@ __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, c
     for (int u = 0; u < kPerLane; ++u) if (lane + 32 * u < kP) v[u] = __ldg(s + lane + 32 * u);
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) if (lane + 32 * u < kP) d[lane + 32 * u] = v[u];
+    if (mark && lane == 0 && r < kMarkRows) {
+      probe_marks[r][0] = t0;
+      probe_marks[r][1] = probe_now();
+    }
   }
 }
 
@@ -109,7 +128,7 @@ void shaped_gather(TensorView src, TensorView table, TensorView key, TensorView 
                    TensorView key2, TensorView dst, TensorView host, TensorView dev, int ctas,
                    int threads, int smem, int deps, int64_t delay, int late_warp, int load) {
   const int rows = static_cast<int>(src.size(0));
-  HS_CHECK(load == 0 || static_cast<int64_t>((rows + ctas - 1) / ctas) * ITEM <= smem,
+  HS_CHECK(load != 1 || static_cast<int64_t>((rows + ctas - 1) / ctas) * ITEM <= smem,
            "cp.async mode: a CTA's rows must fit its shared memory");
   auto kernel = shaped_gather_kernel<ITEM>;
   HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -225,7 +244,11 @@ def module(item: int):
         "void handoff(TensorView t, TensorView p, TensorView k2, TensorView d, TensorView h, "
         "TensorView v, int64_t bs, int64_t cl, int64_t smem, int64_t delay) "
         f"{{ probe::handoff<{item}>(t, p, k2, d, h, v, (int)bs, (int)cl, (int)smem, delay); }}\n")
-    return _jit._build(f"hisparse_probe_shape_i{item}", wrapper, ["shaped_gather", "handoff"])
+    wrapper += (
+        "void read_marks(TensorView out) { HS_CUDA(cudaMemcpyFromSymbol(out.data_ptr(), "
+        "probe::probe_marks, sizeof(probe::probe_marks), 0, cudaMemcpyDeviceToHost)); }\n")
+    return _jit._build(f"hisparse_probe_shape_i{item}", wrapper,
+                       ["shaped_gather", "handoff", "read_marks"])
 
 
 # (grid, smem KiB, deps, delay cycles, first delayed warp); the plain gather before and after.
@@ -283,11 +306,19 @@ def shape_records(host, item, bs, steps, reps, shapes=SHAPES, handoffs=True):
         return torch.equal(dev_cache[dst.long()].cpu(), host[src.cpu()])
 
     yield plain_record()
+    marks = torch.zeros(8192, 2, dtype=torch.int64)
     for grid, smem_kb, deps, delay, late, *load in shapes:
         mode = load[0] if load else 0
-        yield dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
+        rec = dict(kind="shaped", item=item, bs=bs, rows=rows, grid=grid, smem_kb=smem_kb,
                    deps=deps, delay_cycles=delay, late_warp=late, load=LOADS[mode],
                    us=round(run(grid, smem_kb, deps, delay, late, mode), 2))
+        if mode == 2:  # the last launch's rows: µs since its first warp started
+            mod.read_marks(marks)
+            m = (marks[:rows].double() - marks[:rows, 0].min()) / 1e3
+            rec.update(start_last_us=round(float(m[:, 0].max()), 2),
+                       stored_median_us=round(float(m[:, 1].median()), 2),
+                       stored_last_us=round(float(m[:, 1].max()), 2))
+        yield rec
     for cl, delay in ((4, 0), (4, 20000), (8, 0), (8, 20000)) if handoffs else ():
         fn = lambda t, cl=cl, delay=delay: mod.handoff(  # noqa: E731
             table, ins[t][2], ins[t][3], ins[t][4], host, dev_cache, bs, cl, 120 * 1024, delay)
@@ -303,7 +334,7 @@ def sm_sweep_shapes() -> list[tuple]:
     return [(f"sms:{n}", 120, 2, 0, 0) for n in (sms, sms - 8, sms - 16, sms - 32, sms // 2, sms)]
 
 
-LOADS = ("registers", "cp.async")
+LOADS = ("registers", "cp.async", "registers, marked")
 
 
 def load_sweep_shapes() -> list[tuple]:
@@ -312,7 +343,8 @@ def load_sweep_shapes() -> list[tuple]:
     each pair back to back, register loads again at the end."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pairs = [("gather", 16, 0), ("gather", 16, 2), (f"sms:{sms}", 120, 2), (f"sms:{sms - 16}", 120, 2)]
-    return [(g, kb, deps, 0, 0, load) for g, kb, deps in pairs for load in (0, 1)] + [
+    marked = [("gather", 16, deps, 0, 0, 2) for deps in (0, 1, 2)]
+    return [(g, kb, deps, 0, 0, load) for g, kb, deps in pairs for load in (0, 1)] + marked + [
         ("gather", 16, 0, 0, 0, 0)]
 
 
