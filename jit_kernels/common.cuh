@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <sstream>
 
 #define HS_CHECK(cond, msg)                                                               \
@@ -311,6 +312,38 @@ inline void set_smem(Kernel kernel, size_t bytes) {
     HS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(bytes)));
   }
+}
+
+// set_smem at most once per kernel, device and size: raises `kernel`'s limit on device `dev`
+// to `bytes` unless an earlier call already allowed as much.
+// NOTE: a launcher must not remember this in a plain function-local static. Such a static in a
+// template function is one object across every shared library that instantiates it (a GNU
+// unique symbol), so a second build of the same kernel loaded in the process (probe_resolve.py's
+// profiling build next to the op's) saw the first one's flag, skipped its own attribute and
+// failed to launch. The table here is shared the same way but keyed by the kernel's address.
+template <typename Kernel>
+inline void ensure_smem(Kernel kernel, int dev, size_t bytes) {
+  struct Allowed {
+    const void* fn;
+    int dev;
+    size_t bytes;
+  };
+  static Allowed table[256];
+  static int used = 0;
+  static std::mutex mu;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < used; ++i) {
+    if (table[i].fn == fn && table[i].dev == dev) {
+      if (table[i].bytes < bytes) {
+        set_smem(kernel, bytes);
+        table[i].bytes = bytes;
+      }
+      return;
+    }
+  }
+  set_smem(kernel, bytes);
+  if (used < 256) table[used++] = Allowed{fn, dev, bytes};
 }
 
 }  // namespace hisparse

@@ -649,9 +649,7 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   auto kernel = block == 1024 ? resolve_kernel<K, B, ITEM, 1024>
               : block == 512  ? resolve_kernel<K, B, ITEM, 512>
                               : resolve_kernel<K, B, ITEM, 0>;
-  static size_t smem_set[3] = {0, 0, 0};  // largest size allowed so far, per build
-  const int which = block == 1024 ? 0 : block == 512 ? 1 : 2;
-  if (smem_set[which] < smem) { set_smem(kernel, smem); smem_set[which] = smem; }
+  ensure_smem(kernel, dev, smem);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),
            static_cast<unsigned>(block), smem, stream>>>(a);

@@ -200,16 +200,12 @@ template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
 void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cudaStream_t stream) {
   auto kernel = resolve_verify_kernel<K, B, W, ITEM, PLAN, COPY>;
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
-  static bool smem_set = false;  // once per instantiation (a host attribute, capture-safe)
-  if (!smem_set) {
-    const int optin = smem_limits(dev).optin;
-    HS_CHECK(bytes <= static_cast<size_t>(optin),
-             "resolve_verify needs " << bytes << " B of shared memory per CTA for k=" << K
-             << " B=" << B << " W=" << W << " (about 8*pow2(2*W*k) + 6*W*k + 3*B), but this "
-             << "GPU allows " << optin << " B; lower device_buffer_size or the draft count");
-    set_smem(kernel, bytes);
-    smem_set = true;
-  }
+  const int optin = smem_limits(dev).optin;  // host queries only: capture-safe
+  HS_CHECK(bytes <= static_cast<size_t>(optin),
+           "resolve_verify needs " << bytes << " B of shared memory per CTA for k=" << K
+           << " B=" << B << " W=" << W << " (about 8*pow2(2*W*k) + 6*W*k + 3*B), but this "
+           << "GPU allows " << optin << " B; lower device_buffer_size or the draft count");
+  ensure_smem(kernel, dev, bytes);
   kernel<<<dim3(static_cast<unsigned>(a.ctas), static_cast<unsigned>(bs)),
            static_cast<unsigned>(block), bytes, stream>>>(a);
   HS_CUDA(cudaGetLastError());
