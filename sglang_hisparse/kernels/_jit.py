@@ -125,18 +125,22 @@ def _build(name: str, wrapper: str, functions: list[str]) -> Any:
 
 
 @functools.cache
-def resolve_module(k: int, B: int, item: int) -> Any:
+def resolve_module(k: int, B: int, item: int, build: str = "") -> Any:
     """The compiled resolve launcher for top-k ``k``, ``B`` hot slots, ``item``-byte rows, and
-    ``smem_bytes(words)``: its shared memory per CTA for a position bitmap of ``words`` words."""
+    ``smem_bytes(words)``: its shared memory per CTA for a position bitmap of ``words`` words.
+    ``build``: a name for another, separate build of the same kernels (tests load two builds of
+    one template in a process, as probe_resolve.py's profiling build sits next to the op's)."""
     wrapper = (
-        '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
+        (f"// build {build}\n" if build else "")
+        + '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void resolve({_RESOLVE_ARGS}) {{\n"
         f"  hisparse::resolve_launch<{k}, {B}, {item}>({_RESOLVE_CALL});\n}}\n"
         # Shared memory per CTA for host_rows of `words` * 32 positions (kernel_limits mirrors it).
         "int64_t smem_bytes(int64_t words) {\n"
         f"  return static_cast<int64_t>(hisparse::Layout<{k}, {B}>::total(words));\n}}\n"
     )
-    return _build(f"hisparse_resolve_k{k}_b{B}_i{item}", wrapper, ["resolve", "smem_bytes"])
+    name = f"hisparse_resolve_k{k}_b{B}_i{item}" + (f"_{build}" if build else "")
+    return _build(name, wrapper, ["resolve", "smem_bytes"])
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from harness import (
     to_cuda,
 )
 
-from sglang_hisparse.kernels import ops
+from sglang_hisparse.kernels import _jit, ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import ResolveMode
 
@@ -44,6 +44,20 @@ def test_kernel_matches_reference_over_two_steps(k, B, item, bs):
     # Second step from the updated state: exercises LRU order produced by the kernel itself.
     sc2 = next_selection(sc, want[0], seed=k + B + bs + 1)
     assert mismatches(reference_result(sc2), kernel_result(sc2)) == []
+
+
+def test_a_second_build_of_the_same_kernels_launches(monkeypatch):
+    """Two builds of one resolve template in one process (probe_resolve.py's profiling build next
+    to the op's) each raise their own kernel's shared-memory limit. The launcher once kept that
+    in a function-local static, which is one object across the two libraries: the second build
+    skipped its attribute and could not launch a CTA needing more than 48 KiB."""
+    k, B, item = 2048, 4096, 656  # ~90 KiB of shared memory per CTA
+    sc = scenario(k, B, item, 3, seed=5)
+    want = reference_result(sc)
+    assert mismatches(want, kernel_result(sc)) == []
+    second = _jit.resolve_module(k, B, item, build="second")
+    monkeypatch.setattr(ops, "resolve_module", lambda *_: second)
+    assert mismatches(want, kernel_result(sc)) == []
 
 
 @pytest.mark.parametrize("k,B,item", [(64, 128, 1152), (2048, 4096, 656)])
