@@ -91,9 +91,12 @@ __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, c
     const long long t0 = clock64();
     while (clock64() - t0 < delay) {}
   }
+  const auto host_row = [&](int r) -> int64_t {
+    return deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
+  };
   if (load == 1) {  // cp.async: every row of the CTA into shared memory at once, then stored
     for (int r = r0 + warp; r < r1; r += nw) {
-      const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
+      const int64_t h = host_row(r);
       for (int pc = lane; pc < kP; pc += 32)
         cp_async16(sm + (r - r0) * ITEM + 16 * pc, host + h * hs + 16 * pc);
     }
@@ -108,7 +111,7 @@ __global__ void shaped_gather_kernel(const int64_t* src, const int64_t* table, c
   const bool mark = load == 2;
   for (int r = r0 + warp; r < r1; r += nw) {
     const unsigned long long t0 = mark ? probe_now() : 0;
-    const int64_t h = deps == 0 ? src[r] : deps == 1 ? table[key[r]] : table[key2[perm[r]]];
+    const int64_t h = host_row(r);
     const int4* s = reinterpret_cast<const int4*>(host + h * hs);
     int4* d = reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[r]) * ds);
     int4 v[kPerLane];
