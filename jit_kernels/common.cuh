@@ -171,9 +171,13 @@ __device__ __forceinline__ void fill_smem(void* dst, int n16, int4 v, int tid, i
 // arrival resets the counter, so the zeroed workspace serves the next launch (and graph replay).
 // Split in two so that a caller can issue the arrival early and use its ticket late (the
 // atomic's round trip then overlaps other work): arrive_last = arrive_decide(arrive_issue()).
-__device__ __forceinline__ int arrive_issue(int32_t* arrivals, int b, int ctas) {
+// `fence` = false skips the __threadfence, for a CTA whose other warps have host reads in
+// flight: the fence waits for those (resolve's fetch warps). The atomic then still follows the
+// block barrier after which the arriving CTA's reads of the state have landed in shared memory,
+// so no write the arrival permits can reach them.
+__device__ __forceinline__ int arrive_issue(int32_t* arrivals, int b, int ctas, bool fence = true) {
   if (ctas <= 1) return 0;
-  __threadfence();
+  if (fence) __threadfence();
   return atomicAdd(&arrivals[b], 1);
 }
 
@@ -193,26 +197,32 @@ __device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) 
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory (with
 // `list`, rows list[q0..q1) instead). The rows are flattened into 16-byte pieces spread over all
 // threads, so lanes stay busy whatever the row size (656 B = 41 pieces is not a multiple of a
-// warp's 32).
-template <int ITEM>
+// warp's 32). `tid`/`T`: this thread's index among the T copying threads (-1: the whole CTA);
+// UNROLL: loads each thread keeps in flight.
+template <int ITEM, int UNROLL = kUnroll>
 __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst, int q0, int q1,
                                           const uint8_t* host, int64_t hstride, uint8_t* dev,
-                                          int64_t dstride, const int32_t* list = nullptr) {
+                                          int64_t dstride, const int32_t* list = nullptr,
+                                          int tid = -1, int T = 0) {
   constexpr int kPieces = ITEM / 16;
+  if (tid < 0) {
+    tid = threadIdx.x;
+    T = blockDim.x;
+  }
   const int total = (q1 - q0) * kPieces;
-  for (int base = threadIdx.x; base < total; base += blockDim.x * kUnroll) {
-    int4 v[kUnroll];
+  for (int base = tid; base < total; base += T * UNROLL) {
+    int4 v[UNROLL];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int x = base + u * blockDim.x;
+    for (int u = 0; u < UNROLL; ++u) {
+      const int x = base + u * T;
       if (x < total) {
         const int q = list ? list[q0 + x / kPieces] : q0 + x / kPieces, piece = x % kPieces;
         v[u] = __ldg(reinterpret_cast<const int4*>(host + src[q] * hstride) + piece);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int x = base + u * blockDim.x;
+    for (int u = 0; u < UNROLL; ++u) {
+      const int x = base + u * T;
       if (x < total) {
         const int q = list ? list[q0 + x / kPieces] : q0 + x / kPieces, piece = x % kPieces;
         reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[q]) * dstride)[piece] = v[u];
