@@ -5,8 +5,10 @@
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
 // bitmap, 3 B per 16 positions). With a resident hint, up to stage_cap probable misses per
-// CTA are fetched into shared memory before the bookkeeping (step 0b, "early fetch"), and
-// stored once it ends, before the direct copies (step 7).
+// CTA are fetched before the bookkeeping ends ("early fetch"): in line (step 0b, into shared
+// memory, stored in step 7 before the direct copies), or, in COPY launches of at least
+// kFetchMinCtas CTAs per request (the EARLY builds), by fetch warps that hold the rows in
+// registers and store them once the bookkeeping names their destinations.
 #pragma once
 
 #include "common.cuh"
@@ -32,7 +34,7 @@ struct ResolveArgs {
   uint32_t* resident; int64_t res_stride;
   int ctas;           // CTAs per request (gridDim.x)
   int words;          // position bitmap words: ceil(host_rows columns / 32)
-  int stage_cap;      // rows each CTA may fetch early into shared memory (0: none)
+  int stage_cap;      // rows each CTA may fetch early (shared memory or fetch warps; 0: none)
   bool write_plan, copy;
 };
 
@@ -58,9 +60,10 @@ struct Layout {
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
   static constexpr size_t total(size_t words) { return bytes + bitmap_bytes(words) + a16(2 * words); }
-  // Early-fetch staging after that (only with a resident hint): the staging index of each
-  // top-k entry (int16), then per staged row its device row (int32, -1 while unclaimed), then
-  // the rows' bytes.
+  // Early-fetch staging after that (only with a resident hint): the staging slot of each top-k
+  // entry (int16, -1 if none), then per slot its device row (int32, -1 while unclaimed), then
+  // (in-line early rows) the rows' bytes; EARLY builds hold the rows in the fetch warps'
+  // registers instead (item = 0).
   static constexpr size_t stage_dst(size_t cap) { return a16(2 * K); }
   static constexpr size_t stage_rows(size_t cap) { return stage_dst(cap) + a16(4 * cap); }
   static constexpr size_t stage_bytes(size_t cap, size_t item) {
@@ -102,6 +105,30 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
   return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
 }
 
+// Fetch warps of an EARLY build: the last quarter of the CTA's warps (at least one). Each holds
+// up to fetch_rows<ITEM>() rows in registers (kPieces / 32 int4 per lane and row).
+__host__ __device__ constexpr int fetch_warps(int threads) { return threads >= 256 ? threads / 128 : 1; }
+template <int ITEM>
+__host__ __device__ constexpr int fetch_rows() { return ITEM <= 1024 ? 4 : 3; }
+// CTAs per request from which COPY launches use fetch warps (mirrored by
+// sglang_hisparse/kernels/ops.py:FETCH_MIN_CTAS). NOTE (H200, k 2048, B 4096,
+// results/resolve_ab_v14_fetch_warps.json): fetch warps holding every probable miss made
+// batch 1 @15 % (32 CTAs per request) 27-38 % faster, batch 16 (8 CTAs) level at 5 % churn but
+// 1-2.5 % slower at 15 %, batch 64 (2 CTAs) 2-3 % slower at 5-15 %: with ~40+ misses per CTA
+// the rows the fetch warps put in flight at once slow the host reads, and the bookkeeping runs
+// on three quarters of the threads.
+constexpr int kFetchMinCtas = 16;
+
+// Named barriers of an EARLY build (0 is __syncthreads): 1 among the bookkeeping warps; 2 the
+// fetch warps' slots are written (they arrive, the bookkeeping waits); 3 the held rows'
+// destinations are written (the bookkeeping arrives, the fetch warps wait).
+__device__ __forceinline__ void named_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
 // Codes stored per top-k entry in place of a dense id.
 constexpr int kPadEntry = -1, kNewestEntry = -2;
 
@@ -139,7 +166,14 @@ __device__ __forceinline__ void resolve_short(const int32_t* tk, const int32_t* 
 // positions set their bit, a prefix count per bitmap word turns a set bit into a dense id, and a
 // slot's token is selected iff its bit is set. No probe chains (their longest one set the
 // slowest CTA), one atomicOr per selected position instead of a CAS loop.
-template <int K, int B, int ITEM, int TB>
+// EARLY (COPY with a resident hint and early rows): the last fetch_warps() warps are fetch
+// warps. They look up their share of the CTA's top-k entries, put every probable miss's row in
+// flight at once into registers (up to fetch_rows() each) and store each one when the
+// bookkeeping has named its destination; they never join the bookkeeping's barriers, since a
+// warp with host reads in flight stalls its later shared-memory work and barriers until they
+// land (probe_host_stall.cu). Holding a landed row ~10 us costs nothing
+// (probe_gather_shape.py --handoff). The other warps do the bookkeeping alone.
+template <int K, int B, int ITEM, int TB, bool EARLY>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B>;
   static_assert(K <= 32767 && B <= 32767, "slot ids, top-k indices and ranks are 16-bit");
@@ -163,8 +197,13 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   __shared__ int s_writer, s_direct;
 
   const int b = blockIdx.y, c = blockIdx.x, tid = threadIdx.x;
-  const int T = TB ? TB : static_cast<int>(blockDim.x);
+  const int T_all = TB ? TB : static_cast<int>(blockDim.x);
+  const int T = EARLY ? T_all - 32 * fetch_warps(T_all) : T_all;  // bookkeeping threads
+  const int FT = T_all - T;                                        // fetch threads
   if constexpr (TB > 0) __builtin_assume(tid < TB);
+  const auto bk_sync = [&]() {
+    if constexpr (EARLY) named_sync(1, T); else __syncthreads();
+  };
   HS_PHASE(0);
   const int32_t* tk = a.top_k + b * a.topk_stride;
   int32_t* out = a.out_rows + b * a.out_stride;
@@ -173,19 +212,28 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int n_real = *a.num_real;
   const int64_t r = load_index(a.req_index, a.req64, b);
   const int64_t n = load_index(a.seq_lens, a.len64, b);
-  stage_to_smem(tks, tk, 4 * K, tid, T);
+  if (tid < T) stage_to_smem(tks, tk, 4 * K, tid, T);
   cp_async_commit();
-  // Early fetch (step 0b below; COPY with a resident hint only): warps 1.. take this CTA's
-  // top-k entries i = c + e * ctas, e = tid - 32 + u * (T - 32); the first kBatch positions are
-  // loaded now, in the same round trip as the indices.
+  // Early fetch (COPY with a resident hint only; EARLY: the fetch warps, below; otherwise
+  // in line, step 0b): this CTA owns top-k entries i = c + e * ctas. EARLY: preload u of lane l
+  // of fetch warp w takes e = w + F * (l + 32 * u) (round robin over the warps, so that a CTA's
+  // few probable misses fall on different warps; a bijection onto [0, kBatch * FT)). In line:
+  // warps 1.. take e = tid - 32 + u * (T - 32). The first kBatch positions are loaded now, in
+  // the same round trip as the indices.
   constexpr int kPieces = ITEM / 16;
-  const bool early = a.resident != nullptr && a.stage_cap > 0 && a.copy;
+  const bool early = !EARLY && a.resident != nullptr && a.stage_cap > 0 && a.copy;  // in line
   const int n_own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
+  const auto fetch_entry = [&](int u) { return ((tid - T) >> 5) + (FT >> 5) * ((tid & 31) + 32 * u); };
   int p0[kBatch];
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
-    const int e = tid - 32 + u * ET;
-    p0[u] = early && tid >= 32 && e < n_own ? tk[c + e * a.ctas] : -1;
+    if constexpr (EARLY) {
+      const int e = fetch_entry(u);
+      p0[u] = tid >= T && e < n_own ? tk[c + e * a.ctas] : -1;
+    } else {
+      const int e = tid - 32 + u * ET;
+      p0[u] = early && tid >= 32 && e < n_own ? tk[c + e * a.ctas] : -1;
+    }
   }
   if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
@@ -211,6 +259,82 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int limit = newest < 32 * a.words ? newest : 32 * a.words;
   const int words = (limit + 31) / 32;
   HS_PHASE(1);
+  const bool hint = a.resident != nullptr;
+  uint32_t* res = hint ? a.resident + r * a.res_stride : nullptr;
+  const int64_t* hrow = a.host_rows + r * a.hr_stride;
+  uint8_t* stg = smem + L::total(a.words);
+  int16_t* sidx = reinterpret_cast<int16_t*>(stg);
+  int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
+  if (EARLY && tid >= T) {
+    // 0b. Fetch warps: the hint words and host rows of the preloaded positions, loaded together.
+    //     A selected position whose hint bit is clear is probably a miss: warp w takes its first
+    //     fetch_rows() candidates (slots w * fetch_rows() + t, below stage_cap) and records each
+    //     owned entry's slot (-1: copied directly if it is a miss) before any row is issued, so
+    //     that its arrival at barrier 2 waits for nothing. Then every held row goes out at once;
+    //     each is stored once barrier 3 has published its destination (sdst, -1: not a miss's
+    //     first occurrence), whenever it lands. The bookkeeping stays authoritative.
+    constexpr int kHold = fetch_rows<ITEM>(), kHeld = (kPieces + 31) / 32;
+    const int f = tid - T, lane = tid & 31, fw = f >> 5;
+    const int quota = max(0, min(kHold, a.stage_cap - fw * kHold));
+    uint32_t w0[kBatch];
+    int64_t h0[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const bool sel = p0[u] >= 0 && p0[u] < limit;
+      w0[u] = sel ? res[p0[u] >> 5] : ~0u;
+      h0[u] = sel ? hrow[p0[u]] : -1;
+    }
+    int64_t src_row[kHold];
+    int taken = 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = fetch_entry(u);
+      const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
+      const unsigned cand = __ballot_sync(kFull, src >= 0);
+      const int rank = taken + __popc(cand & lanemask_lt());
+      if (e < n_own)
+        sidx[c + e * a.ctas] = static_cast<int16_t>(src >= 0 && rank < quota ? fw * kHold + rank : -1);
+      unsigned left = cand;
+#pragma unroll
+      for (int t = 0; t < kHold; ++t) {
+        if (t >= taken && t < quota && left) {  // warp-uniform
+          src_row[t] = __shfl_sync(kFull, src, __ffs(left) - 1);
+          left &= left - 1;
+        }
+      }
+      taken = min(quota, taken + __popc(cand));
+    }
+    for (int e = kBatch * FT + f; e < n_own; e += FT) sidx[c + e * a.ctas] = -1;  // not preloaded
+    for (int j = f; j < a.stage_cap; j += FT) sdst[j] = -1;  // every slot starts unclaimed
+    named_arrive(2, T_all);
+    int4 held[kHold][kHeld];
+#pragma unroll
+    for (int t = 0; t < kHold; ++t) {
+      if (t < taken) {
+        const int4* s = reinterpret_cast<const int4*>(a.host_cache + src_row[t] * a.hc_stride);
+#pragma unroll
+        for (int v = 0; v < kHeld; ++v)
+          if (lane + 32 * v < kPieces) held[t][v] = __ldg(s + lane + 32 * v);
+      }
+    }
+    named_sync(3, T_all);
+    // Their share of the direct copies first (issued while the held rows may still be on the
+    // way), then the held rows.
+    copy_rows<ITEM, (kHold * kHeld > 8 ? 2 : kUnroll)>(msrc, mdst, 0, s_direct, a.host_cache,
+                                                         a.hc_stride, a.device_cache, a.dc_stride,
+                                                         first, tid, T_all);
+#pragma unroll
+    for (int t = 0; t < kHold; ++t) {
+      const int dst = t < taken ? sdst[fw * kHold + t] : -1;
+      if (dst >= 0) {
+        int4* d = reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(dst) * a.dc_stride);
+#pragma unroll
+        for (int v = 0; v < kHeld; ++v)
+          if (lane + 32 * v < kPieces) d[lane + 32 * v] = held[t][v];
+      }
+    }
+    return;
+  }
 
   // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
   //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
@@ -221,25 +345,13 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
   fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
   if (tid == 0) s_direct = 0;
-  const bool hint = a.resident != nullptr;
-  uint32_t* res = hint ? a.resident + r * a.res_stride : nullptr;
-  // Hint words and host rows of the preloaded positions, loaded together (the host row is only
-  // used if the bit is clear).
-  const int64_t* hrow = a.host_rows + r * a.hr_stride;
-  uint32_t w0[kBatch];
-  int64_t h0[kBatch];
-#pragma unroll
-  for (int u = 0; u < kBatch; ++u) {
-    const bool sel = p0[u] >= 0 && p0[u] < limit;
-    w0[u] = sel ? res[p0[u] >> 5] : ~0u;
-    h0[u] = sel ? hrow[p0[u]] : -1;
-  }
-  // 0b. Early fetch: a selected position whose hint bit is clear is probably a miss, so its row
-  //     starts streaming from the host into this CTA's shared memory (cp.async group 2) as soon
-  //     as the hint word and host row are in, before any barrier, and lands while the
-  //     bookkeeping below runs. The bookkeeping stays authoritative: a staged row is stored
-  //     (step 7) only if its entry is a miss's first occurrence (step 5); every other miss is
-  //     copied directly. sidx[i]: staging slot of owned entry i, -1 if none.
+  // 0b. In-line early fetch (not EARLY): a selected position whose hint bit is clear is
+  //     probably a miss, so its row starts streaming from the host into this CTA's shared
+  //     memory (cp.async group 2) as soon as the hint word and host row are in, before any
+  //     barrier, and lands while the bookkeeping below runs. The bookkeeping stays
+  //     authoritative: a staged row is stored (step 7) only if its entry is a miss's first
+  //     occurrence (step 5); every other miss is copied directly. sidx[i]: staging slot of
+  //     owned entry i, -1 if none.
   //     Slots are dealt to warps up front (no shared counter, so nothing to clear first): the W
   //     warps that hold preloaded entries get q = ceil(stage_cap / W) slots each, in warp order,
   //     and fill them with their first candidates (one ballot per round); each warp issues its
@@ -248,11 +360,16 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   //     would wait for its host reads to land and hold the whole CTA at the next barrier.
   //     NOTE: the first hint words arrive ~1 us after the launch; issuing after the block
   //     barrier and a shared-counter ranking (v8) started the rows ~1 us later.
-  uint8_t* stg = smem + L::total(a.words);
-  int16_t* sidx = reinterpret_cast<int16_t*>(stg);
-  int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
   uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
   if (early) {
+    uint32_t w0[kBatch];
+    int64_t h0[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const bool sel = p0[u] >= 0 && p0[u] < limit;
+      w0[u] = sel ? res[p0[u] >> 5] : ~0u;
+      h0[u] = sel ? hrow[p0[u]] : -1;
+    }
     for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
     if (tid >= 32) {
       const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
@@ -279,7 +396,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     cp_async_commit();
   }
   cp_async_wait<1>();
-  __syncthreads();
+  bk_sync();
   HS_PHASE(2);
   if (early)  // owned entries past the preloaded ones: not staged
     for (int e = ET * kBatch + tid - 32; tid >= 32 && e < n_own; e += ET) sidx[c + e * a.ctas] = -1;
@@ -294,7 +411,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       if (p >= 0 && p < limit) atomicOr(&bm[p >> 5], 1u << (p & 31));
     }
   }
-  __syncthreads();
+  bk_sync();
   HS_PHASE(3);
   // 2. Prefix counts: prefix[w] = set bits in words < w (each thread a contiguous chunk, one
   //    exchange of warp totals). The staged slot tokens and LRU must have landed by the barrier.
@@ -308,7 +425,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int incl = warp_inclusive_scan(cnt);
     if (lane == 31) scratch[warp] = incl;
     if (early) cp_async_wait<1>(); else cp_async_wait<0>();  // not the early fetch's group
-    __syncthreads();
+    bk_sync();
     const int own = lane < nw ? scratch[lane] : 0;
     const int tot = warp_inclusive_scan(own);
     int run = __shfl_sync(kFull, tot - own, warp) + incl - cnt;
@@ -317,12 +434,12 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       run += __popc(bm[w]);
     }
   }
-  __syncthreads();
+  bk_sync();
   HS_PHASE(4);
   // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
   // this CTA is the last (the writer) only before the exchange, so the atomic's round trip
   // overlaps the work in between.
-  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas) : 0;
+  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas, !EARLY) : 0;
   // 3a. Dense id of every entry, and the first top-k index of each id (kBatch entries' loads
   //     issued before their first store).
   for (int i0 = tid; i0 < K; i0 += T * kBatch) {
@@ -370,7 +487,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     if (lane == 0) evbits[j0 >> 5] = bal;
     n_ev += __popc(bal);
   }
-  __syncthreads();
+  bk_sync();
   HS_PHASE(5);
   // 4. Misses: first occurrences of selected positions that no slot holds, in top-k order
   //    (warp segments and ballot words as above). Then one exchange of the packed per-warp
@@ -406,7 +523,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   }
   if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
   if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
-  __syncthreads();
+  bk_sync();
   const int mine = lane < nw ? scratch[lane] : 0;
   int both = warp_inclusive_scan(mine);
   const int off = __shfl_sync(kFull, both - mine, warp);
@@ -446,7 +563,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     }
   }
   const bool writer = s_writer;  // published by the barrier above
-  __syncthreads();
+  bk_sync();
   HS_PHASE(6);
   // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
   //    flight), record the new slot token (the writer; it also moves the hint bit from the
@@ -455,6 +572,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   //    else directly (listed in `first`, free from here on).
   int32_t* direct = first;
   const bool hint_writer = hint && writer;
+  if constexpr (EARLY) named_sync(2, T_all);  // the fetch warps' slots (sidx) are written
   for (int x0 = tid; x0 < m; x0 += T * kBatch) {
     int64_t src[kBatch];
     int32_t dst[kBatch], old[kBatch];
@@ -481,13 +599,14 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         atomicOr(&res[tks[i] >> 5], 1u << (tks[i] & 31));
       }
       if (i % a.ctas == c) {
-        const int j = early ? sidx[i] : -1;
+        const int j = EARLY || early ? sidx[i] : -1;
         if (j >= 0) sdst[j] = dst[u];
         else direct[atomicAdd(&s_direct, 1)] = x;
       }
     }
   }
-  __syncthreads();
+  bk_sync();
+  if constexpr (EARLY) named_arrive(3, T_all);  // sdst is final: the held rows may be stored
   HS_PHASE(7);
   // 6. Outputs: each CTA writes its share of out_rows and of the plan; the writer the new LRU
   //    (order rotated left by m over the evictables, then the hits).
@@ -524,12 +643,13 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     if (c == 0 && tid == 0) a.plan_count[b] = m;
   }
   HS_PHASE(8);
-  // 7. The staged rows that are misses go out first: the bookkeeping above waited for them
-  //    anyway (its arrival and global loads wait behind host reads), and storing them after the
-  //    direct copies (v8) put their wait, a barrier and their stores on the kernel's tail.
+  // 7. In line (not EARLY): the staged rows that are misses go out first: the bookkeeping
+  //    above waited for them anyway (its arrival and global loads wait behind host reads), and
+  //    storing them after the direct copies (v8) put their wait, a barrier and their stores on
+  //    the kernel's tail. Then the direct copies (EARLY: shared with the fetch warps).
   if (early) {
     cp_async_wait<0>();
-    __syncthreads();
+    bk_sync();
   }
   HS_PHASE(9);
   if (early) {
@@ -543,7 +663,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   HS_PHASE(10);
   if (a.copy)
     copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                    a.dc_stride, direct);
+                    a.dc_stride, direct, tid, T_all);
   HS_PHASE(11);
 }
 
@@ -601,16 +721,20 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   }
   const size_t base = L::total(static_cast<size_t>(words));
   const SmemLimits lim = smem_limits(dev);
-  // Early-fetch rows: as many as fit (at most stage_rows) in what a CTA may take: all its SM
-  // offers at 1024 threads (one CTA per SM anyway), half an SM below (two CTAs per SM stay).
+  // Early-fetch rows: at most stage_rows, within what a CTA may take: all its SM offers at 1024
+  // threads (one CTA per SM anyway), half an SM below (two CTAs per SM stay). COPY launches of
+  // at least kFetchMinCtas CTAs per request use fetch warps (EARLY; as many rows as they hold),
+  // the rest the in-line early fetch (rows staged in shared memory).
+  const bool fetch = hint && copy && stage_rows > 0 && block >= 64 && ctas >= kFetchMinCtas;
   int cap = 0;
   if (hint && stage_rows > 0 && block >= 64) {
     const size_t budget = block > 512 ? static_cast<size_t>(lim.optin)
                                       : std::min<size_t>(lim.optin, lim.per_sm / 2 - 1024);
-    cap = static_cast<int>(std::min<int64_t>(stage_rows, K));
-    while (cap > 0 && base + L::stage_bytes(cap, ITEM) > budget) --cap;
+    const int64_t held = fetch ? fetch_warps(static_cast<int>(block)) * fetch_rows<ITEM>() : K;
+    cap = static_cast<int>(std::min<int64_t>(stage_rows, held));
+    while (cap > 0 && base + L::stage_bytes(cap, fetch ? 0 : ITEM) > budget) --cap;
   }
-  const size_t smem = base + L::stage_bytes(cap, ITEM);
+  const size_t smem = base + L::stage_bytes(cap, fetch ? 0 : ITEM);
   HS_CHECK(base <= static_cast<size_t>(lim.optin),
            "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
            << " positions needs " << base << " B of shared memory per CTA; this GPU allows "
@@ -646,9 +770,10 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  auto kernel = block == 1024 ? resolve_kernel<K, B, ITEM, 1024>
-              : block == 512  ? resolve_kernel<K, B, ITEM, 512>
-                              : resolve_kernel<K, B, ITEM, 0>;
+  const bool early = fetch && cap > 0;
+  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true> : resolve_kernel<K, B, ITEM, 1024, false>)
+              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true> : resolve_kernel<K, B, ITEM, 512, false>)
+                              : (early ? resolve_kernel<K, B, ITEM, 0, true> : resolve_kernel<K, B, ITEM, 0, false>);
   ensure_smem(kernel, dev, smem);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),

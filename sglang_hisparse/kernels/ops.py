@@ -48,6 +48,18 @@ DEFAULT_REPLAY_CTAS = 8
 #: batch 1, whose target is met; two runs each).
 DEFAULT_EARLY_ROWS = 6
 
+#: CTAs per request from which COPY launches use fetch warps (jit_kernels/resolve.cuh:
+#: kFetchMinCtas; keep both in step): a quarter of each CTA's warps put every probable miss in
+#: flight at once into registers (up to 32 rows of 656 B, 24 of 1152 B per CTA) and store each
+#: one once the bookkeeping names its destination. The default early rows are then
+#: ``FETCH_EARLY_ROWS`` (as many as the fetch warps hold).
+#: NOTE (H200, k 2048, B 4096; benchmarks/results/resolve_ab_v14_fetch_warps.json, two runs):
+#: batch 1 @15 % (32 CTAs per request) 16.6 -> 12.1-12.4 us (1152 B), 14.6 -> 10.6-11.2 us
+#: (656 B); at 8 CTAs (batch 16) level at 5 % churn and 1-2.5 % slower at 15 %, at 2 (batch 64)
+#: 2-3 % slower at 5-15 %: below 16 CTAs per request the in-line early rows stay.
+FETCH_MIN_CTAS = 16
+FETCH_EARLY_ROWS = 32
+
 _arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
 _sm_count: dict[torch.device, int] = {}
 
@@ -92,6 +104,12 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     return max(1, min(MAX_CTAS_PER_REQUEST, _sms(device) // max(bs, 1)))
 
 
+def default_early_rows(ctas: int) -> int:
+    """Early rows per CTA when the caller leaves them open: ``FETCH_EARLY_ROWS`` where COPY
+    launches use fetch warps (``ctas >= FETCH_MIN_CTAS``), else ``DEFAULT_EARLY_ROWS``."""
+    return FETCH_EARLY_ROWS if ctas >= FETCH_MIN_CTAS else DEFAULT_EARLY_ROWS
+
+
 @torch.no_grad()
 def resolve(
     *, top_k: torch.Tensor, req_index: torch.Tensor, seq_lens: torch.Tensor,
@@ -123,9 +141,10 @@ def resolve(
             mutated; :func:`reference.resident_hint` builds one). With it, each CTA starts
             fetching the rows of selected positions whose bit is clear before its bookkeeping
             has finished; results never depend on it.
-        early_rows: rows per CTA the early fetch may stage in shared memory (default
-            ``DEFAULT_EARLY_ROWS``, lowered to what fits; 0 = keep the hint, fetch nothing
-            early).
+        early_rows: rows per CTA the early fetch may stage in shared memory, or hold in the
+            fetch warps' registers from ``FETCH_MIN_CTAS`` CTAs per request on (default
+            ``DEFAULT_EARLY_ROWS``, or ``FETCH_EARLY_ROWS`` with fetch warps; lowered to what
+            fits; 0 = keep the hint, fetch nothing early).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -141,10 +160,10 @@ def resolve(
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
     check_resident(resident, lru=lru, host_rows=host_rows)
-    stage = -1 if resident is None else DEFAULT_EARLY_ROWS if early_rows is None else early_rows
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
+    stage = -1 if resident is None else default_early_rows(ctas) if early_rows is None else early_rows
     block = check_block_size(block_size or auto_block_size(bs, ctas, top_k.device))
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)

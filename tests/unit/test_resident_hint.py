@@ -122,3 +122,14 @@ def test_early_fetch_switch_is_logged_and_changes_no_result(monkeypatch, caplog)
         outs.append(rig.swap([0], [[9, 5]], 1).tolist())
     assert outs[0] == outs[1]
     assert "early fetch off (SGLANG_HISPARSE_EARLY_FETCH)" in caplog.text
+
+
+def test_default_early_rows_follow_the_fetch_warp_threshold():
+    """From ``FETCH_MIN_CTAS`` CTAs per request on, COPY launches use fetch warps and the default
+    early rows are as many as they hold; below, the in-line default. The threshold mirrors the
+    launcher's ``kFetchMinCtas``."""
+    src = (Path(__file__).resolve().parents[2] / "jit_kernels" / "resolve.cuh").read_text()
+    assert f"constexpr int kFetchMinCtas = {ops.FETCH_MIN_CTAS};" in src
+    assert ops.default_early_rows(ops.FETCH_MIN_CTAS) == ops.FETCH_EARLY_ROWS
+    assert ops.default_early_rows(ops.FETCH_MIN_CTAS - 1) == ops.DEFAULT_EARLY_ROWS
+    assert ops.default_early_rows(1) == ops.DEFAULT_EARLY_ROWS
