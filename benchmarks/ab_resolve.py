@@ -51,6 +51,8 @@ CONFIGS = [  # (bs, ctas, churn, block)
 K, B, CTX, STEPS = 2048, 4096, 32768, 12
 #: pass the trace's resident hint to both kernels (--hint): the early fetch, as the coordinator
 HINT = False
+#: early rows for the baseline (--base-early-rows; None: ops.default_early_rows, as the new one)
+BASE_EARLY: int | None = None
 
 
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
@@ -90,13 +92,13 @@ class Case:
         self.e32 = torch.empty(0, 0, dtype=torch.int32, device=DEV)
         self.c32 = torch.empty(0, dtype=torch.int32, device=DEV)
 
-    def call(self, mod, t, copy):
+    def call(self, mod, t, copy, early=None):
         tr, io = self.tr, self.io
         mod.resolve(tr["top_k"][t], io["req"], io["lens"], io["nr"], tr["slot_tokens"],
                     tr["slot_rows"], tr["lru"], tr["host_rows"], self.host, io["dev_cache"],
                     io["out"], self.e64, self.e32, self.c32, self.arrivals,
                     tr["resident"] if HINT else self.arrivals, self.ctas, self.block, 0, copy,
-                    ops.DEFAULT_EARLY_ROWS if HINT else -1)
+                    (ops.default_early_rows(self.ctas) if early is None else early) if HINT else -1)
 
     def key(self):
         return f"{self.item}/{self.bs}/{self.ctas}/{self.churn}/{self.block}"
@@ -147,7 +149,8 @@ def worker(side: str, path: Path, flags: str, items) -> None:
         mod = mods[case.item]
         rec = dict(key=case.key(), sm_mhz=sm_clock_mhz())
         for copy in (0, 1):
-            us = time_graph(lambda t, c=copy, case=case, mod=mod: case.call(mod, t + 1, c),
+            early = BASE_EARLY if side == "base" else None
+            us = time_graph(lambda t, c=copy, case=case, mod=mod, e=early: case.call(mod, t + 1, c, e),
                             case.io["restore"], STEPS, 5)
             rec[f"{side}_{'copy' if copy else 'noio'}_us"] = round(us, 2)
         print("AB " + json.dumps(rec), flush=True)
@@ -165,10 +168,13 @@ def main(argv=None) -> int:
     ap.add_argument("--items", default="1152,656")
     ap.add_argument("--hint", action="store_true",
                     help="give both kernels the resident hint (early fetch on, as in serving)")
+    ap.add_argument("--base-early-rows", type=int, default=None,
+                    help="early rows per CTA for the baseline (default: ops.default_early_rows, "
+                         "as for the new kernel; e.g. 6 for a kernel without fetch warps)")
     ap.add_argument("--worker", choices=("base", "new"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    global HINT
-    HINT = args.hint
+    global HINT, BASE_EARLY
+    HINT, BASE_EARLY = args.hint, args.base_early_rows
     items = [int(x) for x in args.items.split(",")]
     if args.worker:
         path, flags = (args.baseline, args.base_flags) if args.worker == "base" else (args.new, args.new_flags)
@@ -182,7 +188,8 @@ def main(argv=None) -> int:
     recs = {key: dict(same=ok) for key, ok in same.items()}
     base_cmd = [sys.executable, __file__, "--baseline", str(args.baseline), "--new", str(args.new),
                 f"--base-flags={args.base_flags}", f"--new-flags={args.new_flags}",
-                "--items", args.items, *(["--hint"] if args.hint else [])]
+                "--items", args.items, *(["--hint"] if args.hint else []),
+                *([f"--base-early-rows={args.base_early_rows}"] if args.base_early_rows is not None else [])]
     for i, side in enumerate(("base", "new", "new", "base")):  # each side once first, once last
         proc = subprocess.run([*base_cmd, "--worker", side], capture_output=True, text=True)
         if proc.returncode != 0:
