@@ -96,6 +96,13 @@ class Resolver:
         if ctx.state.resident is not None and not self.early_fetch:
             logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
                         envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
+        elif ctx.state.resident is not None and ctx.device.type == "cuda" and mode == ResolveMode.COPY:
+            logger.info(
+                "HiSparse: early fetch on: decode batches of <= %d requests (>= %d CTAs per "
+                "request) use fetch warps, every probable miss in flight at once; larger batches "
+                "stage up to %d probable misses per CTA while the bookkeeping runs "
+                "(docs/kernels.md, 'Fetch warps').", ops.fetch_warp_max_batch(ctx.device),
+                ops.FETCH_MIN_CTAS, ops.DEFAULT_EARLY_ROWS)
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:

@@ -104,6 +104,12 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     return max(1, min(MAX_CTAS_PER_REQUEST, _sms(device) // max(bs, 1)))
 
 
+def fetch_warp_max_batch(device: torch.device) -> int:
+    """Largest batch whose COPY launches use fetch warps with the default CTA split (``ctas >=
+    FETCH_MIN_CTAS``): ``SMs // FETCH_MIN_CTAS``, 8 on a 132-SM H200."""
+    return _sms(device) // FETCH_MIN_CTAS
+
+
 def default_early_rows(ctas: int) -> int:
     """Early rows per CTA when the caller leaves them open: ``FETCH_EARLY_ROWS`` where COPY
     launches use fetch warps (``ctas >= FETCH_MIN_CTAS``), else ``DEFAULT_EARLY_ROWS``."""

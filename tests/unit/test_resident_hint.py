@@ -133,3 +133,14 @@ def test_default_early_rows_follow_the_fetch_warp_threshold():
     assert ops.default_early_rows(ops.FETCH_MIN_CTAS) == ops.FETCH_EARLY_ROWS
     assert ops.default_early_rows(ops.FETCH_MIN_CTAS - 1) == ops.DEFAULT_EARLY_ROWS
     assert ops.default_early_rows(1) == ops.DEFAULT_EARLY_ROWS
+
+
+def test_fetch_warps_cover_batches_up_to_sms_over_the_threshold(monkeypatch):
+    """The batch bound the coordinator logs: with the default CTA split, a batch uses fetch warps
+    iff SMs // batch >= FETCH_MIN_CTAS."""
+    monkeypatch.setattr(ops, "_sms", lambda device: 132)
+    top = ops.fetch_warp_max_batch(torch.device("cuda"))
+    assert top == 8
+    for bs in (1, top, top + 1, 64):
+        ctas = ops.default_ctas_per_request(bs, torch.device("cuda"))
+        assert (ctas >= ops.FETCH_MIN_CTAS) == (bs <= top)
