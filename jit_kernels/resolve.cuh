@@ -129,6 +129,19 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
+// Early fetch: the hint word and host row of each preloaded position, loaded together (the host
+// row is only used if the position's bit is clear); ~0 / -1 for an unselectable position.
+__device__ __forceinline__ void load_hints(const int (&p0)[kBatch], int limit, const uint32_t* res,
+                                           const int64_t* hrow, uint32_t (&w0)[kBatch],
+                                           int64_t (&h0)[kBatch]) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const bool sel = p0[u] >= 0 && p0[u] < limit;
+    w0[u] = sel ? res[p0[u] >> 5] : ~0u;
+    h0[u] = sel ? hrow[p0[u]] : -1;
+  }
+}
+
 // Codes stored per top-k entry in place of a dense id.
 constexpr int kPadEntry = -1, kNewestEntry = -2;
 
@@ -278,12 +291,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int quota = max(0, min(kHold, a.stage_cap - fw * kHold));
     uint32_t w0[kBatch];
     int64_t h0[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool sel = p0[u] >= 0 && p0[u] < limit;
-      w0[u] = sel ? res[p0[u] >> 5] : ~0u;
-      h0[u] = sel ? hrow[p0[u]] : -1;
-    }
+    load_hints(p0, limit, res, hrow, w0, h0);
     int64_t src_row[kHold];
     int taken = 0;
 #pragma unroll
@@ -364,12 +372,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   if (early) {
     uint32_t w0[kBatch];
     int64_t h0[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool sel = p0[u] >= 0 && p0[u] < limit;
-      w0[u] = sel ? res[p0[u] >> 5] : ~0u;
-      h0[u] = sel ? hrow[p0[u]] : -1;
-    }
+    load_hints(p0, limit, res, hrow, w0, h0);
     for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
     if (tid >= 32) {
       const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
