@@ -61,3 +61,16 @@ def test_two_sinks_share_one_registry():
     b(snap(misses=4, selected=10), None, 1.0)
     assert value(reg, "sglang:hisparse_misses_total") == 3
     assert reg.get_sample_value("sglang:hisparse_misses_total", {"tp_rank": "1"}) == 4
+
+
+def test_a_new_registry_never_gets_a_freed_ones_series():
+    """Registries created and freed one after another (CPython reuses their ids) each get their
+    own series."""
+    import gc
+
+    for _ in range(50):
+        reg = prometheus_client.CollectorRegistry()
+        PrometheusSink({"tp_rank": "0"}, registry=reg)(snap(misses=3, selected=10), None, 1.0)
+        assert value(reg, "sglang:hisparse_misses_total") == 3
+        del reg
+        gc.collect()
