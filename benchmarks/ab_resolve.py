@@ -51,8 +51,9 @@ CONFIGS = [  # (bs, ctas, churn, block)
 K, B, CTX, STEPS = 2048, 4096, 32768, 12
 #: pass the trace's resident hint to both kernels (--hint): the early fetch, as the coordinator
 HINT = False
-#: early rows for the baseline (--base-early-rows; None: ops.default_early_rows, as the new one)
+#: early rows per side (--base-early-rows / --new-early-rows; None: ops.default_early_rows)
 BASE_EARLY: int | None = None
+NEW_EARLY: int | None = None
 
 
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
@@ -149,7 +150,7 @@ def worker(side: str, path: Path, flags: str, items) -> None:
         mod = mods[case.item]
         rec = dict(key=case.key(), sm_mhz=sm_clock_mhz())
         for copy in (0, 1):
-            early = BASE_EARLY if side == "base" else None
+            early = BASE_EARLY if side == "base" else NEW_EARLY
             us = time_graph(lambda t, c=copy, case=case, mod=mod, e=early: case.call(mod, t + 1, c, e),
                             case.io["restore"], STEPS, 5)
             rec[f"{side}_{'copy' if copy else 'noio'}_us"] = round(us, 2)
@@ -171,10 +172,13 @@ def main(argv=None) -> int:
     ap.add_argument("--base-early-rows", type=int, default=None,
                     help="early rows per CTA for the baseline (default: ops.default_early_rows, "
                          "as for the new kernel; e.g. 6 for a kernel without fetch warps)")
+    ap.add_argument("--new-early-rows", type=int, default=None,
+                    help="early rows per CTA for the new kernel (default: ops.default_early_rows; "
+                         "e.g. 32 with -DHS_FETCH_MIN_CTAS=1 to force fetch warps everywhere)")
     ap.add_argument("--worker", choices=("base", "new"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    global HINT, BASE_EARLY
-    HINT, BASE_EARLY = args.hint, args.base_early_rows
+    global HINT, BASE_EARLY, NEW_EARLY
+    HINT, BASE_EARLY, NEW_EARLY = args.hint, args.base_early_rows, args.new_early_rows
     items = [int(x) for x in args.items.split(",")]
     if args.worker:
         path, flags = (args.baseline, args.base_flags) if args.worker == "base" else (args.new, args.new_flags)
@@ -189,7 +193,8 @@ def main(argv=None) -> int:
     base_cmd = [sys.executable, __file__, "--baseline", str(args.baseline), "--new", str(args.new),
                 f"--base-flags={args.base_flags}", f"--new-flags={args.new_flags}",
                 "--items", args.items, *(["--hint"] if args.hint else []),
-                *([f"--base-early-rows={args.base_early_rows}"] if args.base_early_rows is not None else [])]
+                *([f"--base-early-rows={args.base_early_rows}"] if args.base_early_rows is not None else []),
+                *([f"--new-early-rows={args.new_early_rows}"] if args.new_early_rows is not None else [])]
     for i, side in enumerate(("base", "new", "new", "base")):  # each side once first, once last
         proc = subprocess.run([*base_cmd, "--worker", side], capture_output=True, text=True)
         if proc.returncode != 0:

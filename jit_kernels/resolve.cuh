@@ -69,6 +69,12 @@ struct Layout {
   static constexpr size_t stage_bytes(size_t cap, size_t item) {
     return cap ? stage_rows(cap) + cap * item : 0;
   }
+  // EARLY builds, after the staging area: the request's slot rows (int32 [B + 1]), its slot
+  // tokens kept apart from `reuse` (int32 [B]: the writer's old tokens in step 5), then the host
+  // row of each preloaded owned entry (int64 [hst]), so that the bookkeeping loads nothing
+  // from global memory once the fetch warps' rows are in flight.
+  static constexpr size_t keep_rows = 0, keep_toks = a16(4 * (B + 1)), keep_hst = keep_toks + a16(4 * B);
+  static constexpr size_t keep_bytes(size_t hst) { return keep_hst + a16(8 * hst); }
 };
 
 // Independent global loads each thread keeps in flight in the miss-fetch and output loops.
@@ -111,13 +117,20 @@ __host__ __device__ constexpr int fetch_warps(int threads) { return threads >= 2
 template <int ITEM>
 __host__ __device__ constexpr int fetch_rows() { return ITEM <= 1024 ? 4 : 3; }
 // CTAs per request from which COPY launches use fetch warps (mirrored by
-// sglang_hisparse/kernels/ops.py:FETCH_MIN_CTAS). NOTE (H200, k 2048, B 4096,
-// results/resolve_ab_v14_fetch_warps.json): fetch warps holding every probable miss made
-// batch 1 @15 % (32 CTAs per request) 27-38 % faster, batch 16 (8 CTAs) level at 5 % churn but
-// 1-2.5 % slower at 15 %, batch 64 (2 CTAs) 2-3 % slower at 5-15 %: with ~40+ misses per CTA
-// the rows the fetch warps put in flight at once slow the host reads, and the bookkeeping runs
-// on three quarters of the threads.
-constexpr int kFetchMinCtas = 16;
+// sglang_hisparse/kernels/ops.py:FETCH_MIN_CTAS): 1, every COPY launch with a hint. Build with
+// -DHS_FETCH_MIN_CTAS=N to keep the in-line early fetch below N CTAs (the A/B baseline).
+// NOTE (H200, k 2048, B 4096): v14's fetch warps, whose bookkeeping still loaded host rows,
+// slot rows and old tokens from global memory after the rows were in flight, made batch 1
+// @15 % 27-38 % faster but batch 16 level and batch 64 2-3 % slower at 5-15 % churn
+// (results/resolve_ab_v14_fetch_warps.json), so they started at 16 CTAs. v15's bookkeeping
+// loads nothing global once the rows are out (slot rows staged, host rows from the fetch
+// warps' preload): forced at every split it was level or faster on every COPY config
+// (batch 64 @0 % 12.26 -> 10.54 us at 656 B, @15 % 560 -> 555 / 583 -> 573 us, batch 128
+// @15 % 1161 -> 1130 us; results/resolve_ab_v15_forced.json).
+#ifndef HS_FETCH_MIN_CTAS
+#define HS_FETCH_MIN_CTAS 1
+#endif
+constexpr int kFetchMinCtas = HS_FETCH_MIN_CTAS;
 
 // Named barriers of an EARLY build (0 is __syncthreads): 1 among the bookkeeping warps; 2 the
 // fetch warps' slots are written (they arrive, the bookkeeping waits); 3 the held rows'
@@ -197,6 +210,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int32_t* first = reinterpret_cast<int32_t*>(smem + L::first);
   int16_t* dslot = reinterpret_cast<int16_t*>(smem + L::dslot);
   int32_t* stoks = reinterpret_cast<int32_t*>(smem + L::reuse);  // staged slot tokens ...
+  // (EARLY: in the keep area below instead, which also holds the slot rows and host rows)
   int64_t* msrc = reinterpret_cast<int64_t*>(smem + L::src);     // ... then the miss lists
   int32_t* mdst = reinterpret_cast<int32_t*>(smem + L::dst);
   int32_t* mix = reinterpret_cast<int32_t*>(smem + L::mix);  // top-k index of each miss
@@ -213,6 +227,13 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int T_all = TB ? TB : static_cast<int>(blockDim.x);
   const int T = EARLY ? T_all - 32 * fetch_warps(T_all) : T_all;  // bookkeeping threads
   const int FT = T_all - T;                                        // fetch threads
+  // The fetch warps take a share of the direct copies only where their held rows leave room
+  // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3). copy_rows deals
+  // every row's pieces over all copying threads, so a share copied 2 loads at a time paced
+  // every direct row: with 1228 misses in one CTA (uneven churn, 1 CTA per request) v15 took
+  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows).
+  constexpr bool kFetchCopies = fetch_rows<ITEM>() * ((ITEM / 16 + 31) / 32) <= 8;
+  const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
   if constexpr (TB > 0) __builtin_assume(tid < TB);
   const auto bk_sync = [&]() {
     if constexpr (EARLY) named_sync(1, T); else __syncthreads();
@@ -278,6 +299,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   uint8_t* stg = smem + L::total(a.words);
   int16_t* sidx = reinterpret_cast<int16_t*>(stg);
   int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
+  uint8_t* keep = stg + L::stage_bytes(a.stage_cap, 0);
+  int32_t* srows = reinterpret_cast<int32_t*>(keep + L::keep_rows);
+  int64_t* hst = reinterpret_cast<int64_t*>(keep + L::keep_hst);
+  if constexpr (EARLY) stoks = reinterpret_cast<int32_t*>(keep + L::keep_toks);
   if (EARLY && tid >= T) {
     // 0b. Fetch warps: the hint words and host rows of the preloaded positions, loaded together.
     //     A selected position whose hint bit is clear is probably a miss: warp w takes its first
@@ -312,6 +337,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       }
       taken = min(quota, taken + __popc(cand));
     }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {  // host rows of the preloaded owned entries (step 5)
+      const int e = fetch_entry(u);
+      if (e < n_own) hst[e] = h0[u];
+    }
     for (int e = kBatch * FT + f; e < n_own; e += FT) sidx[c + e * a.ctas] = -1;  // not preloaded
     for (int j = f; j < a.stage_cap; j += FT) sdst[j] = -1;  // every slot starts unclaimed
     named_arrive(2, T_all);
@@ -328,9 +358,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     named_sync(3, T_all);
     // Their share of the direct copies first (issued while the held rows may still be on the
     // way), then the held rows.
-    copy_rows<ITEM, (kHold * kHeld > 8 ? 2 : kUnroll)>(msrc, mdst, 0, s_direct, a.host_cache,
-                                                         a.hc_stride, a.device_cache, a.dc_stride,
-                                                         first, tid, T_all);
+    if constexpr (kFetchCopies)
+      copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
+                      a.dc_stride, first, tid, T_all);
 #pragma unroll
     for (int t = 0; t < kHold; ++t) {
       const int dst = t < taken ? sdst[fw * kHold + t] : -1;
@@ -348,6 +378,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
   stage_to_smem(stoks, stok, 4 * B, tid, T);
   stage_to_smem(lrus, lru, 2 * B, tid, T);
+  if constexpr (EARLY) stage_to_smem(srows, rows, 4 * (B + 1), tid, T);
   cp_async_commit();
   fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
   fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
@@ -583,9 +614,16 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     for (int u = 0; u < kBatch; ++u) {
       const int x = x0 + u * T;
       if (x < m) {
-        src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
-        dst[u] = rows[order[x]];
-        old[u] = hint_writer ? stok[order[x]] : -1;
+        if constexpr (EARLY) {  // all from shared memory; host rows only for owned misses
+          const int i = mix[x], e = (i - c) / a.ctas;
+          src[u] = i % a.ctas != c ? -1 : e < kBatch * FT ? hst[e] : a.host_rows[r * a.hr_stride + tks[i]];
+          dst[u] = srows[order[x]];
+          old[u] = hint_writer ? stoks[order[x]] : -1;
+        } else {
+          src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
+          dst[u] = rows[order[x]];
+          old[u] = hint_writer ? stok[order[x]] : -1;
+        }
       }
     }
 #pragma unroll
@@ -611,9 +649,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   bk_sync();
   if constexpr (EARLY) named_arrive(3, T_all);  // sdst is final: the held rows may be stored
   HS_PHASE(7);
-  // 6. Outputs: each CTA writes its share of out_rows and of the plan; the writer the new LRU
-  //    (order rotated left by m over the evictables, then the hits).
+  // 6. Outputs: each CTA writes its share of out_rows and of the plan (EARLY: the misses it
+  //    owns, whose host rows it has); the writer the new LRU (order rotated left by m over the
+  //    evictables, then the hits). EARLY reads the slot rows from shared memory.
   {
+    const int32_t* orow = EARLY ? srows : rows;
     const int k0 = static_cast<int>(static_cast<int64_t>(K) * c / a.ctas);
     const int k1 = static_cast<int>(static_cast<int64_t>(K) * (c + 1) / a.ctas);
     for (int i0 = k0 + tid; i0 < k1; i0 += T * kBatch) {
@@ -623,8 +663,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         const int i = i0 + u * T;
         const int code = i < k1 ? dk[i] : kPadEntry;
         row[u] = -1;
-        if (code == kNewestEntry) row[u] = rows[B];
-        else if (code >= 0) row[u] = rows[dslot[code]];
+        if (code == kNewestEntry) row[u] = orow[B];
+        else if (code >= 0) row[u] = orow[dslot[code]];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
@@ -636,7 +676,14 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       lru[j] = order[at];
     }
   }
-  if (a.write_plan) {
+  if (a.write_plan && EARLY) {
+    for (int x = tid; x < m; x += T) {
+      if (mix[x] % a.ctas != c) continue;
+      a.plan_src[b * a.plan_stride + x] = msrc[x];
+      a.plan_dst[b * a.plan_stride + x] = mdst[x];
+    }
+    if (c == 0 && tid == 0) a.plan_count[b] = m;
+  } else if (a.write_plan) {
     const int x0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
     const int x1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
     for (int x = x0 + tid; x < x1; x += T) {
@@ -666,7 +713,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   HS_PHASE(10);
   if (a.copy)
     copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                    a.dc_stride, direct, tid, T_all);
+                    a.dc_stride, direct, tid, TC);
   HS_PHASE(11);
 }
 
@@ -729,15 +776,19 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   // at least kFetchMinCtas CTAs per request use fetch warps (EARLY; as many rows as they hold),
   // the rest the in-line early fetch (rows staged in shared memory).
   const bool fetch = hint && copy && stage_rows > 0 && block >= 64 && ctas >= kFetchMinCtas;
-  int cap = 0;
-  if (hint && stage_rows > 0 && block >= 64) {
+  // Host rows kept per CTA (EARLY): its owned entries, as far as the fetch warps preload them.
+  const int64_t hst = std::min<int64_t>((K + ctas - 1) / ctas, kBatch * 32 * fetch_warps(static_cast<int>(block)));
+  int cap = 0;  // NO_IO stages nothing (the kernel fetches no rows): no shared memory for it
+  if (hint && copy && stage_rows > 0 && block >= 64) {
     const size_t budget = block > 512 ? static_cast<size_t>(lim.optin)
                                       : std::min<size_t>(lim.optin, lim.per_sm / 2 - 1024);
     const int64_t held = fetch ? fetch_warps(static_cast<int>(block)) * fetch_rows<ITEM>() : K;
     cap = static_cast<int>(std::min<int64_t>(stage_rows, held));
     while (cap > 0 && base + L::stage_bytes(cap, fetch ? 0 : ITEM) > budget) --cap;
+    if (fetch && base + L::stage_bytes(cap, 0) + L::keep_bytes(hst) > budget) cap = 0;
   }
-  const size_t smem = base + L::stage_bytes(cap, fetch ? 0 : ITEM);
+  const bool early = fetch && cap > 0;
+  const size_t smem = base + L::stage_bytes(cap, early ? 0 : ITEM) + (early ? L::keep_bytes(hst) : 0);
   HS_CHECK(base <= static_cast<size_t>(lim.optin),
            "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
            << " positions needs " << base << " B of shared memory per CTA; this GPU allows "
@@ -773,7 +824,6 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  const bool early = fetch && cap > 0;
   auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true> : resolve_kernel<K, B, ITEM, 1024, false>)
               : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true> : resolve_kernel<K, B, ITEM, 512, false>)
                               : (early ? resolve_kernel<K, B, ITEM, 0, true> : resolve_kernel<K, B, ITEM, 0, false>);

@@ -49,15 +49,16 @@ DEFAULT_REPLAY_CTAS = 8
 DEFAULT_EARLY_ROWS = 6
 
 #: CTAs per request from which COPY launches use fetch warps (jit_kernels/resolve.cuh:
-#: kFetchMinCtas; keep both in step): a quarter of each CTA's warps put every probable miss in
-#: flight at once into registers (up to 32 rows of 656 B, 24 of 1152 B per CTA) and store each
-#: one once the bookkeeping names its destination. The default early rows are then
+#: HS_FETCH_MIN_CTAS; keep both in step): a quarter of each CTA's warps put every probable miss
+#: in flight at once into registers (up to 32 rows of 656 B, 24 of 1152 B per CTA) and store
+#: each one once the bookkeeping names its destination. The default early rows are then
 #: ``FETCH_EARLY_ROWS`` (as many as the fetch warps hold).
-#: NOTE (H200, k 2048, B 4096; benchmarks/results/resolve_ab_v14_fetch_warps.json, two runs):
-#: batch 1 @15 % (32 CTAs per request) 16.6 -> 12.1-12.4 us (1152 B), 14.6 -> 10.6-11.2 us
-#: (656 B); at 8 CTAs (batch 16) level at 5 % churn and 1-2.5 % slower at 15 %, at 2 (batch 64)
-#: 2-3 % slower at 5-15 %: below 16 CTAs per request the in-line early rows stay.
-FETCH_MIN_CTAS = 16
+#: NOTE (H200, k 2048, B 4096): 1, every split. v14 (session 12) used them from 16 CTAs on only:
+#: level at batch 16, 2-3 % slower at batch 64 (results/resolve_ab_v14_fetch_warps.json). v15,
+#: whose bookkeeping loads nothing global once the rows are out, was level or faster than v11's
+#: in-line early rows on every COPY config (results/resolve_ab_v15_forced.json): batch 64 @0 %
+#: 12.26 -> 10.54 us (656 B), batch 128 @15 % 1161 -> 1130 us, batch 16 @5 % 29.35 -> 29.01 us.
+FETCH_MIN_CTAS = 1
 FETCH_EARLY_ROWS = 32
 
 _arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
@@ -104,10 +105,11 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     return max(1, min(MAX_CTAS_PER_REQUEST, _sms(device) // max(bs, 1)))
 
 
-def fetch_warp_max_batch(device: torch.device) -> int:
+def fetch_warp_max_batch(device: torch.device) -> int | None:
     """Largest batch whose COPY launches use fetch warps with the default CTA split (``ctas >=
-    FETCH_MIN_CTAS``): ``SMs // FETCH_MIN_CTAS``, 8 on a 132-SM H200."""
-    return _sms(device) // FETCH_MIN_CTAS
+    FETCH_MIN_CTAS``): ``SMs // FETCH_MIN_CTAS``, or None (every batch) while
+    ``FETCH_MIN_CTAS`` is 1, as the split never goes below one CTA per request."""
+    return None if FETCH_MIN_CTAS <= 1 else _sms(device) // FETCH_MIN_CTAS
 
 
 def default_early_rows(ctas: int) -> int:
