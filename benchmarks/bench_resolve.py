@@ -90,12 +90,34 @@ def make_trace(*, bs, k, B, ctx, churns, steps, host_rows_total, seed, layout="u
                 at = torch.randperm(k - 1, generator=g, device=DEV)[:m]
                 sel[at] = fresh[(t - 1) * m: t * m]
             row = torch.cat([sel, torch.tensor([ctx - 1], device=DEV)])
-            top_k[t, r] = row[torch.randperm(k, generator=g, device=DEV)].int()
+            row = row[torch.randperm(k, generator=g, device=DEV)]
+            if BALANCE and t and m:
+                row = balanced(row, fresh[(t - 1) * m: t * m], BALANCE, g)
+            top_k[t, r] = row.int()
     slot_rows = (1 + torch.arange(bs * (B + 1), dtype=torch.int32, device=DEV)).view(bs, B + 1)
     host_rows = host_layout(layout, bs=bs, ctx=ctx, host_rows_total=host_rows_total, g=g)
     return dict(slot_tokens=slot_tokens, lru=lru, slot_rows=slot_rows, host_rows=host_rows,
                 top_k=top_k, misses=misses,
                 resident=resident_hint(slot_tokens, B, -(-host_rows.shape[1] // 32)))
+
+
+#: spread each step's misses evenly over the top-k indices mod this many (--balance-misses)
+BALANCE = 0
+
+
+def balanced(row, new, ctas, g):
+    """``row`` with its ``new`` positions moved to top-k indices whose residues mod ``ctas``
+    cycle, so that every CTA of a request owns the same number of misses (to within one)."""
+    is_new = torch.isin(row, new)
+    vals_new, vals_old = row[is_new], row[~is_new]
+    m, k = vals_new.numel(), row.numel()
+    j = torch.arange(m, device=DEV)
+    lines = torch.randperm(k // ctas, generator=g, device=DEV)
+    at = lines[j // ctas] * ctas + j % ctas
+    out, taken = torch.empty_like(row), torch.zeros(k, dtype=torch.bool, device=DEV)
+    out[at], taken[at] = vals_new, True
+    out[~taken] = vals_old
+    return out
 
 
 _SPIN: list[torch.Tensor] = []
@@ -450,11 +472,16 @@ def main(argv=None) -> int:
                     help="also time every config without the resident hint (no early fetch)")
     ap.add_argument("--cold", action="store_true",
                     help="no clock warm-up before timed regions (shows the idle-clock effect)")
+    ap.add_argument("--balance-misses", type=int, default=0, metavar="CTAS",
+                    help="spread each step's misses evenly over the top-k indices mod CTAS, so "
+                         "that every CTA of a request owns as many (shows the cost of uneven "
+                         "per-CTA misses; the random traces give each CTA a binomial share)")
     ap.add_argument("--profile", action="store_true",
                     help="eager calls only, for ncu: -k regex:resolve_kernel")
     args = ap.parse_args(argv)
-    global WARM, NO_HINT, INTERLEAVE
+    global WARM, NO_HINT, INTERLEAVE, BALANCE
     WARM = not args.cold
+    BALANCE = args.balance_misses
     NO_HINT = args.no_hint_too
     INTERLEAVE = args.interleave
     from sglang_hisparse.kernels.__main__ import precompile
