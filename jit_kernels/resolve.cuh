@@ -227,13 +227,6 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int T_all = TB ? TB : static_cast<int>(blockDim.x);
   const int T = EARLY ? T_all - 32 * fetch_warps(T_all) : T_all;  // bookkeeping threads
   const int FT = T_all - T;                                        // fetch threads
-  // The fetch warps take a share of the direct copies only where their held rows leave room
-  // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3). copy_rows deals
-  // every row's pieces over all copying threads, so a share copied 2 loads at a time paced
-  // every direct row: with 1228 misses in one CTA (uneven churn, 1 CTA per request) v15 took
-  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows).
-  constexpr bool kFetchCopies = fetch_rows<ITEM>() * ((ITEM / 16 + 31) / 32) <= 8;
-  const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
   if constexpr (TB > 0) __builtin_assume(tid < TB);
   const auto bk_sync = [&]() {
     if constexpr (EARLY) named_sync(1, T); else __syncthreads();
@@ -255,6 +248,15 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // warps 1.. take e = tid - 32 + u * (T - 32). The first kBatch positions are loaded now, in
   // the same round trip as the indices.
   constexpr int kPieces = ITEM / 16;
+  // Rows each fetch warp holds, and int4 per lane and row.
+  constexpr int kHold = fetch_rows<ITEM>(), kHeld = (kPieces + 31) / 32;
+  // The fetch warps take a share of the direct copies only where their held rows leave room
+  // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3). copy_rows deals
+  // every row's pieces over all copying threads, so a share copied 2 loads at a time paced
+  // every direct row: with 1228 misses in one CTA (uneven churn, 1 CTA per request) v15 took
+  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows).
+  constexpr bool kFetchCopies = kHold * kHeld <= 8;
+  const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
   const bool early = !EARLY && a.resident != nullptr && a.stage_cap > 0 && a.copy;  // in line
   const int n_own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
   const auto fetch_entry = [&](int u) { return ((tid - T) >> 5) + (FT >> 5) * ((tid & 31) + 32 * u); };
@@ -311,7 +313,6 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     //     that its arrival at barrier 2 waits for nothing. Then every held row goes out at once;
     //     each is stored once barrier 3 has published its destination (sdst, -1: not a miss's
     //     first occurrence), whenever it lands. The bookkeeping stays authoritative.
-    constexpr int kHold = fetch_rows<ITEM>(), kHeld = (kPieces + 31) / 32;
     const int f = tid - T, lane = tid & 31, fw = f >> 5;
     const int quota = max(0, min(kHold, a.stage_cap - fw * kHold));
     uint32_t w0[kBatch];

@@ -98,13 +98,16 @@ class Resolver:
                         envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
         elif ctx.state.resident is not None and ctx.device.type == "cuda" and mode == ResolveMode.COPY:
             top = ops.fetch_warp_max_batch(ctx.device)
-            scope = ("every decode batch uses" if top is None else
-                     f"decode batches of <= {top} requests (>= {ops.FETCH_MIN_CTAS} CTAs per "
-                     f"request) use fetch warps, larger ones stage up to "
-                     f"{ops.DEFAULT_EARLY_ROWS} probable misses per CTA in line; the small ones use")
-            logger.info("HiSparse: early fetch on: %s fetch warps, every probable miss in flight "
-                        "at once before the bookkeeping ends (docs/kernels.md, 'Fetch warps').",
-                        scope)
+            if top is None:
+                logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
+                            "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
+            else:
+                logger.info(
+                    "HiSparse: early fetch on: decode batches of <= %d requests (>= %d CTAs per "
+                    "request) use fetch warps, every probable miss in flight at once; larger "
+                    "batches stage up to %d probable misses per CTA while the bookkeeping runs "
+                    "(docs/kernels.md, 'Fetch warps').", top, ops.FETCH_MIN_CTAS,
+                    ops.DEFAULT_EARLY_ROWS)
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
