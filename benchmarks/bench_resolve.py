@@ -147,6 +147,40 @@ def sm_clock_mhz() -> int | None:
         return None
 
 
+# NVML's clock event reasons (nvmlClocksEventReason*): why the SM clock is below its maximum.
+CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                 0x100: "display_clock_setting"}
+
+
+def decode_clock_reasons(mask: int) -> list[str]:
+    """Names of the reason bits set in an NVML clock-event mask (unknown bits as hex)."""
+    names = [n for bit, n in CLOCK_REASONS.items() if mask & bit]
+    rest = mask & ~sum(CLOCK_REASONS)
+    return names + ([hex(rest)] if rest else [])
+
+
+def clock_reasons() -> list[str] | None:
+    """Why the SM clock is held down right now (NVML), or None without NVML.
+
+    NOTE (H200, results/resolve_noio_b64_interleave_h200.json): NO_IO at batch 64 ran 9.5 µs in
+    the first interleaved rounds and 11.3 µs in the later ones, with the SM clock read at 1635
+    MHz after the config against 1935-1965 MHz in others: the bookkeeping follows the clock. Each
+    record now carries this, so that a slow figure can be told from a throttled machine.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        get = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        return decode_clock_reasons(int(get(h)))
+    except Exception:  # noqa: BLE001 - telemetry only
+        return None
+
+
 WARM = True
 #: replay the graphs of a config in interleaved rounds (--interleave); see time_graphs
 INTERLEAVE = False
@@ -192,11 +226,12 @@ def time_graph(fn, restore, steps, reps):
     return statistics.median(timer() for _ in range(reps))
 
 
-def time_graphs(graphs: dict, reps: int) -> dict[str, list[float]]:
+def time_graphs(graphs: dict, reps: int, on_round=None) -> dict[str, list[float]]:
     """µs per step of each graph, ``reps`` replays each; ``graphs`` maps a name to a function
     that captures it (a GraphTimer). Sequential (the default): each graph is captured, warmed up
     and replayed ``reps`` times before the next is captured. With INTERLEAVE: all are captured
-    first, then ``reps`` rounds replay each once, the order rotated every round.
+    first, then ``reps`` rounds replay each once, the order rotated every round, and
+    ``on_round()`` (if given) is called after each round (bench_config reads the SM clock).
 
     NOTE (H200, results/resolve_timing_order_h200.json): the two orders do not agree. Interleaved,
     the resolve kernel and the plain gather both took up to ~35 % longer than sequential on the
@@ -218,6 +253,8 @@ def time_graphs(graphs: dict, reps: int) -> dict[str, list[float]]:
         for j in range(len(names)):
             n = names[(i + j) % len(names)]
             out[n].append(timers[n]())
+        if on_round is not None:
+            on_round()
     return out
 
 
@@ -305,7 +342,9 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
             replay8=lambda: GraphTimer(
                 lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
                                      device_cache=dev_cache, ctas=8), lambda: None, steps))
-    samples = time_graphs(graphs, reps)
+    round_mhz: list[int | None] = []
+    samples = time_graphs(graphs, reps, on_round=lambda: round_mhz.append(sm_clock_mhz()))
+    reasons = clock_reasons()
     med = {n: statistics.median(v) for n, v in samples.items()}
     us, noio, us_nh = med["resolve"], med["noio"], med.get("nohint")
     ctas_used = ctas or ops.default_ctas_per_request(bs, torch.device(DEV))
@@ -314,9 +353,11 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
                block=block or ops.auto_block_size(bs, ctas_used, torch.device(DEV)),
                ctas=ctas_used,
                misses_per_step=rows_per_step, resolve_us=round(us, 2), noio_us=round(noio, 2),
-               sm_mhz=sm_clock_mhz(), timing="interleaved" if INTERLEAVE else "sequential")
+               sm_mhz=sm_clock_mhz(), clock_reasons=reasons,
+               timing="interleaved" if INTERLEAVE else "sequential")
     if INTERLEAVE:
         rec["rounds_us"] = {n: [round(x, 2) for x in v] for n, v in samples.items()}
+        rec["rounds_sm_mhz"] = round_mhz
     if us_nh is not None:
         rec.update(nohint_us=round(us_nh, 2))
     if rows_per_step:

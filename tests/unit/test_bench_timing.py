@@ -47,6 +47,19 @@ def test_interleaved_rounds_rotate_the_order(bench, monkeypatch):
     assert samples == {"a": [0.0, 5.0, 7.0], "b": [1.0, 3.0, 8.0], "c": [2.0, 4.0, 6.0]}
 
 
+def test_interleaved_rounds_report_each_round(bench, monkeypatch):
+    monkeypatch.setattr(bench, "INTERLEAVE", True)
+    log: list[str] = []
+    bench.time_graphs(_graphs(log), reps=2, on_round=lambda: log.append("round"))
+    assert log[3:] == ["a", "b", "c", "round", "b", "c", "a", "round"]
+
+
+def test_clock_reasons_are_named(bench):
+    assert bench.decode_clock_reasons(0) == []
+    assert bench.decode_clock_reasons(0x1 | 0x4) == ["gpu_idle", "sw_power_cap"]
+    assert bench.decode_clock_reasons(0x40 | 0x1000) == ["hw_thermal_slowdown", "0x1000"]
+
+
 def test_paired_ratios_are_per_round(bench):
     # Drift that moves both alike leaves the paired ratio exact, whatever the medians say.
     resolve = [10.0, 20.0, 30.0, 40.0, 50.0]
