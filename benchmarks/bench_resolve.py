@@ -136,13 +136,18 @@ def spin(matmuls: int = 40) -> None:
         torch.mm(x, x)
 
 
+def _nvml():
+    """pynvml, initialised, and the handle of the current CUDA device (raises without NVML)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+
 def sm_clock_mhz() -> int | None:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        return int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+        nv, h = _nvml()
+        return int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
     except Exception:  # noqa: BLE001 - telemetry only
         return None
 
@@ -170,12 +175,9 @@ def clock_reasons() -> list[str] | None:
     record now carries this, so that a slow figure can be told from a throttled machine.
     """
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        get = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        nv, h = _nvml()
+        get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
         return decode_clock_reasons(int(get(h)))
     except Exception:  # noqa: BLE001 - telemetry only
         return None
