@@ -39,7 +39,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from bench_resolve import DEV, batch_inputs, make_trace, sm_clock_mhz, time_graph  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    batch_inputs,
+    clock_reasons,
+    make_trace,
+    sm_clock_mhz,
+    time_graph,
+)
 
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 
@@ -154,6 +161,7 @@ def worker(side: str, path: Path, flags: str, items) -> None:
             us = time_graph(lambda t, c=copy, case=case, mod=mod, e=early: case.call(mod, t + 1, c, e),
                             case.io["restore"], STEPS, 5)
             rec[f"{side}_{'copy' if copy else 'noio'}_us"] = round(us, 2)
+        rec["clock_reasons"] = clock_reasons()
         print("AB " + json.dumps(rec), flush=True)
 
 
@@ -206,6 +214,7 @@ def main(argv=None) -> int:
             rec = json.loads(line[3:])
             dst = recs[rec.pop("key")]
             dst.setdefault("sm_mhz", []).append(rec.pop("sm_mhz"))
+            dst.setdefault("clock_reasons", []).append(rec.pop("clock_reasons"))
             for k, v in rec.items():
                 dst[k] = min(dst.get(k, float("inf")), v)
         print(f"[ab] timing process {i + 1}/4 ({side}) done, {time.time() - t0:.0f} s", flush=True)

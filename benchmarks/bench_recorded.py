@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_resolve import (  # noqa: E402
     DEV,
     Pool,
+    clock_reasons,
     host_layout,
     make_trace,
     plan_rows,
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
             synthetic, _ = measure(pool, syn_tr, first=0, **common)
             rec = dict(trace=str(args.trace), source=trace.header.get("source"), bs=bs, k=k, B=B,
                        item=item, ctx=rec_tr["ctx"], streams=rec_tr["streams"],
-                       layout=args.layout, sm_mhz=sm_clock_mhz(), recorded=real,
+                       layout=args.layout, sm_mhz=sm_clock_mhz(), clock_reasons=clock_reasons(),
+                       recorded=real,
                        synthetic=synthetic,
                        recorded_over_synthetic_us=round(real["resolve_us"] / synthetic["resolve_us"], 3))
             recs.append(rec)
