@@ -171,8 +171,9 @@ def clock_reasons() -> list[str] | None:
 
     NOTE (H200, results/resolve_noio_b64_interleave_h200.json): NO_IO at batch 64 ran 9.5 µs in
     the first interleaved rounds and 11.3 µs in the later ones, with the SM clock read at 1635
-    MHz after the config against 1935-1965 MHz in others: the bookkeeping follows the clock. Each
-    record now carries this, so that a slow figure can be told from a throttled machine.
+    MHz after the config against 1935-1965 MHz in others, consistent with a bookkeeping that
+    follows the clock (one reading per config: a correlation). Each record now carries this, so
+    that a slow figure can be told from a throttled machine.
     """
     try:
         nv, h = _nvml()

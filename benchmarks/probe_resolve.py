@@ -33,7 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_resolve import DEV, batch_inputs, make_trace, time_graph, write_probe  # noqa: E402
+from bench_resolve import (  # noqa: E402
+    DEV,
+    batch_inputs,
+    make_trace,
+    sm_clock_mhz,
+    time_graph,
+    write_probe,
+)
 
 from sglang_hisparse.kernel_limits import resolve_smem_bytes  # noqa: E402
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
@@ -67,14 +74,8 @@ def phase_module(k, B, item):
 
 
 def sm_hz() -> float:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) * 1e6
-    except Exception:  # noqa: BLE001
-        return 1.98e9
+    """The SM clock in Hz (NVML), or the H200's 1.98 GHz boost clock without NVML."""
+    return (sm_clock_mhz() or 1980) * 1e6
 
 
 def phase_inputs(mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps, hint=True):
