@@ -116,36 +116,47 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// Block-wide copy of `bytes` (a multiple of 2) from global `src` into 16-byte aligned shared
-// `dst`, issued as cp.async in the widest granule both addresses allow (16 or 4 bytes), so
-// every thread has all its loads in flight at once and no registers hold them; sources that are
-// only 2-byte aligned (odd-length int16 rows) fall back to plain loads. Complete after
-// cp_async_wait + __syncthreads. `tid`/`T` are the thread's index and the block size.
-__device__ __forceinline__ void stage_to_smem(void* dst, const void* src, int bytes, int tid,
-                                              int T) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(src);
-#if __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if ((a & 15) == 0 && bytes % 16 == 0) {
-    for (int x = tid; x < bytes / 16; x += T)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + 16 * x),
-                   "l"(static_cast<const char*>(src) + 16 * x) : "memory");
-    return;
-  }
-  if ((a & 3) == 0 && bytes % 4 == 0) {
-    for (int x = tid; x < bytes / 4; x += T)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s + 4 * x),
-                   "l"(static_cast<const char*>(src) + 4 * x) : "memory");
-    return;
-  }
-#endif
-  if ((a & 3) == 0 && bytes % 4 == 0) {
+// stage_to_smem's fallback with plain loads (int16 rows at an odd 2-byte offset; before sm_80
+// every source). Out of line: kept out of the instruction stream of the kernels' prologues.
+static __device__ __noinline__ void stage_plain(void* dst, const void* src, int bytes, int tid, int T) {
+  if ((reinterpret_cast<uintptr_t>(src) & 3) == 0 && bytes % 4 == 0) {
     for (int x = tid; x < bytes / 4; x += T)
       static_cast<int32_t*>(dst)[x] = static_cast<const int32_t*>(src)[x];
     return;
   }
   for (int x = tid; x < bytes / 2; x += T)
     static_cast<int16_t*>(dst)[x] = static_cast<const int16_t*>(src)[x];
+}
+
+// Block-wide copy of `bytes` (a multiple of 2) from global `src` into 16-byte aligned shared
+// `dst`, issued as cp.async in the widest granule both addresses allow (16 or 4 bytes), so
+// every thread has all its loads in flight at once and no registers hold them; sources that are
+// only 2-byte aligned (odd-length int16 rows) fall back to plain loads. Complete after
+// cp_async_wait + __syncthreads. `tid`/`T` are the thread's index and the block size.
+// NOTE: the loops here and in fill_smem run a few times per thread; left to nvcc they were
+// unrolled 16-fold with remainder loops, ~3 KB of code per call site in the kernels'
+// prologues, whose instructions every launch fetches cold (resolve.cuh, v16 note).
+__device__ __forceinline__ void stage_to_smem(void* dst, const void* src, int bytes, int tid,
+                                              int T) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(src);
+#if __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if ((a & 15) == 0 && bytes % 16 == 0) {
+#pragma unroll 1
+    for (int x = tid; x < bytes / 16; x += T)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + 16 * x),
+                   "l"(static_cast<const char*>(src) + 16 * x) : "memory");
+    return;
+  }
+  if ((a & 3) == 0 && bytes % 4 == 0) {
+#pragma unroll 1
+    for (int x = tid; x < bytes / 4; x += T)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s + 4 * x),
+                   "l"(static_cast<const char*>(src) + 4 * x) : "memory");
+    return;
+  }
+#endif
+  stage_plain(dst, src, bytes, tid, T);
 }
 
 // One 16-byte cp.async from global or mapped pinned host memory into shared memory.
@@ -163,6 +174,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 
 // Block-wide fill of `n16` 16-byte pieces of shared memory with `v`.
 __device__ __forceinline__ void fill_smem(void* dst, int n16, int4 v, int tid, int T) {
+#pragma unroll 1
   for (int x = tid; x < n16; x += T) static_cast<int4*>(dst)[x] = v;
 }
 

@@ -160,7 +160,7 @@ constexpr int kPadEntry = -1, kNewestEntry = -2;
 
 // Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
 template <int K>
-__device__ __forceinline__ void resolve_short(const int32_t* tk, const int32_t* rows, int64_t n,
+__device__ __noinline__ void resolve_short(const int32_t* tk, const int32_t* rows, int64_t n,
                                               int32_t* out, int tid, int T) {
   for (int i0 = tid; i0 < K; i0 += T * kBatch) {
     int v[kBatch];
@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows).
   constexpr bool kFetchCopies = kHold * kHeld <= 8;
   const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
-  const bool early = !EARLY && a.resident != nullptr && a.stage_cap > 0 && a.copy;  // in line
+  // In line: only builds with -DHS_FETCH_MIN_CTAS > 1 (every other COPY launch with a hint has
+  // fetch warps), so that the default builds carry none of its code.
+  const bool early = kFetchMinCtas > 1 && !EARLY && a.resident != nullptr && a.stage_cap > 0 && a.copy;
   const int n_own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
   const auto fetch_entry = [&](int u) { return ((tid - T) >> 5) + (FT >> 5) * ((tid & 31) + 32 * u); };
   int p0[kBatch];
@@ -305,417 +307,430 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   int32_t* srows = reinterpret_cast<int32_t*>(keep + L::keep_rows);
   int64_t* hst = reinterpret_cast<int64_t*>(keep + L::keep_hst);
   if constexpr (EARLY) stoks = reinterpret_cast<int32_t*>(keep + L::keep_toks);
-  if (EARLY && tid >= T) {
-    // 0b. Fetch warps: the hint words and host rows of the preloaded positions, loaded together.
-    //     A selected position whose hint bit is clear is probably a miss: warp w takes its first
-    //     fetch_rows() candidates (slots w * fetch_rows() + t, below stage_cap) and records each
-    //     owned entry's slot (-1: copied directly if it is a miss) before any row is issued, so
-    //     that its arrival at barrier 2 waits for nothing. Then every held row goes out at once;
-    //     each is stored once barrier 3 has published its destination (sdst, -1: not a miss's
-    //     first occurrence), whenever it lands. The bookkeeping stays authoritative.
-    const int f = tid - T, lane = tid & 31, fw = f >> 5;
-    const int quota = max(0, min(kHold, a.stage_cap - fw * kHold));
-    uint32_t w0[kBatch];
-    int64_t h0[kBatch];
-    load_hints(p0, limit, res, hrow, w0, h0);
-    int64_t src_row[kHold];
-    int taken = 0;
+  // The bookkeeping (every thread of a build without fetch warps), then the fetch warps' path.
+  // NOTE (v16): nvcc places the body of an `if` that returns after the code that follows it.
+  // v15 had the fetch path in the `if`, so its code sat behind the bookkeeping's ~74 KB and
+  // the fetch warps ran it from a cold instruction cache at every launch (the cache does not
+  // keep the kernel from one launch to the next: ncu counted 35-59 misses per SM and launch
+  // sent on to the GPC cache). ncu, batch 16 @5 %: 72 % of the fetch warps' stall samples
+  // before their host reads were "no instruction". With the bookkeeping in the `if`, the
+  // fetch path follows the prologue and comes in with it: no-instruction stalls 14.3M -> 2.8M
+  // warp-cycles per launch, instruction cache misses 122K -> 34K
+  // (results/resolve_s16_icache_h200.json).
+  if (!EARLY || tid < T) {
+    // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
+    //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
+    stage_to_smem(stoks, stok, 4 * B, tid, T);
+    stage_to_smem(lrus, lru, 2 * B, tid, T);
+    if constexpr (EARLY) stage_to_smem(srows, rows, 4 * (B + 1), tid, T);
+    cp_async_commit();
+    fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
+    fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
+    fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
+    if (tid == 0) s_direct = 0;
+    // 0b. In-line early fetch (not EARLY): a selected position whose hint bit is clear is
+    //     probably a miss, so its row starts streaming from the host into this CTA's shared
+    //     memory (cp.async group 2) as soon as the hint word and host row are in, before any
+    //     barrier, and lands while the bookkeeping below runs. The bookkeeping stays
+    //     authoritative: a staged row is stored (step 7) only if its entry is a miss's first
+    //     occurrence (step 5); every other miss is copied directly. sidx[i]: staging slot of
+    //     owned entry i, -1 if none.
+    //     Slots are dealt to warps up front (no shared counter, so nothing to clear first): the W
+    //     warps that hold preloaded entries get q = ceil(stage_cap / W) slots each, in warp order,
+    //     and fill them with their first candidates (one ballot per round); each warp issues its
+    //     rows itself (all lanes, coalesced). Entries past the preloaded ones are not staged.
+    //     NOTE: warp 0 takes no entries: thread 0's __threadfence before the arrival (step 3)
+    //     would wait for its host reads to land and hold the whole CTA at the next barrier.
+    //     NOTE: the first hint words arrive ~1 us after the launch; issuing after the block
+    //     barrier and a shared-counter ranking (v8) started the rows ~1 us later.
+    uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
+    if (early) {
+      uint32_t w0[kBatch];
+      int64_t h0[kBatch];
+      load_hints(p0, limit, res, hrow, w0, h0);
+      for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
+      if (tid >= 32) {
+        const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
+        const int q = (a.stage_cap + holders - 1) / holders, slot0 = ((tid >> 5) - 1) * q;
+        const int quota = max(0, min(q, a.stage_cap - slot0));
+        int taken = 0;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int e = fetch_entry(u);
-      const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
-      const unsigned cand = __ballot_sync(kFull, src >= 0);
-      const int rank = taken + __popc(cand & lanemask_lt());
-      if (e < n_own)
-        sidx[c + e * a.ctas] = static_cast<int16_t>(src >= 0 && rank < quota ? fw * kHold + rank : -1);
-      unsigned left = cand;
-#pragma unroll
-      for (int t = 0; t < kHold; ++t) {
-        if (t >= taken && t < quota && left) {  // warp-uniform
-          src_row[t] = __shfl_sync(kFull, src, __ffs(left) - 1);
-          left &= left - 1;
+        for (int u = 0; u < kBatch; ++u) {
+          const int e = tid - 32 + u * ET;
+          const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
+          const unsigned cand = __ballot_sync(kFull, src >= 0);
+          const int rank = taken + __popc(cand & lanemask_lt());
+          const int j = src >= 0 && rank < quota ? slot0 + rank : -1;
+          if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
+          int t = taken;
+          for (unsigned left = cand; left && t < quota; left &= left - 1, ++t) {
+            const int64_t row = __shfl_sync(kFull, src, __ffs(left) - 1);
+            for (int pc = (tid & 31); pc < kPieces; pc += 32)
+              cp_async16(sdata + (slot0 + t) * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
+          }
+          taken += __popc(cand);
         }
       }
-      taken = min(quota, taken + __popc(cand));
+      cp_async_commit();
     }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {  // host rows of the preloaded owned entries (step 5)
-      const int e = fetch_entry(u);
-      if (e < n_own) hst[e] = h0[u];
-    }
-    for (int e = kBatch * FT + f; e < n_own; e += FT) sidx[c + e * a.ctas] = -1;  // not preloaded
-    for (int j = f; j < a.stage_cap; j += FT) sdst[j] = -1;  // every slot starts unclaimed
-    named_arrive(2, T_all);
-    int4 held[kHold][kHeld];
-#pragma unroll
-    for (int t = 0; t < kHold; ++t) {
-      if (t < taken) {
-        const int4* s = reinterpret_cast<const int4*>(a.host_cache + src_row[t] * a.hc_stride);
-#pragma unroll
-        for (int v = 0; v < kHeld; ++v)
-          if (lane + 32 * v < kPieces) held[t][v] = __ldg(s + lane + 32 * v);
+    cp_async_wait<1>();
+    bk_sync();
+    HS_PHASE(2);
+    if (early)  // owned entries past the preloaded ones: not staged
+      for (int e = ET * kBatch + tid - 32; tid >= 32 && e < n_own; e += ET) sidx[c + e * a.ctas] = -1;
+    // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
+    //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
+    //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
+    {
+      constexpr int S = ((K + 31) / 32) | 1;
+      for (int x = tid; x < 32 * S; x += T) {
+        const int i = (x & 31) * S + (x >> 5);
+        const int p = i < K ? tks[i] : -1;
+        if (p >= 0 && p < limit) atomicOr(&bm[p >> 5], 1u << (p & 31));
       }
     }
-    named_sync(3, T_all);
-    // Their share of the direct copies first (issued while the held rows may still be on the
-    // way), then the held rows.
-    if constexpr (kFetchCopies)
-      copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                      a.dc_stride, first, tid, T_all);
-#pragma unroll
-    for (int t = 0; t < kHold; ++t) {
-      const int dst = t < taken ? sdst[fw * kHold + t] : -1;
-      if (dst >= 0) {
-        int4* d = reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(dst) * a.dc_stride);
-#pragma unroll
-        for (int v = 0; v < kHeld; ++v)
-          if (lane + 32 * v < kPieces) d[lane + 32 * v] = held[t][v];
+    bk_sync();
+    HS_PHASE(3);
+    // 2. Prefix counts: prefix[w] = set bits in words < w (each thread a contiguous chunk, one
+    //    exchange of warp totals). The staged slot tokens and LRU must have landed by the barrier.
+    const int lane = tid & 31, warp = tid >> 5, nw = T >> 5;
+    const unsigned below = lanemask_lt();
+    {
+      const int chunk = (words + T - 1) / T;
+      const int w0 = min(words, tid * chunk), w1 = min(words, w0 + chunk);
+      int cnt = 0;
+      for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
+      const int incl = warp_inclusive_scan(cnt);
+      if (lane == 31) scratch[warp] = incl;
+      if (early) cp_async_wait<1>(); else cp_async_wait<0>();  // not the early fetch's group
+      bk_sync();
+      const int own = lane < nw ? scratch[lane] : 0;
+      const int tot = warp_inclusive_scan(own);
+      int run = __shfl_sync(kFull, tot - own, warp) + incl - cnt;
+      for (int w = w0; w < w1; ++w) {
+        prefix[w] = static_cast<uint16_t>(run);
+        run += __popc(bm[w]);
       }
     }
-    return;
-  }
-
-  // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
-  //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
-  stage_to_smem(stoks, stok, 4 * B, tid, T);
-  stage_to_smem(lrus, lru, 2 * B, tid, T);
-  if constexpr (EARLY) stage_to_smem(srows, rows, 4 * (B + 1), tid, T);
-  cp_async_commit();
-  fill_smem(bm, (words + 3) / 4, make_int4(0, 0, 0, 0), tid, T);
-  fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
-  fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
-  if (tid == 0) s_direct = 0;
-  // 0b. In-line early fetch (not EARLY): a selected position whose hint bit is clear is
-  //     probably a miss, so its row starts streaming from the host into this CTA's shared
-  //     memory (cp.async group 2) as soon as the hint word and host row are in, before any
-  //     barrier, and lands while the bookkeeping below runs. The bookkeeping stays
-  //     authoritative: a staged row is stored (step 7) only if its entry is a miss's first
-  //     occurrence (step 5); every other miss is copied directly. sidx[i]: staging slot of
-  //     owned entry i, -1 if none.
-  //     Slots are dealt to warps up front (no shared counter, so nothing to clear first): the W
-  //     warps that hold preloaded entries get q = ceil(stage_cap / W) slots each, in warp order,
-  //     and fill them with their first candidates (one ballot per round); each warp issues its
-  //     rows itself (all lanes, coalesced). Entries past the preloaded ones are not staged.
-  //     NOTE: warp 0 takes no entries: thread 0's __threadfence before the arrival (step 3)
-  //     would wait for its host reads to land and hold the whole CTA at the next barrier.
-  //     NOTE: the first hint words arrive ~1 us after the launch; issuing after the block
-  //     barrier and a shared-counter ranking (v8) started the rows ~1 us later.
-  uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
-  if (early) {
-    uint32_t w0[kBatch];
-    int64_t h0[kBatch];
-    load_hints(p0, limit, res, hrow, w0, h0);
-    for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
-    if (tid >= 32) {
-      const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
-      const int q = (a.stage_cap + holders - 1) / holders, slot0 = ((tid >> 5) - 1) * q;
-      const int quota = max(0, min(q, a.stage_cap - slot0));
-      int taken = 0;
+    bk_sync();
+    HS_PHASE(4);
+    // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
+    // this CTA is the last (the writer) only before the exchange, so the atomic's round trip
+    // overlaps the work in between.
+    const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas, !EARLY) : 0;
+    // 3a. Dense id of every entry, and the first top-k index of each id (kBatch entries' loads
+    //     issued before their first store).
+    for (int i0 = tid; i0 < K; i0 += T * kBatch) {
+      int p[kBatch], code[kBatch];
+      uint32_t w[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) p[u] = i0 + u * T < K ? tks[i0 + u * T] : -1;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int e = tid - 32 + u * ET;
-        const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
-        const unsigned cand = __ballot_sync(kFull, src >= 0);
-        const int rank = taken + __popc(cand & lanemask_lt());
-        const int j = src >= 0 && rank < quota ? slot0 + rank : -1;
-        if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
-        int t = taken;
-        for (unsigned left = cand; left && t < quota; left &= left - 1, ++t) {
-          const int64_t row = __shfl_sync(kFull, src, __ffs(left) - 1);
-          for (int pc = (tid & 31); pc < kPieces; pc += 32)
-            cp_async16(sdata + (slot0 + t) * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
-        }
-        taken += __popc(cand);
+        const bool sel = p[u] >= 0 && p[u] < limit;
+        w[u] = sel ? bm[p[u] >> 5] : 0u;
+        code[u] = sel ? prefix[p[u] >> 5] : (p[u] == newest ? kNewestEntry : kPadEntry);
       }
-    }
-    cp_async_commit();
-  }
-  cp_async_wait<1>();
-  bk_sync();
-  HS_PHASE(2);
-  if (early)  // owned entries past the preloaded ones: not staged
-    for (int e = ET * kBatch + tid - 32; tid >= 32 && e < n_own; e += ET) sidx[c + e * a.ctas] = -1;
-  // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
-  //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
-  //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
-  {
-    constexpr int S = ((K + 31) / 32) | 1;
-    for (int x = tid; x < 32 * S; x += T) {
-      const int i = (x & 31) * S + (x >> 5);
-      const int p = i < K ? tks[i] : -1;
-      if (p >= 0 && p < limit) atomicOr(&bm[p >> 5], 1u << (p & 31));
-    }
-  }
-  bk_sync();
-  HS_PHASE(3);
-  // 2. Prefix counts: prefix[w] = set bits in words < w (each thread a contiguous chunk, one
-  //    exchange of warp totals). The staged slot tokens and LRU must have landed by the barrier.
-  const int lane = tid & 31, warp = tid >> 5, nw = T >> 5;
-  const unsigned below = lanemask_lt();
-  {
-    const int chunk = (words + T - 1) / T;
-    const int w0 = min(words, tid * chunk), w1 = min(words, w0 + chunk);
-    int cnt = 0;
-    for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
-    const int incl = warp_inclusive_scan(cnt);
-    if (lane == 31) scratch[warp] = incl;
-    if (early) cp_async_wait<1>(); else cp_async_wait<0>();  // not the early fetch's group
-    bk_sync();
-    const int own = lane < nw ? scratch[lane] : 0;
-    const int tot = warp_inclusive_scan(own);
-    int run = __shfl_sync(kFull, tot - own, warp) + incl - cnt;
-    for (int w = w0; w < w1; ++w) {
-      prefix[w] = static_cast<uint16_t>(run);
-      run += __popc(bm[w]);
-    }
-  }
-  bk_sync();
-  HS_PHASE(4);
-  // Every read of the mutable state (slot_tokens, lru) has landed: arrive now, decide whether
-  // this CTA is the last (the writer) only before the exchange, so the atomic's round trip
-  // overlaps the work in between.
-  const int ticket = tid == 0 ? arrive_issue(a.arrivals, b, a.ctas, !EARLY) : 0;
-  // 3a. Dense id of every entry, and the first top-k index of each id (kBatch entries' loads
-  //     issued before their first store).
-  for (int i0 = tid; i0 < K; i0 += T * kBatch) {
-    int p[kBatch], code[kBatch];
-    uint32_t w[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) p[u] = i0 + u * T < K ? tks[i0 + u * T] : -1;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool sel = p[u] >= 0 && p[u] < limit;
-      w[u] = sel ? bm[p[u] >> 5] : 0u;
-      code[u] = sel ? prefix[p[u] >> 5] : (p[u] == newest ? kNewestEntry : kPadEntry);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * T;
-      if (i >= K) break;
-      if (code[u] >= 0) {
-        code[u] += __popc(w[u] & ((1u << (p[u] & 31)) - 1u));
-        atomicMin(&first[code[u]], i);
-      }
-      dk[i] = static_cast<int16_t>(code[u]);
-    }
-  }
-  // 3b. Hits, walking the old LRU: a slot whose token is selected is a hit (its slot goes to
-  //     the token's id), every other LRU position is evictable. Each warp owns a contiguous
-  //     segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
-  const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
-  const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
-  int n_ev = 0;
-  for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 1.8 -> 2.2 us)
-    const int j = j0 + lane;
-    bool ev = j < je;
-    if (ev) {
-      const int sl = lrus[j], t = stoks[sl];
-      if (t >= 0 && t < limit) {
-        const uint32_t w = bm[t >> 5];
-        if ((w >> (t & 31)) & 1u) {
-          dslot[prefix[t >> 5] + __popc(w & ((1u << (t & 31)) - 1u))] = static_cast<int16_t>(sl);
-          ev = false;
-        }
-      }
-    }
-    const unsigned bal = __ballot_sync(kFull, ev);
-    if (lane == 0) evbits[j0 >> 5] = bal;
-    n_ev += __popc(bal);
-  }
-  bk_sync();
-  HS_PHASE(5);
-  // 4. Misses: first occurrences of selected positions that no slot holds, in top-k order
-  //    (warp segments and ballot words as above). Then one exchange of the packed per-warp
-  //    counts (each total <= 32767, so the low half never carries into the high one) places
-  //    the new LRU order (evictables, then hits, each in old order) and the miss list.
-  //    NOTE: these loops load kRounds rounds' inputs before their first shared-memory store:
-  //    the compiler must assume a store may alias any later load from the same smem array, so
-  //    a plain loop pays one latency chain per round.
-  const int seg_k = (K + 32 * nw - 1) / (32 * nw) * 32;
-  const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
-  int n_miss = 0;
-  for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
-    int d[kRounds], f[kRounds], s[kRounds];
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      const int i = i0 + 32 * u + lane;
-      d[u] = i < ie ? dk[i] : kPadEntry;
-    }
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      f[u] = d[u] >= 0 ? first[d[u]] : -1;
-      s[u] = d[u] >= 0 ? dslot[d[u]] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      const int ir = i0 + 32 * u;
-      if (ir >= ie) break;
-      const bool miss = d[u] >= 0 && s[u] < 0 && f[u] == ir + lane;
-      const unsigned bal = __ballot_sync(kFull, miss);
-      if (lane == 0) missbits[ir >> 5] = bal;
-      n_miss += __popc(bal);
-    }
-  }
-  if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
-  if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
-  bk_sync();
-  const int mine = lane < nw ? scratch[lane] : 0;
-  int both = warp_inclusive_scan(mine);
-  const int off = __shfl_sync(kFull, both - mine, warp);
-  both = __shfl_sync(kFull, both, 31);
-  const int n_evict = both & 0xffff, m = both >> 16;
-  int e = off & 0xffff, q = off >> 16;
-  for (int j0 = jb; j0 < je; j0 += 32 * kRounds) {
-    unsigned bal[kRounds];
-    int sl[kRounds];
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      const int jr = j0 + 32 * u;
-      bal[u] = jr < je ? evbits[jr >> 5] : 0u;
-      sl[u] = jr + lane < je ? lrus[jr + lane] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      const int j = j0 + 32 * u + lane;
-      if (j < je) {
-        const int rank = e + __popc(bal[u] & below);  // evictables before position j
-        order[(bal[u] >> lane) & 1u ? rank : n_evict + j - rank] = static_cast<int16_t>(sl[u]);
-      }
-      e += __popc(bal[u]);
-    }
-  }
-  for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
-    unsigned bal[kRounds];
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      const int ir = i0 + 32 * u;
-      bal[u] = ir < ie ? missbits[ir >> 5] : 0u;
-    }
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      if ((bal[u] >> lane) & 1u) mix[q + __popc(bal[u] & below)] = i0 + 32 * u + lane;  // < n_evict: B >= K
-      q += __popc(bal[u]);
-    }
-  }
-  const bool writer = s_writer;  // published by the barrier above
-  bk_sync();
-  HS_PHASE(6);
-  // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
-  //    flight), record the new slot token (the writer; it also moves the hint bit from the
-  //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
-  //    owning its first entry (i mod ctas): from its staged row if the early fetch took it,
-  //    else directly (listed in `first`, free from here on).
-  int32_t* direct = first;
-  const bool hint_writer = hint && writer;
-  if constexpr (EARLY) named_sync(2, T_all);  // the fetch warps' slots (sidx) are written
-  for (int x0 = tid; x0 < m; x0 += T * kBatch) {
-    int64_t src[kBatch];
-    int32_t dst[kBatch], old[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int x = x0 + u * T;
-      if (x < m) {
-        if constexpr (EARLY) {  // all from shared memory; host rows only for owned misses
-          const int i = mix[x], e = (i - c) / a.ctas;
-          src[u] = i % a.ctas != c ? -1 : e < kBatch * FT ? hst[e] : a.host_rows[r * a.hr_stride + tks[i]];
-          dst[u] = srows[order[x]];
-          old[u] = hint_writer ? stoks[order[x]] : -1;
-        } else {
-          src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
-          dst[u] = rows[order[x]];
-          old[u] = hint_writer ? stok[order[x]] : -1;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int x = x0 + u * T;
-      if (x >= m) continue;
-      const int i = mix[x], victim = order[x];
-      dslot[dk[i]] = static_cast<int16_t>(victim);
-      msrc[x] = src[u];
-      mdst[x] = dst[u];
-      if (writer) stok[victim] = tks[i];
-      if (hint_writer) {  // the evicted token's bit off, the new one's on (hits keep theirs)
-        if (old[u] >= 0 && old[u] < 32 * a.words) atomicAnd(&res[old[u] >> 5], ~(1u << (old[u] & 31)));
-        atomicOr(&res[tks[i] >> 5], 1u << (tks[i] & 31));
-      }
-      if (i % a.ctas == c) {
-        const int j = EARLY || early ? sidx[i] : -1;
-        if (j >= 0) sdst[j] = dst[u];
-        else direct[atomicAdd(&s_direct, 1)] = x;
-      }
-    }
-  }
-  bk_sync();
-  if constexpr (EARLY) named_arrive(3, T_all);  // sdst is final: the held rows may be stored
-  HS_PHASE(7);
-  // 6. Outputs: each CTA writes its share of out_rows and of the plan (EARLY: the misses it
-  //    owns, whose host rows it has); the writer the new LRU (order rotated left by m over the
-  //    evictables, then the hits). EARLY reads the slot rows from shared memory.
-  {
-    const int32_t* orow = EARLY ? srows : rows;
-    const int k0 = static_cast<int>(static_cast<int64_t>(K) * c / a.ctas);
-    const int k1 = static_cast<int>(static_cast<int64_t>(K) * (c + 1) / a.ctas);
-    for (int i0 = k0 + tid; i0 < k1; i0 += T * kBatch) {
-      int row[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int i = i0 + u * T;
-        const int code = i < k1 ? dk[i] : kPadEntry;
-        row[u] = -1;
-        if (code == kNewestEntry) row[u] = orow[B];
-        else if (code >= 0) row[u] = orow[dslot[code]];
+        if (i >= K) break;
+        if (code[u] >= 0) {
+          code[u] += __popc(w[u] & ((1u << (p[u] & 31)) - 1u));
+          atomicMin(&first[code[u]], i);
+        }
+        dk[i] = static_cast<int16_t>(code[u]);
+      }
+    }
+    // 3b. Hits, walking the old LRU: a slot whose token is selected is a hit (its slot goes to
+    //     the token's id), every other LRU position is evictable. Each warp owns a contiguous
+    //     segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
+    const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
+    const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
+    int n_ev = 0;
+    for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 1.8 -> 2.2 us)
+      const int j = j0 + lane;
+      bool ev = j < je;
+      if (ev) {
+        const int sl = lrus[j], t = stoks[sl];
+        if (t >= 0 && t < limit) {
+          const uint32_t w = bm[t >> 5];
+          if ((w >> (t & 31)) & 1u) {
+            dslot[prefix[t >> 5] + __popc(w & ((1u << (t & 31)) - 1u))] = static_cast<int16_t>(sl);
+            ev = false;
+          }
+        }
+      }
+      const unsigned bal = __ballot_sync(kFull, ev);
+      if (lane == 0) evbits[j0 >> 5] = bal;
+      n_ev += __popc(bal);
+    }
+    bk_sync();
+    HS_PHASE(5);
+    // 4. Misses: first occurrences of selected positions that no slot holds, in top-k order
+    //    (warp segments and ballot words as above). Then one exchange of the packed per-warp
+    //    counts (each total <= 32767, so the low half never carries into the high one) places
+    //    the new LRU order (evictables, then hits, each in old order) and the miss list.
+    //    NOTE: these loops load kRounds rounds' inputs before their first shared-memory store:
+    //    the compiler must assume a store may alias any later load from the same smem array, so
+    //    a plain loop pays one latency chain per round.
+    const int seg_k = (K + 32 * nw - 1) / (32 * nw) * 32;
+    const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
+    int n_miss = 0;
+    for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
+      int d[kRounds], f[kRounds], s[kRounds];
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int i = i0 + 32 * u + lane;
+        d[u] = i < ie ? dk[i] : kPadEntry;
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
+      for (int u = 0; u < kRounds; ++u) {
+        f[u] = d[u] >= 0 ? first[d[u]] : -1;
+        s[u] = d[u] >= 0 ? dslot[d[u]] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int ir = i0 + 32 * u;
+        if (ir >= ie) break;
+        const bool miss = d[u] >= 0 && s[u] < 0 && f[u] == ir + lane;
+        const unsigned bal = __ballot_sync(kFull, miss);
+        if (lane == 0) missbits[ir >> 5] = bal;
+        n_miss += __popc(bal);
+      }
     }
-  }
-  if (writer) {
-    for (int j = tid; j < B; j += T) {
-      const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
-      lru[j] = order[at];
-    }
-  }
-  if (a.write_plan && EARLY) {
-    for (int x = tid; x < m; x += T) {
-      if (mix[x] % a.ctas != c) continue;
-      a.plan_src[b * a.plan_stride + x] = msrc[x];
-      a.plan_dst[b * a.plan_stride + x] = mdst[x];
-    }
-    if (c == 0 && tid == 0) a.plan_count[b] = m;
-  } else if (a.write_plan) {
-    const int x0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
-    const int x1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
-    for (int x = x0 + tid; x < x1; x += T) {
-      a.plan_src[b * a.plan_stride + x] = msrc[x];
-      a.plan_dst[b * a.plan_stride + x] = mdst[x];
-    }
-    if (c == 0 && tid == 0) a.plan_count[b] = m;
-  }
-  HS_PHASE(8);
-  // 7. In line (not EARLY): the staged rows that are misses go out first: the bookkeeping
-  //    above waited for them anyway (its arrival and global loads wait behind host reads), and
-  //    storing them after the direct copies (v8) put their wait, a barrier and their stores on
-  //    the kernel's tail. Then the direct copies (EARLY: shared with the fetch warps).
-  if (early) {
-    cp_async_wait<0>();
+    if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
+    if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
     bk_sync();
+    const int mine = lane < nw ? scratch[lane] : 0;
+    int both = warp_inclusive_scan(mine);
+    const int off = __shfl_sync(kFull, both - mine, warp);
+    both = __shfl_sync(kFull, both, 31);
+    const int n_evict = both & 0xffff, m = both >> 16;
+    int e = off & 0xffff, q = off >> 16;
+    for (int j0 = jb; j0 < je; j0 += 32 * kRounds) {
+      unsigned bal[kRounds];
+      int sl[kRounds];
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int jr = j0 + 32 * u;
+        bal[u] = jr < je ? evbits[jr >> 5] : 0u;
+        sl[u] = jr + lane < je ? lrus[jr + lane] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int j = j0 + 32 * u + lane;
+        if (j < je) {
+          const int rank = e + __popc(bal[u] & below);  // evictables before position j
+          order[(bal[u] >> lane) & 1u ? rank : n_evict + j - rank] = static_cast<int16_t>(sl[u]);
+        }
+        e += __popc(bal[u]);
+      }
+    }
+    for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
+      unsigned bal[kRounds];
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int ir = i0 + 32 * u;
+        bal[u] = ir < ie ? missbits[ir >> 5] : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        if ((bal[u] >> lane) & 1u) mix[q + __popc(bal[u] & below)] = i0 + 32 * u + lane;  // < n_evict: B >= K
+        q += __popc(bal[u]);
+      }
+    }
+    const bool writer = s_writer;  // published by the barrier above
+    bk_sync();
+    HS_PHASE(6);
+    // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
+    //    flight), record the new slot token (the writer; it also moves the hint bit from the
+    //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
+    //    owning its first entry (i mod ctas): from its staged row if the early fetch took it,
+    //    else directly (listed in `first`, free from here on).
+    int32_t* direct = first;
+    const bool hint_writer = hint && writer;
+    if constexpr (EARLY) named_sync(2, T_all);  // the fetch warps' slots (sidx) are written
+    for (int x0 = tid; x0 < m; x0 += T * kBatch) {
+      int64_t src[kBatch];
+      int32_t dst[kBatch], old[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int x = x0 + u * T;
+        if (x < m) {
+          if constexpr (EARLY) {  // all from shared memory; host rows only for owned misses
+            const int i = mix[x], e = (i - c) / a.ctas;
+            src[u] = i % a.ctas != c ? -1 : e < kBatch * FT ? hst[e] : a.host_rows[r * a.hr_stride + tks[i]];
+            dst[u] = srows[order[x]];
+            old[u] = hint_writer ? stoks[order[x]] : -1;
+          } else {
+            src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
+            dst[u] = rows[order[x]];
+            old[u] = hint_writer ? stok[order[x]] : -1;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int x = x0 + u * T;
+        if (x >= m) continue;
+        const int i = mix[x], victim = order[x];
+        dslot[dk[i]] = static_cast<int16_t>(victim);
+        msrc[x] = src[u];
+        mdst[x] = dst[u];
+        if (writer) stok[victim] = tks[i];
+        if (hint_writer) {  // the evicted token's bit off, the new one's on (hits keep theirs)
+          if (old[u] >= 0 && old[u] < 32 * a.words) atomicAnd(&res[old[u] >> 5], ~(1u << (old[u] & 31)));
+          atomicOr(&res[tks[i] >> 5], 1u << (tks[i] & 31));
+        }
+        if (i % a.ctas == c) {
+          const int j = EARLY || early ? sidx[i] : -1;
+          if (j >= 0) sdst[j] = dst[u];
+          else direct[atomicAdd(&s_direct, 1)] = x;
+        }
+      }
+    }
+    bk_sync();
+    if constexpr (EARLY) named_arrive(3, T_all);  // sdst is final: the held rows may be stored
+    HS_PHASE(7);
+    // 6. Outputs: each CTA writes its share of out_rows and of the plan (EARLY: the misses it
+    //    owns, whose host rows it has); the writer the new LRU (order rotated left by m over the
+    //    evictables, then the hits). EARLY reads the slot rows from shared memory.
+    {
+      const int32_t* orow = EARLY ? srows : rows;
+      const int k0 = static_cast<int>(static_cast<int64_t>(K) * c / a.ctas);
+      const int k1 = static_cast<int>(static_cast<int64_t>(K) * (c + 1) / a.ctas);
+      for (int i0 = k0 + tid; i0 < k1; i0 += T * kBatch) {
+        int row[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = i0 + u * T;
+          const int code = i < k1 ? dk[i] : kPadEntry;
+          row[u] = -1;
+          if (code == kNewestEntry) row[u] = orow[B];
+          else if (code >= 0) row[u] = orow[dslot[code]];
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
+      }
+    }
+    if (writer) {
+      for (int j = tid; j < B; j += T) {
+        const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
+        lru[j] = order[at];
+      }
+    }
+    if (a.write_plan && EARLY) {
+      for (int x = tid; x < m; x += T) {
+        if (mix[x] % a.ctas != c) continue;
+        a.plan_src[b * a.plan_stride + x] = msrc[x];
+        a.plan_dst[b * a.plan_stride + x] = mdst[x];
+      }
+      if (c == 0 && tid == 0) a.plan_count[b] = m;
+    } else if (a.write_plan) {
+      const int x0 = static_cast<int>(static_cast<int64_t>(m) * c / a.ctas);
+      const int x1 = static_cast<int>(static_cast<int64_t>(m) * (c + 1) / a.ctas);
+      for (int x = x0 + tid; x < x1; x += T) {
+        a.plan_src[b * a.plan_stride + x] = msrc[x];
+        a.plan_dst[b * a.plan_stride + x] = mdst[x];
+      }
+      if (c == 0 && tid == 0) a.plan_count[b] = m;
+    }
+    HS_PHASE(8);
+    // 7. In line (not EARLY): the staged rows that are misses go out first: the bookkeeping
+    //    above waited for them anyway (its arrival and global loads wait behind host reads), and
+    //    storing them after the direct copies (v8) put their wait, a barrier and their stores on
+    //    the kernel's tail. Then the direct copies (EARLY: shared with the fetch warps).
+    if (early) {
+      cp_async_wait<0>();
+      bk_sync();
+    }
+    HS_PHASE(9);
+    if (early) {
+      for (int x = tid; x < a.stage_cap * kPieces; x += T) {
+        const int j = x / kPieces, piece = x % kPieces;
+        if (sdst[j] >= 0)
+          reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(sdst[j]) * a.dc_stride)[piece] =
+              reinterpret_cast<const int4*>(sdata + j * ITEM)[piece];
+      }
+    }
+    HS_PHASE(10);
+    if (a.copy)
+      copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
+                      a.dc_stride, direct, tid, TC);
+    HS_PHASE(11);
+    return;
   }
-  HS_PHASE(9);
-  if (early) {
-    for (int x = tid; x < a.stage_cap * kPieces; x += T) {
-      const int j = x / kPieces, piece = x % kPieces;
-      if (sdst[j] >= 0)
-        reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(sdst[j]) * a.dc_stride)[piece] =
-            reinterpret_cast<const int4*>(sdata + j * ITEM)[piece];
+
+  // 0b. Fetch warps: the hint words and host rows of the preloaded positions, loaded together.
+  //     A selected position whose hint bit is clear is probably a miss: warp w takes its first
+  //     fetch_rows() candidates (slots w * fetch_rows() + t, below stage_cap) and records each
+  //     owned entry's slot (-1: copied directly if it is a miss) before any row is issued, so
+  //     that its arrival at barrier 2 waits for nothing. Then every held row goes out at once;
+  //     each is stored once barrier 3 has published its destination (sdst, -1: not a miss's
+  //     first occurrence), whenever it lands. The bookkeeping stays authoritative.
+  const int f = tid - T, lane = tid & 31, fw = f >> 5;
+  const int quota = max(0, min(kHold, a.stage_cap - fw * kHold));
+  uint32_t w0[kBatch];
+  int64_t h0[kBatch];
+  load_hints(p0, limit, res, hrow, w0, h0);
+  // Each candidate below the quota takes the next slot of its warp (in u, then lane order) and
+  // parks its entry there (sdst, until the reset below); every lane then reads the host rows
+  // of its warp's slots back from shared memory.
+  // NOTE: v15 handed each row over with one shuffle per (u, slot): ~300 instructions under
+  // divergence guards, which the fetch warps ran right after a jump to the kernel's last
+  // 10 KB, i.e. from a cold instruction cache (ncu: 72 % of their stall samples there were
+  // "no instruction").
+  int taken = 0;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int e = fetch_entry(u);
+    const bool miss = !((w0[u] >> (p0[u] & 31)) & 1u);  // only owned entries may be candidates
+    const unsigned cand = __ballot_sync(kFull, miss && h0[u] >= 0);
+    const int rank = taken + __popc(cand & lanemask_lt());
+    const int slot = miss && h0[u] >= 0 && rank < quota ? fw * kHold + rank : -1;
+    if (e < n_own) {
+      sidx[c + e * a.ctas] = static_cast<int16_t>(slot);
+      hst[e] = h0[u];  // (step 5 takes the host rows of owned misses from here)
+    }
+    if (slot >= 0) sdst[slot] = e;
+    taken = min(quota, taken + __popc(cand));
+  }
+#pragma unroll 1
+  for (int e = kBatch * FT + f; e < n_own; e += FT) sidx[c + e * a.ctas] = -1;  // not preloaded
+  __syncwarp();
+  int64_t src_row[kHold];
+#pragma unroll
+  for (int t = 0; t < kHold; ++t) src_row[t] = t < taken ? hst[sdst[fw * kHold + t]] : 0;
+  __syncwarp();
+  if (lane < kHold && fw * kHold + lane < a.stage_cap) sdst[fw * kHold + lane] = -1;  // unclaimed
+  named_arrive(2, T_all);
+  int4 held[kHold][kHeld];
+#pragma unroll
+  for (int t = 0; t < kHold; ++t) {
+    if (t < taken) {
+      const int4* s = reinterpret_cast<const int4*>(a.host_cache + src_row[t] * a.hc_stride);
+#pragma unroll
+      for (int v = 0; v < kHeld; ++v)
+        if (lane + 32 * v < kPieces) held[t][v] = __ldg(s + lane + 32 * v);
     }
   }
-  HS_PHASE(10);
-  if (a.copy)
+  named_sync(3, T_all);
+  // Their share of the direct copies first (issued while the held rows may still be on the
+  // way), then the held rows.
+  if constexpr (kFetchCopies)
     copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                    a.dc_stride, direct, tid, TC);
-  HS_PHASE(11);
+                    a.dc_stride, first, tid, T_all);
+#pragma unroll
+  for (int t = 0; t < kHold; ++t) {
+    const int dst = t < taken ? sdst[fw * kHold + t] : -1;
+    if (dst >= 0) {
+      int4* d = reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(dst) * a.dc_stride);
+#pragma unroll
+      for (int v = 0; v < kHeld; ++v)
+        if (lane + 32 * v < kPieces) d[lane + 32 * v] = held[t][v];
+    }
+  }
 }
 
 using tvm::ffi::TensorView;
