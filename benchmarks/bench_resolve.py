@@ -144,12 +144,30 @@ def _nvml():
     return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 
-def sm_clock_mhz() -> int | None:
+def _nvml_read(read):
+    """read(pynvml, handle), or None where NVML is missing or refuses (telemetry only)."""
     try:
         nv, h = _nvml()
-        return int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        return read(nv, h)
     except Exception:  # noqa: BLE001 - telemetry only
         return None
+
+
+def sm_clock_mhz() -> int | None:
+    return _nvml_read(lambda nv, h: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+
+
+def gpu_state() -> dict:
+    """SM and memory clocks (MHz) and board power (W) right now, each None if NVML cannot say.
+
+    NOTE (H200, results/resolve_s16_icache_h200.json): NO_IO at batch 64 ran 9.5 µs for five
+    interleaved rounds, then 11.4-11.7 µs, with the SM clock read at 1980 MHz after each of
+    those rounds, so the SM clock does not explain that step; the memory clock and the power
+    draw are recorded per round too, to test the next candidates.
+    """
+    return dict(sm_mhz=sm_clock_mhz(),
+                mem_mhz=_nvml_read(lambda nv, h: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))),
+                power_w=_nvml_read(lambda nv, h: round(nv.nvmlDeviceGetPowerUsage(h) / 1000, 1)))
 
 
 # NVML's clock event reasons (nvmlClocksEventReason*): why the SM clock is below its maximum.
@@ -167,21 +185,13 @@ def decode_clock_reasons(mask: int) -> list[str]:
 
 
 def clock_reasons() -> list[str] | None:
-    """Why the SM clock is held down right now (NVML), or None without NVML.
-
-    NOTE (H200, results/resolve_noio_b64_interleave_h200.json): NO_IO at batch 64 ran 9.5 µs in
-    the first interleaved rounds and 11.3 µs in the later ones, with the SM clock read at 1635
-    MHz after the config against 1935-1965 MHz in others, consistent with a bookkeeping that
-    follows the clock (one reading per config: a correlation). Each record now carries this, so
-    that a slow figure can be told from a throttled machine.
-    """
-    try:
-        nv, h = _nvml()
+    """Why the SM clock is held down right now (NVML), or None without NVML, so that a slow
+    figure can be told from a throttled machine (every H200 record so far: sw_power_cap)."""
+    def read(nv, h):
         get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
         return decode_clock_reasons(int(get(h)))
-    except Exception:  # noqa: BLE001 - telemetry only
-        return None
+    return _nvml_read(read)
 
 
 WARM = True
@@ -345,8 +355,8 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
             replay8=lambda: GraphTimer(
                 lambda t: ops.replay(plan=plans[t + 1], num_real_reqs=nr, host_cache=host,
                                      device_cache=dev_cache, ctas=8), lambda: None, steps))
-    round_mhz: list[int | None] = []
-    samples = time_graphs(graphs, reps, on_round=lambda: round_mhz.append(sm_clock_mhz()))
+    rounds_state: list[dict] = []
+    samples = time_graphs(graphs, reps, on_round=lambda: rounds_state.append(gpu_state()))
     reasons = clock_reasons()
     med = {n: statistics.median(v) for n, v in samples.items()}
     us, noio, us_nh = med["resolve"], med["noio"], med.get("nohint")
@@ -360,7 +370,8 @@ def bench_config(pool, *, bs, k, B, item, ctx, churns, steps, reps, block, ctas,
                timing="interleaved" if INTERLEAVE else "sequential")
     if INTERLEAVE:
         rec["rounds_us"] = {n: [round(x, 2) for x in v] for n, v in samples.items()}
-        rec["rounds_sm_mhz"] = round_mhz
+        for key in ("sm_mhz", "mem_mhz", "power_w"):
+            rec[f"rounds_{key}"] = [st[key] for st in rounds_state]
     if us_nh is not None:
         rec.update(nohint_us=round(us_nh, 2))
     if rows_per_step:

@@ -68,3 +68,45 @@ def test_paired_ratios_are_per_round(bench):
     assert bench.paired([1.0, 3.0], [2.0, 2.0]) == {"median": 1.0, "q": [0.5, 1.5]}
     with pytest.raises(ValueError):
         bench.paired([1.0], [1.0, 2.0])  # rounds must pair up
+
+
+class _FakeNvml:
+    """pynvml stand-in: fixed clocks and power; `broken` names calls that raise."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def __init__(self, broken=()):
+        self.broken = set(broken)
+
+    def _check(self, name):
+        if name in self.broken:
+            raise RuntimeError(f"{name} not supported")
+
+    def nvmlDeviceGetClockInfo(self, handle, which):  # noqa: N802 - NVML's name
+        self._check("mem" if which == self.NVML_CLOCK_MEM else "sm")
+        return {self.NVML_CLOCK_SM: 1980, self.NVML_CLOCK_MEM: 3201}[which]
+
+    def nvmlDeviceGetPowerUsage(self, handle):  # noqa: N802 - NVML's name
+        self._check("power")
+        return 612345  # mW
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):  # noqa: N802 - NVML's name
+        self._check("reasons")
+        return 0x4
+
+
+def test_gpu_state_reads_clocks_and_power(bench, monkeypatch):
+    monkeypatch.setattr(bench, "_nvml", lambda: (_FakeNvml(), "handle"))
+    assert bench.gpu_state() == dict(sm_mhz=1980, mem_mhz=3201, power_w=612.3)
+    assert bench.clock_reasons() == ["sw_power_cap"]
+
+
+def test_gpu_state_leaves_out_only_what_nvml_refuses(bench, monkeypatch):
+    monkeypatch.setattr(bench, "_nvml", lambda: (_FakeNvml(broken={"mem", "reasons"}), "h"))
+    assert bench.gpu_state() == dict(sm_mhz=1980, mem_mhz=None, power_w=612.3)
+    assert bench.clock_reasons() is None
+
+    def no_nvml():
+        raise ImportError("No module named 'pynvml'")
+    monkeypatch.setattr(bench, "_nvml", no_nvml)
+    assert bench.gpu_state() == dict(sm_mhz=None, mem_mhz=None, power_w=None)
