@@ -12,7 +12,11 @@ base, and keeps the faster of the two repeats per kernel and config.
     python benchmarks/ab_resolve.py --baseline jit_kernels/resolve.cuh   # control: same code
 
 Both kernels are compiled the same way, each in its own namespace (``-Dhisparse=hisparse_base``
-/ ``hisparse_new``) next to the current ``common.cuh``.
+/ ``hisparse_new``), next to the ``common.cuh`` beside the given ``resolve.cuh`` if there is one,
+else the current one. So a whole older tree compares as it was:
+
+    git archive 5ebabd5 jit_kernels | tar -x -C /tmp/base
+    python benchmarks/ab_resolve.py --baseline /tmp/base/jit_kernels/resolve.cuh --out ab.json
 
 NOTE (H200, 2026-11-30): with both modules loaded in one process, control runs (identical code
 on both sides) showed the module loaded second 1-2.6 us slower in NO_IO whatever the timing
@@ -64,15 +68,20 @@ NEW_EARLY: int | None = None
 
 
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
-    """Compile ``path`` (a resolve.cuh) in namespace ``hisparse_<tag>`` next to the current
-    ``common.cuh``, with extra nvcc ``flags``."""
+    """Compile ``path`` (a resolve.cuh) in namespace ``hisparse_<tag>`` with extra nvcc
+    ``flags``, next to the ``common.cuh`` in its directory if there is one, else the current
+    one (session 16 changed common.cuh's staging loops, which every resolve build inlines)."""
     import tvm_ffi.cpp
 
-    text = path.read_text()
+    common = path.parent / "common.cuh"
+    if not common.is_file():
+        common = _jit.source_dir() / "common.cuh"
+    text = path.read_text() + "\0" + common.read_text()
     digest = hashlib.sha256((text + "\0".join(flags)).encode()).hexdigest()[:12]
     inc = Path(tempfile.gettempdir()) / f"ab_resolve_{tag}_{digest}"
     inc.mkdir(exist_ok=True)
     shutil.copy(path, inc / f"resolve_{tag}.cuh")
+    shutil.copy(common, inc / "common.cuh")  # found first: the including file's directory
     wrapper = (
         f'#include "resolve_{tag}.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void resolve({_jit._RESOLVE_ARGS}) {{\n"
