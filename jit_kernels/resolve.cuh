@@ -685,10 +685,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int e = fetch_entry(u);
-    const bool miss = !((w0[u] >> (p0[u] & 31)) & 1u);  // only owned entries may be candidates
-    const unsigned cand = __ballot_sync(kFull, miss && h0[u] >= 0);
+    // A candidate: its hint bit is clear (entries this lane does not preload have w0 = ~0u).
+    const bool mine = !((w0[u] >> (p0[u] & 31)) & 1u) && h0[u] >= 0;
+    const unsigned cand = __ballot_sync(kFull, mine);
     const int rank = taken + __popc(cand & lanemask_lt());
-    const int slot = miss && h0[u] >= 0 && rank < quota ? fw * kHold + rank : -1;
+    const int slot = mine && rank < quota ? fw * kHold + rank : -1;
     if (e < n_own) {
       sidx[c + e * a.ctas] = static_cast<int16_t>(slot);
       hst[e] = h0[u];  // (step 5 takes the host rows of owned misses from here)
