@@ -477,6 +477,17 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int seg_k = (K + 32 * nw - 1) / (32 * nw) * 32;
     const int ib = min(K, warp * seg_k), ie = min(K, ib + seg_k);
     int n_miss = 0;
+    // Without fetch warps, when each warp's segment is one pass (kRounds rounds), the host row of
+    // each miss is loaded here and stored in the miss list below, after the exchange: its round
+    // trip (host_rows is large and read at random, so mostly from DRAM) overlaps the exchange
+    // instead of following it in step 5.
+    // NOTE (v17, H200, k 2048, B 4096): NO_IO at batch 64 @5 / 15 % 11.06 -> 10.71 and
+    // 11.45 -> 11.07 us (656 B), at 512 threads 10.63 -> 9.93 us; 0 % level. Staging the slot
+    // rows as well (16 KB more per CTA, with the state or as a later cp.async group), so that
+    // steps 5 and 6 load nothing global either, cost more than it saved: +0.2-0.3 us at 0 %,
+    // +0.7 us at 512 threads (results/resolve_s17_miss_preload_h200.json).
+    const bool pre = !EARLY && seg_k <= 32 * kRounds;  // uniform: seg_k is the same for all warps
+    int64_t hpre[kRounds];
     for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
       int d[kRounds], f[kRounds], s[kRounds];
 #pragma unroll
@@ -494,6 +505,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         const int ir = i0 + 32 * u;
         if (ir >= ie) break;
         const bool miss = d[u] >= 0 && s[u] < 0 && f[u] == ir + lane;
+        if (pre) hpre[u] = miss ? hrow[tks[ir + lane]] : 0;
         const unsigned bal = __ballot_sync(kFull, miss);
         if (lane == 0) missbits[ir >> 5] = bal;
         n_miss += __popc(bal);
@@ -536,7 +548,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       }
 #pragma unroll
       for (int u = 0; u < kRounds; ++u) {
-        if ((bal[u] >> lane) & 1u) mix[q + __popc(bal[u] & below)] = i0 + 32 * u + lane;  // < n_evict: B >= K
+        if ((bal[u] >> lane) & 1u) {
+          const int x = q + __popc(bal[u] & below);
+          mix[x] = i0 + 32 * u + lane;  // < n_evict: B >= K
+          if (pre) msrc[x] = hpre[u];  // (the same thread's round u above: one pass)
+        }
         q += __popc(bal[u]);
       }
     }
@@ -544,7 +560,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     bk_sync();
     HS_PHASE(6);
     // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
-    //    flight), record the new slot token (the writer; it also moves the hint bit from the
+    //    flight; the host rows are in the miss list already where step 4 preloaded them), record the new slot token (the writer; it also moves the hint bit from the
     //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
     //    owning its first entry (i mod ctas): from its staged row if the early fetch took it,
     //    else directly (listed in `first`, free from here on).
@@ -564,7 +580,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
             dst[u] = srows[order[x]];
             old[u] = hint_writer ? stoks[order[x]] : -1;
           } else {
-            src[u] = a.host_rows[r * a.hr_stride + tks[mix[x]]];
+            src[u] = pre ? msrc[x] : a.host_rows[r * a.hr_stride + tks[mix[x]]];
             dst[u] = rows[order[x]];
             old[u] = hint_writer ? stok[order[x]] : -1;
           }
