@@ -600,9 +600,10 @@ def main(argv=None) -> int:
     if args.verdicts:
         data = json.loads(Path(args.verdicts).read_text())
         recs = data["records"] if isinstance(data, dict) else data
-        lines = verdict_lines(target_verdicts(recs))
+        verdicts = target_verdicts(recs)
+        lines = verdict_lines(verdicts)
         print("\n".join(lines) if lines else f"{args.verdicts}: no record of a target config")
-        return 1 if any(x.startswith("MISSED") for x in lines) else 0
+        return 0 if all(v["met"] for v in verdicts) else 1
     global WARM, NO_HINT, INTERLEAVE, BALANCE
     WARM = not args.cold
     BALANCE = args.balance_misses
