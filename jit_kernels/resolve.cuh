@@ -560,8 +560,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     bk_sync();
     HS_PHASE(6);
     // 5. Per miss: claim its victim for the id, fetch its host and device rows (kBatch loads in
-    //    flight; the host rows are in the miss list already where step 4 preloaded them), record the new slot token (the writer; it also moves the hint bit from the
-    //    evicted token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
+    //    flight; the host rows are in the miss list already where step 4 preloaded them),
+    //    record the new slot token (the writer; it also moves the hint bit from the evicted
+    //    token to the new one: m atomics, none at 0 % churn). Miss x is copied by the CTA
     //    owning its first entry (i mod ctas): from its staged row if the early fetch took it,
     //    else directly (listed in `first`, free from here on).
     int32_t* direct = first;
