@@ -581,7 +581,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
             dst[u] = srows[order[x]];
             old[u] = hint_writer ? stoks[order[x]] : -1;
           } else {
-            src[u] = pre ? msrc[x] : a.host_rows[r * a.hr_stride + tks[mix[x]]];
+            src[u] = pre ? -1 : a.host_rows[r * a.hr_stride + tks[mix[x]]];  // pre: listed
             dst[u] = rows[order[x]];
             old[u] = hint_writer ? stok[order[x]] : -1;
           }
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         if (x >= m) continue;
         const int i = mix[x], victim = order[x];
         dslot[dk[i]] = static_cast<int16_t>(victim);
-        msrc[x] = src[u];
+        if (EARLY || !pre) msrc[x] = src[u];  // (pre: step 4 listed it already)
         mdst[x] = dst[u];
         if (writer) stok[victim] = tks[i];
         if (hint_writer) {  // the evicted token's bit off, the new one's on (hits keep theirs)
