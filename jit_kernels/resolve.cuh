@@ -85,6 +85,18 @@ struct Layout {
 constexpr int kBatch = 4;
 // Warp rounds (32 entries each) whose inputs the segment loops load before using them.
 constexpr int kRounds = 4;
+// 16-byte loads each thread keeps in flight in the direct copies (after the bookkeeping). Only
+// launches with more direct pieces per CTA than 2 x its copying threads see a difference: the
+// bulk of a high-churn step (batch 64 @15 %: ~120 direct rows per CTA), whose host reads are
+// bound by the GPU's address translation of the pinned pool, not by the link. There, fewer
+// reads in flight per thread move the rows faster. Build with -DHS_COPY_UNROLL=N for an A/B.
+// NOTE (v18, H200, k 2048, B 4096, ab_resolve.py --hint against 4): with 2, batch 64 @15 %
+// 579 -> 571 us (656 B) and 608 -> 592 us (1152 B), batch 128 @15 % 1178 -> 1161, batch 64 @5 %
+// -1.3 %; with 6, the same configs +2.3 to +2.9 % (results/resolve_s18_copy_unroll_h200.json).
+#ifndef HS_COPY_UNROLL
+#define HS_COPY_UNROLL 2
+#endif
+constexpr int kCopyUnroll = HS_COPY_UNROLL;
 
 // Phase clocks for the bookkeeping study (benchmarks/probe_resolve.py builds with
 // HS_PHASE_PROFILE): thread 0 of each of the first kPhaseCtas CTAs records clock64() at each
@@ -673,8 +685,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     }
     HS_PHASE(10);
     if (a.copy)
-      copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                      a.dc_stride, direct, tid, TC);
+      copy_rows<ITEM, kCopyUnroll>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
+                                   a.device_cache, a.dc_stride, direct, tid, TC);
     HS_PHASE(11);
     return;
   }
@@ -737,8 +749,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // Their share of the direct copies first (issued while the held rows may still be on the
   // way), then the held rows.
   if constexpr (kFetchCopies)
-    copy_rows<ITEM>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride, a.device_cache,
-                    a.dc_stride, first, tid, T_all);
+    copy_rows<ITEM, kCopyUnroll>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
+                                 a.device_cache, a.dc_stride, first, tid, T_all);
 #pragma unroll
   for (int t = 0; t < kHold; ++t) {
     const int dst = t < taken ? sdst[fw * kHold + t] : -1;
