@@ -92,7 +92,8 @@ constexpr int kRounds = 4;
 // reads in flight per thread move the rows faster. Build with -DHS_COPY_UNROLL=N for an A/B.
 // NOTE (v18, H200, k 2048, B 4096, ab_resolve.py --hint against 4): with 2, batch 64 @15 %
 // 579 -> 571 us (656 B) and 608 -> 592 us (1152 B), batch 128 @15 % 1178 -> 1161, batch 64 @5 %
-// -1.3 %; with 6, the same configs +2.3 to +2.9 % (results/resolve_s18_copy_unroll_h200.json).
+// -1.3 %; with 6, the same configs +2.3 to +2.9 %; with 1 (against 2), +0.7 to +2.9 %
+// (results/resolve_s18_copy_unroll_h200.json).
 #ifndef HS_COPY_UNROLL
 #define HS_COPY_UNROLL 2
 #endif
