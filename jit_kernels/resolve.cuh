@@ -267,7 +267,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3). copy_rows deals
   // every row's pieces over all copying threads, so a share copied 2 loads at a time paced
   // every direct row: with 1228 misses in one CTA (uneven churn, 1 CTA per request) v15 took
-  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows).
+  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows). That was with 4
+  // loads in flight for the other threads; since v18 every copying thread keeps kCopyUnroll = 2,
+  // and whether 1152-B fetch warps should now join has not been measured.
   constexpr bool kFetchCopies = kHold * kHeld <= 8;
   const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
   // In line: only builds with -DHS_FETCH_MIN_CTAS > 1 (every other COPY launch with a hint has
