@@ -1,0 +1,218 @@
+"""Scenarios for the real-scheduler rig, grouped by the scheduler configuration they need.
+
+SGLang's parallel runtime is process-global, so each group runs in a process of its own::
+
+    python -m sglang_hisparse.testing.rig_scenarios GROUP WORKDIR   -> one JSON line per scenario
+
+Each scenario submits requests through the scheduler's input socket, steps it until idle, and
+checks that every finished request's tokens equal :func:`reference_generate` (the same toy
+model with full KV, i.e. HiSparse off, under greedy sampling) and that SGLang's idle leak
+check and ours pass (``Rig.check_idle``). A scenario that aborts a request checks the tokens
+of the others, and that the aborted one finished with an abort.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sglang_hisparse.testing.sglang_rig import Rig, RigConfig, pretend_sm90
+from sglang_hisparse.testing.token_model import reference_generate
+
+Scenario = Callable[[Rig], dict[str, Any]]
+
+
+def _random_requests(rnd: random.Random, count: int, lengths: tuple[int, int],
+                     new_tokens: tuple[int, int], prefix: str) -> dict[str, tuple[list[int], int]]:
+    return {
+        f"{prefix}{i}": ([rnd.randrange(1000) for _ in range(rnd.randint(*lengths))], rnd.randint(*new_tokens))
+        for i in range(count)
+    }
+
+
+def _submit_all(rig: Rig, reqs: dict[str, tuple[list[int], int]]) -> None:
+    for rid, (prompt, new) in reqs.items():
+        rig.submit(rid, prompt, new)
+
+
+def _check_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[str] = frozenset()) -> int:
+    """Every request in ``reqs`` (but ``skip``) finished by length with the reference tokens."""
+    for rid, (prompt, new) in reqs.items():
+        if rid in skip:
+            continue
+        res = rig.results[rid]
+        want = reference_generate(rig.toy, prompt, new)
+        if res.output_ids != want:
+            first = next((i for i, (a, b) in enumerate(zip(res.output_ids, want, strict=False)) if a != b), None)
+            raise AssertionError(
+                f"{rid} (prompt {len(prompt)}, {new} new): tokens differ from full KV at output "
+                f"{first}; got {len(res.output_ids)} tokens, finish {res.finish_reason}"
+            )
+        if (res.finish_reason or {}).get("type") != "length":
+            raise AssertionError(f"{rid}: finished with {res.finish_reason}, expected length")
+    return len(reqs) - len(skip)
+
+
+def _stats(rig: Rig) -> dict[str, Any]:
+    t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
+    return {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
+
+
+# -- co-located --------------------------------------------------------------------------------
+def mixed_lengths(rig: Rig) -> dict[str, Any]:
+    """Many concurrent requests, prompts shorter and longer than B, several prefill chunks."""
+    rnd = random.Random(1)
+    reqs = _random_requests(rnd, 14, (3, 200), (1, 40), "mix")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs), **_stats(rig)}
+
+
+def abort_while_staging(rig: Rig) -> dict[str, Any]:
+    """An abort that arrives while the prompt is staging to host (after prefill, before the
+    coordinator hands the request to decode)."""
+    rnd = random.Random(2)
+    reqs = _random_requests(rnd, 4, (40, 120), (5, 20), "stg")
+    victim = "stg1"
+    _submit_all(rig, reqs)
+    sent = []
+
+    def on_step(r: Rig) -> None:
+        staging = {e.req.rid for e in r.coordinator.ack_staging_queue if e.req is not None}
+        if victim in staging and not sent:
+            r.abort(victim)
+            sent.append(r.steps)
+
+    rig.run_until_idle(on_step=on_step)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs, skip={victim}), "abort_sent_at_step": sent,
+            "victim_finish": rig.results[victim].finish_reason}
+
+
+def abort_mid_decode(rig: Rig) -> dict[str, Any]:
+    """Aborts of requests that are decoding, one short (n <= B) and one long (n > B)."""
+    rnd = random.Random(3)
+    reqs = _random_requests(rnd, 6, (10, 100), (20, 40), "dec")
+    reqs["decshort"] = ([rnd.randrange(1000) for _ in range(8)], 40)
+    reqs["declong"] = ([rnd.randrange(1000) for _ in range(90)], 40)
+    victims = {"decshort", "declong"}
+    _submit_all(rig, reqs)
+    sent: dict[str, int] = {}
+
+    def on_step(r: Rig) -> None:
+        for req in r.scheduler.running_batch.reqs:
+            if req.rid in victims and req.rid not in sent and len(req.output_ids) >= 5:
+                r.abort(req.rid)
+                sent[req.rid] = len(req.output_ids)
+
+    rig.run_until_idle(on_step=on_step)
+    rig.check_idle()
+    if set(sent) != victims:
+        raise AssertionError(f"abort_mid_decode: aborted {sent}, wanted {victims} mid-decode")
+    for rid in victims:
+        if (rig.results[rid].finish_reason or {}).get("type") != "abort":
+            raise AssertionError(f"{rid}: finished with {rig.results[rid].finish_reason}, expected abort")
+    return {"requests": _check_tokens(rig, reqs, skip=victims), "aborted_after_tokens": sent}
+
+
+def padded_batches(rig: Rig) -> dict[str, Any]:
+    """Decode batches padded to CUDA-graph sizes (num_real_reqs < rows): 3, 5, 6, 7 requests."""
+    rnd = random.Random(4)
+    reqs = _random_requests(rnd, 7, (20, 90), (4, 30), "pad")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs)}
+
+
+# -- retraction: a KV pool too small for the decode demand -----------------------------------
+def retract_and_resume(rig: Rig) -> dict[str, Any]:
+    """Decode runs out of KV, SGLang retracts requests (``retract_req``), and they resume by
+    prefilling prompt + generated tokens again."""
+    coord = rig.coordinator
+    calls: list[str] = []
+    original = coord.retract_req
+
+    def spy(req: Any) -> None:  # NOTE: observes only; the real method runs unchanged
+        calls.append(req.rid)
+        original(req)
+
+    coord.retract_req = spy
+    rnd = random.Random(5)
+    reqs = _random_requests(rnd, 8, (40, 80), (100, 150), "ret")
+    _submit_all(rig, reqs)
+    rig.run_until_idle(max_steps=20_000)
+    rig.check_idle()
+    if not calls:
+        raise AssertionError("retract_and_resume: no request was retracted; the pool is not small enough")
+    return {"requests": _check_tokens(rig, reqs), "retracted": len(calls), **_stats(rig)}
+
+
+#: environment a group's process needs before SGLang is imported (module-level constants)
+GROUP_ENV: dict[str, dict[str, str]] = {
+    # SGLang's own retraction test knob: every 7th forward retracts decode requests, on top
+    # of the real KV pressure of a small pool (which alone retracts only under some loads)
+    "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+}
+
+GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
+    "colocated": (
+        RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8),
+        [mixed_lengths, abort_while_staging, abort_mid_decode, padded_batches],
+    ),
+    "retract": (
+        # aggressive admission (conservativeness 0.01) into 1024 logical ids: decode must retract
+        RigConfig(device_rows=512, host_to_device_ratio=2, max_running_requests=8,
+                  extra_args=("--schedule-conservativeness", "0.01")),
+        [retract_and_resume],
+    ),
+}
+
+
+def run_group(name: str, workdir: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Build the group's rig and run its scenarios in order; one record per scenario."""
+    config, scenarios = GROUPS[name]
+    t0 = time.perf_counter()
+    rig = Rig(config, workdir)
+    records = [{"scenario": "startup", "ok": True, "seconds": round(time.perf_counter() - t0, 2)}]
+    for fn in scenarios:
+        if only and fn.__name__ not in only:
+            continue
+        t = time.perf_counter()
+        rec: dict[str, Any] = {"scenario": fn.__name__}
+        try:
+            rec.update(ok=True, **fn(rig))
+        except Exception as e:  # reported per scenario; the next one starts from idle if it can
+            rec.update(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        rec["seconds"] = round(time.perf_counter() - t, 2)
+        rec["steps"] = rig.steps
+        records.append(rec)
+    return records
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in GROUPS:
+        print(f"usage: python -m sglang_hisparse.testing.rig_scenarios {{{','.join(GROUPS)}}} WORKDIR [SCENARIO ...]",
+              file=sys.stderr)
+        return 2
+    import os
+
+    os.environ.update(GROUP_ENV.get(argv[0], {}))
+    pretend_sm90()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    for rec in run_group(argv[0], Path(argv[1]), argv[2:] or None):
+        print("RIG " + json.dumps(rec), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
