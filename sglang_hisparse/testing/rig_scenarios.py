@@ -156,6 +156,114 @@ def retract_and_resume(rig: Rig) -> dict[str, Any]:
 
 
 #: environment a group's process needs before SGLang is imported (module-level constants)
+# -- PD decode (--disaggregation-mode decode, fake transfer backend) -------------------------
+def _pd_reference(rig: Rig, prompt: list[int], new: int, rid: str) -> list[int]:
+    """What a PD decode instance must emit: the prefill's handoff token (the fake backend
+    derives it from the rid), then greedy decode with full KV."""
+    from sglang.srt.disaggregation.decode import _generate_fake_prefill_handoff_output_id
+
+    class _R:  # what the handoff function reads of a Req
+        pass
+
+    r = _R()
+    r.rid, r.vocab_size = rid, rig.toy.vocab
+    first = _generate_fake_prefill_handoff_output_id(r)
+    return [first] + reference_generate(rig.toy, prompt + [first], new - 1)
+
+
+def _check_pd_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[str] = frozenset()) -> int:
+    for rid, (prompt, new) in reqs.items():
+        if rid in skip:
+            continue
+        res, want = rig.results[rid], _pd_reference(rig, prompt, new, rid)
+        if res.output_ids != want:
+            first = next((i for i, (a, b) in enumerate(zip(res.output_ids, want, strict=False)) if a != b), None)
+            raise AssertionError(
+                f"{rid} (prompt {len(prompt)}, {new} new): tokens differ from full KV at output {first}; "
+                f"got {len(res.output_ids)}, finish {res.finish_reason}"
+            )
+    return len(reqs) - len(skip)
+
+
+def pd_success(rig: Rig) -> dict[str, Any]:
+    """Requests arrive by (fake) transfer into the host pool and decode: short and long."""
+    rnd = random.Random(6)
+    reqs = _random_requests(rnd, 8, (5, 150), (2, 30), "pd")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    return {"requests": _check_pd_tokens(rig, reqs), "published": len(rig.prefill.published), **_stats(rig)}
+
+
+def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
+    rnd = random.Random({"fail": 7, "abort": 8, "timeout": 9}[how])
+    reqs = _random_requests(rnd, 5, (20, 120), (3, 15), f"pd{how}")
+    victims = {f"pd{how}1", f"pd{how}3"}
+    _submit_all(rig, reqs)
+    for v in victims:
+        rig.prefill.hold(v)
+    host = rig.coordinator.host_pool
+    acted: dict[str, int] = {}
+
+    def on_step(r: Rig) -> None:
+        for v in victims:
+            if v in acted or v not in r.prefill.published:
+                continue
+            acted[v] = host.size - host.available_size()  # host rows in use while in flight
+            if how == "abort":
+                r.abort(v)
+            else:  # a transfer error, or a receiver giving up after its waiting timeout
+                r.prefill.fail(v)
+
+    rig.run_until_idle(on_step=on_step)
+    rig.check_idle()
+    if set(acted) != victims:
+        raise AssertionError(f"{how}: acted on {sorted(acted)}, wanted {sorted(victims)} in flight")
+    for v in victims:
+        if (rig.results[v].finish_reason or {}).get("type") != "abort":
+            raise AssertionError(f"{v}: finished with {rig.results[v].finish_reason}, expected an abort")
+    return {"requests": _check_pd_tokens(rig, reqs, skip=victims), "host_rows_in_use_in_flight": acted}
+
+
+def pd_transfer_failure(rig: Rig) -> dict[str, Any]:
+    """A transfer fails after the decode side preallocated logical ids and host pages."""
+    return _pd_release_before_admission(rig, "fail")
+
+
+def pd_abort_before_admission(rig: Rig) -> dict[str, Any]:
+    """The client aborts while the transfer is in flight."""
+    return _pd_release_before_admission(rig, "abort")
+
+
+def pd_timeout_before_admission(rig: Rig) -> dict[str, Any]:
+    """The transfer never completes and the receiver times out (KVPoll.Failed)."""
+    return _pd_release_before_admission(rig, "timeout")
+
+
+def pd_many_failures(rig: Rig) -> dict[str, Any]:
+    """A burst of failed transfers, more than the host pool could hold if each leaked."""
+    rnd = random.Random(10)
+    host = rig.coordinator.host_pool
+    total = 0
+    for wave in range(4):
+        reqs = _random_requests(rnd, 6, (150, 250), (2, 4), f"burst{wave}_")
+        _submit_all(rig, reqs)
+        for rid in reqs:
+            rig.prefill.hold(rid)
+        failed: set[str] = set()
+
+        def on_step(r: Rig, reqs=reqs, failed=failed) -> None:
+            for rid in reqs:
+                if rid in r.prefill.published and rid not in failed:
+                    r.prefill.fail(rid)
+                    failed.add(rid)
+
+        rig.run_until_idle(on_step=on_step)
+        total += len(failed)
+    rig.check_idle()
+    return {"failed_transfers": total, "host_rows": host.size}
+
+
 GROUP_ENV: dict[str, dict[str, str]] = {
     # SGLang's own retraction test knob: every 7th forward retracts decode requests, on top
     # of the real KV pressure of a small pool (which alone retracts only under some loads)
@@ -166,6 +274,12 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     "colocated": (
         RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8),
         [mixed_lengths, abort_while_staging, abort_mid_decode, padded_batches],
+    ),
+    "pd_decode": (
+        RigConfig(max_running_requests=8, extra_args=(
+            "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake")),
+        [pd_success, pd_transfer_failure, pd_abort_before_admission, pd_timeout_before_admission,
+         pd_many_failures],
     ),
     "retract": (
         # aggressive admission (conservativeness 0.01) into 1024 logical ids: decode must retract

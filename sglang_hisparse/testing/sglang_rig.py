@@ -167,13 +167,22 @@ class StandInRunner:
         from sglang.srt.mem_cache import kv_cache_configurator as kvc
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.model_executor.model_runner import ModelRunner
-        from sglang.srt.runtime_context import get_schedule
+        from sglang.srt.runtime_context import get_disagg, get_schedule
 
         cfg = self.model_config
         rows, R = self.max_total_num_tokens, self.max_running_requests
-        self.req_to_token_pool = ReqToTokenPool(
-            size=R, max_context_len=cfg.context_len + 4, device="cpu", enable_memory_saver=False
-        )
+        disagg = get_disagg()
+        if disagg.disaggregation_mode == "decode":  # _build_decode_req_pool
+            from sglang.srt.disaggregation.decode import DecodeReqToTokenPool
+
+            self.req_to_token_pool = DecodeReqToTokenPool(
+                size=R, max_context_len=cfg.context_len + 4, device="cpu", enable_memory_saver=False,
+                pre_alloc_size=disagg.disaggregation_decode_extra_slots or 0,
+            )
+        else:
+            self.req_to_token_pool = ReqToTokenPool(
+                size=R, max_context_len=cfg.context_len + 4, device="cpu", enable_memory_saver=False
+            )
         pool_kwargs: dict[str, Any] = {}
         if self.enable_hisparse:
             from sglang.srt.mem_cache.sparsity import parse_hisparse_config
@@ -535,6 +544,9 @@ class Rig:
         self.scheduler.tp_worker.model_runner.pad_decode = config.pad_decode
         self.results: dict[str, Finished] = {}
         self.steps = 0
+        self.pd_decode = "--disaggregation-mode" in config.extra_args
+        #: PD: bootstrap room -> prompt, for the stand-in prefill side (:class:`FakePrefill`)
+        self.prefill = FakePrefill(self) if self.pd_decode else None
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -542,7 +554,8 @@ class Rig:
         return self.scheduler.hisparse_coordinator
 
     def submit(self, rid: str, prompt: list[int], max_new_tokens: int) -> None:
-        """A tokenized request, sent over the scheduler's real input socket."""
+        """A tokenized request, sent over the scheduler's real input socket (PD decode: with
+        the fake backend's bootstrap host, so the fake receiver serves its transfer)."""
         from array import array
 
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, sock_send
@@ -559,6 +572,11 @@ class Rig:
             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
             token_ids_logprob=None, stream=False,
         )
+        if self.prefill is not None:
+            from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+            req.bootstrap_host, req.bootstrap_port = FAKE_BOOTSTRAP_HOST, 0
+            req.bootstrap_room = self.prefill.register(rid, prompt)
         sock_send(self._in, req)
         self.results[rid] = Finished(rid)
 
@@ -591,10 +609,18 @@ class Rig:
 
         s = self.scheduler
         time.sleep(0)  # let zmq deliver what was sent
-        s.ingest_requests()
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
+        if self.pd_decode:  # event_loop_normal_disagg_decode's body
+            s.disagg_decode_prealloc_queue.prefetch_prefill_dp_rank_queries()
+            s.ingest_requests()
+            s.process_decode_queue()
+            plan = s.get_next_disagg_decode_batch_to_run(running_batch=s.running_batch)
+            s.running_batch = plan.running_batch
+            batch = s.ngram_embedding_manager.prepare_for_forward(plan.batch_to_run, chunked_req=s.chunked_req)
+        else:
+            s.ingest_requests()
+            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            s.running_batch = plan.running_batch
+            batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
         if batch:
             result = s.run_batch(batch)
@@ -666,3 +692,71 @@ class Rig:
         busy = [r for r in range(core.state.num_reqs) if core.state.phase[r].value != "free"]
         if busy or core.has_ongoing_staging():
             raise AssertionError(f"idle: request slots {busy} not FREE (staging {core.has_ongoing_staging()})")
+
+
+class FakePrefill:
+    """Stands in for the prefill instance and the wire of a PD transfer.
+
+    SGLang's ``fake`` backend moves no bytes. This wraps the decode prealloc queue's
+    ``_send_kv_metadata`` (where the decode side publishes a request's destination host
+    rows to its receiver): after it ran, the prompt's KV, as the toy model computes it, is
+    written into exactly those host rows, as the RDMA write would, and its indexer keys into
+    the request's logical locations (the device-to-device part of a DSA transfer). Decode
+    then reads only what the published destinations hold. A request can be ``hold``-en (the
+    transfer stays in flight), ``fail``-ed (the receiver concludes Failed, as on a transfer
+    error or a receiver's waiting timeout) or ``release``-d.
+    """
+
+    def __init__(self, rig: Rig) -> None:
+        from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+        self.rig = rig
+        self.rooms: dict[int, tuple[str, list[int]]] = {}
+        self.receivers: dict[str, Any] = {}
+        self.held: set[str] = set()
+        self.published: dict[str, int] = {}
+        original = DecodePreallocQueue._send_kv_metadata
+        fake = self
+
+        def send_kv_metadata(queue: Any, decode_req: Any, kv_indices: Any, page_size: int, *a: Any, **kw: Any) -> None:
+            original(queue, decode_req, kv_indices, page_size, *a, **kw)
+            fake._deliver(decode_req, kv_indices)
+
+        # NOTE: wraps, not changes, SGLang's prealloc queue: the fake backend stands in for a
+        # transfer engine, and this for the bytes that engine would have written.
+        DecodePreallocQueue._send_kv_metadata = send_kv_metadata
+
+    def register(self, rid: str, prompt: list[int]) -> int:
+        room = 1000 + len(self.rooms)
+        self.rooms[room] = (rid, list(prompt))
+        return room
+
+    def hold(self, rid: str) -> None:
+        self.held.add(rid)
+
+    def release(self, rid: str) -> None:
+        self.held.discard(rid)
+        if rid in self.receivers:
+            self.receivers[rid].has_sent_metadata = True
+
+    def fail(self, rid: str) -> None:
+        self.held.discard(rid)
+        self.receivers[rid].abort()
+
+    def _deliver(self, decode_req: Any, kv_indices: Any) -> None:
+        req = decode_req.req
+        rid, prompt = self.rooms[int(req.bootstrap_room)]
+        n = len(prompt)
+        host = self.rig.coordinator.host_pool
+        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[:n]
+        pos = torch.arange(n, dtype=torch.int64)
+        tokens = torch.tensor(prompt, dtype=torch.int64)
+        for layer in range(self.rig.toy.num_layers):
+            host.kv[layer][rows] = self.rig.toy.kv(tokens, pos, layer).contiguous().view(torch.uint8).reshape(n, -1)
+        runner = self.rig.scheduler.tp_worker.model_runner
+        logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+        runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)
+        self.receivers[rid] = decode_req.kv_receiver
+        self.published[rid] = n
+        if rid in self.held:  # in flight until released or failed
+            decode_req.kv_receiver.has_sent_metadata = False
