@@ -202,8 +202,10 @@ class HiSparseCore:
     def set_producer_stream(self, stream: Any) -> None:
         self.streams.set_producer(stream)
 
-    def admit_staging(self, r: int, logical_ids: torch.Tensor, req: Any = None) -> None:
-        self.lifecycle.admit_staging(r, logical_ids, req)
+    def admit_staging(
+        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False
+    ) -> None:
+        self.lifecycle.admit_staging(r, logical_ids, req, prompt_written=prompt_written)
 
     def collect_ready(self) -> list[StagingEntry]:
         ready = self.lifecycle.collect_ready()

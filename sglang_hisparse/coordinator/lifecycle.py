@@ -61,11 +61,17 @@ class Lifecycle:
         self.queue: list[StagingEntry] = []
 
     # -- staging (co-located prefill) -----------------------------------------------------
-    def admit_staging(self, r: int, logical_ids: torch.Tensor, req: Any = None) -> None:
+    def admit_staging(
+        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False
+    ) -> None:
         """Start copying the prefilled prompt of request slot ``r`` to host.
 
         ``logical_ids`` int [n]: the prompt's logical ids in position order, all mapped to
         device rows by prefill. The request is not decodable until :meth:`collect_ready`.
+        ``prompt_written``: the caller has seen the prefill forward finish on the host, so
+        the copy waits only for the caller's stream (where the row translation is queued),
+        not for the forward stream, which by then may already hold the next batch: waiting
+        on it would make the request decodable a step later than necessary.
         """
         ctx, st = self.ctx, self.ctx.state
         self._require(r, Phase.FREE, "admit_staging")
@@ -78,7 +84,10 @@ class Lifecycle:
         host_rows = ctx.host.host_rows[r, :n]
         event = ctx.streams.new_event()
         side = ctx.streams.staging
-        ctx.streams.after_producer(side)
+        if prompt_written:
+            ctx.streams.after_current(side)
+        else:
+            ctx.streams.after_producer(side)
         with ctx.streams.on(side):
             transfer.to_host(ctx, dev_rows, host_rows)
             event.record()

@@ -93,6 +93,12 @@ class Streams:
         if self.producer is not None:
             side.wait_stream(self.producer)
 
+    def after_current(self, side: Any) -> None:
+        """Order ``side`` after the caller's current work only (not the forward pass): for
+        copies of KV the host has already seen written (see ``Lifecycle.admit_staging``)."""
+        if self.is_cuda:
+            side.wait_stream(self.current())
+
     @contextlib.contextmanager
     def on(self, side: Any) -> Iterator[None]:
         """Run the body's kernels on ``side`` (no-op on CPU)."""

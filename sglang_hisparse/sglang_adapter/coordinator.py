@@ -208,7 +208,10 @@ class SGLangHiSparseCoordinator:
         r = req.kv.req_pool_idx
         n = int(req.extend_end)
         req.hisparse_staging = True
-        self.core.admit_staging(r, self.req_to_token_pool.req_to_token[r, :n], req)
+        # NOTE: SGLang's result processor synchronizes the prefill batch's copy_done event
+        # (recorded on the forward stream after the forward) before it admits, so the KV is
+        # written; under the overlap scheduler the forward stream already holds the next batch.
+        self.core.admit_staging(r, self.req_to_token_pool.req_to_token[r, :n], req, prompt_written=True)
 
     def collect_ready_reqs(self) -> list[Any]:
         ready = [entry.req for entry in self.core.collect_ready()]

@@ -7,6 +7,7 @@ device row can be checked by value.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -16,6 +17,7 @@ from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.resolver import build_prefetch_groups
 from sglang_hisparse.coordinator.state import Phase
+from sglang_hisparse.coordinator.streams import NullEvent
 from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
 from sglang_hisparse.kernels import ResolveMode
@@ -300,3 +302,42 @@ def test_explicit_arguments_override_the_environment(monkeypatch, caplog) -> Non
 def test_layers_past_the_sharing_pattern_compute_their_own_index() -> None:
     rig = Rig(shared=[False])  # the pool has 2 layers, the pattern names 1
     assert rig.core.resolver.groups == {} and rig.core.resolver.is_shared == [False, False]
+
+
+class _RecordingStream:
+    """Records what a side stream was ordered after (CUDA stand-in for a CPU test)."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: _RecordingStream) -> None:
+        self.log.append((self.name, other.name))
+
+    def wait_event(self, event: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("prompt_written", "waits"), [
+    (False, [("staging", "current"), ("staging", "forward")]),
+    # SGLang's result processor synced the prefill's copy_done: the forward stream, which may
+    # already hold the next batch, must not delay the staging copy (issue #28, defect 6)
+    (True, [("staging", "current")]),
+])
+def test_staging_waits_for_the_forward_stream_only_when_the_prompt_may_be_unwritten(
+    monkeypatch, prompt_written: bool, waits: list[tuple[str, str]]
+) -> None:
+    rig = Rig()
+    streams, log = rig.core.streams, []
+    current = _RecordingStream("current", log)
+    monkeypatch.setattr(streams, "is_cuda", True)
+    monkeypatch.setattr(streams, "current", lambda: current)
+    monkeypatch.setattr(streams, "staging", _RecordingStream("staging", log))
+    monkeypatch.setattr(streams, "on", lambda side: contextlib.nullcontext())
+    monkeypatch.setattr(streams, "new_event", NullEvent)
+    streams.set_producer(_RecordingStream("forward", log))
+    ids = rig.alloc.alloc_extend(torch.tensor([0]), torch.tensor([5]), torch.tensor([-1]))
+    rig.core.admit_staging(1, ids, req="req1", prompt_written=prompt_written)
+    assert log == waits
