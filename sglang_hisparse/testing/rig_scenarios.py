@@ -272,7 +272,7 @@ GROUP_ENV: dict[str, dict[str, str]] = {
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     "colocated": (
-        RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8),
+        RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8, staging_polls=2),
         [mixed_lengths, abort_while_staging, abort_mid_decode, padded_batches],
     ),
     "pd_decode": (

@@ -66,6 +66,9 @@ class RigConfig:
     hisparse: bool = True
     shared: tuple[bool, ...] = ()
     pad_decode: bool = False
+    #: staging copies report done only on their N-th poll, as a GPU copy finishes some steps
+    #: after it was queued (on CPU they are done at once)
+    staging_polls: int = 0
     extra_args: tuple[str, ...] = ()
 
     def model(self) -> TokenModel:
@@ -130,6 +133,9 @@ class Rig:
 
         self.scheduler = Scheduler(self.server_args, self.port_args)
         self.scheduler.tp_worker.model_runner.pad_decode = config.pad_decode
+        if config.staging_polls and self.coordinator is not None:
+            streams = self.coordinator.core.streams
+            streams.new_event = lambda polls=config.staging_polls: SlowEvent(polls)
         self.results: dict[str, Finished] = {}
         self.steps = 0
         self.pd_decode = "--disaggregation-mode" in config.extra_args
@@ -280,6 +286,26 @@ class Rig:
         busy = [r for r in range(core.state.num_reqs) if core.state.phase[r].value != "free"]
         if busy or core.has_ongoing_staging():
             raise AssertionError(f"idle: request slots {busy} not FREE (staging {core.has_ongoing_staging()})")
+
+
+class SlowEvent:
+    """A CPU event that reports done on its ``polls``-th ``query()`` (see ``staging_polls``)."""
+
+    def __init__(self, polls: int) -> None:
+        self.left = polls
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        self.left = 0
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
 
 
 class FakePrefill:
