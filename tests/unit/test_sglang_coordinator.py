@@ -367,3 +367,24 @@ def test_every_release_path_is_idempotent_and_leaves_nothing() -> None:
     srv.release(staged)
     srv.assert_empty()
     assert srv.coord.host_pool.available_size() == srv.coord.host_pool.size
+
+
+def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
+    """decode.py passes req_to_host_pool_allocated_len to alloc_paged_token_slots: one int64
+    [R] tensor kept up to date, not a list rebuilt per access."""
+    srv = Server()
+    coord = srv.coord
+    lens = coord.req_to_host_pool_allocated_len
+    assert coord.req_to_host_pool_allocated_len is lens
+    slots = coord.host_pool.max_requests  # ReqToTokenPool(size=R) has R + 1 rows
+    assert lens.dtype == torch.int64 and lens.tolist() == [0] * slots
+    pd, _ = _pd_prealloc(srv, 2, 70)
+    staged = srv.prefill(0, 10)
+    coord.admit_request_into_staging(staged)
+    assert lens.tolist() == [PAGE, 0, 2 * PAGE] + [0] * (slots - 3)
+    srv.release(pd)
+    assert lens.tolist() == [PAGE] + [0] * (slots - 1)
+    coord.collect_ready_reqs()
+    srv.release(staged)
+    assert lens.tolist() == [0] * slots
+    srv.assert_empty()
