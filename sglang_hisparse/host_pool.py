@@ -4,6 +4,7 @@ Layout (layer first, per TP rank)::
 
     kv        uint8 [L, host_rows_total, I]   kv[l] is layer l's host KV (the kernels' host_cache)
     host_rows int64 [R, max_ctx] on `device`  host row of each logical position; -1 unallocated
+    allocated_lens int64 [R] (CPU)            positions with a host row, per request slot
 
 Host rows come from a ``PagedIdAllocator`` (row 0 / page 0 is the padding page, never handed
 out). A request's pages are taken lazily by ``ensure(req_slot, length)`` as it grows; its
@@ -107,7 +108,7 @@ class HostKVPool:
             self.host_rows = torch.full(
                 (max_requests, max_context), -1, dtype=torch.int64, device=self.device
             )
-            self._pages: list[list[int]] = [[] for _ in range(max_requests)]
+            self._init_bookkeeping()
             self._registered: list[int] = []
             return
         check_host_budget(
@@ -124,11 +125,20 @@ class HostKVPool:
         self.host_rows = torch.full(
             (max_requests, max_context), -1, dtype=torch.int64, device=self.device
         )
-        self._pages: list[list[int]] = [[] for _ in range(max_requests)]
+        self._init_bookkeeping()
         self._registered: list[int] = []
         want_pin = torch.cuda.is_available() if pin is None else pin
         if want_pin:
             self._pin()
+
+    def _init_bookkeeping(self) -> None:
+        #: host pages of each request slot, in position order
+        self._pages: list[list[int]] = [[] for _ in range(self.max_requests)]
+        #: int64 [R] (CPU): ``allocated_len`` of every request slot, kept in step by
+        #: ``ensure`` / ``free_request``. SGLang's PD decode reads it (and our
+        #: ``alloc_paged_token_slots`` writes it) per request, so it is one tensor updated in
+        #: place rather than rebuilt per access.
+        self.allocated_lens = torch.zeros(self.max_requests, dtype=torch.int64)
 
     # ---- pinning ---------------------------------------------------------------------------
     def _pin(self) -> None:
@@ -205,6 +215,7 @@ class HostKVPool:
         start = have * self.page_size
         self._pages[req_slot].extend(pages.tolist())
         end = self.allocated_len(req_slot)
+        self.allocated_lens[req_slot] = end
         rows = self.rows.page_ids_to_ids(pages)[: end - start]
         self.host_rows[req_slot, start:end] = rows.to(self.device, non_blocking=True)
         return True
@@ -216,6 +227,7 @@ class HostKVPool:
             self.rows.free_pages(torch.tensor(pages, dtype=torch.int64))
             self.host_rows[req_slot, : self.allocated_len(req_slot)] = -1
             self._pages[req_slot] = []
+            self.allocated_lens[req_slot] = 0
 
     # ---- data movement (reference paths: CPU harness, tests, staging fallback) ------------
     def write(
@@ -251,6 +263,10 @@ class HostKVPool:
         filled = (self.host_rows != -1).sum(dim=1).cpu()
         for r in range(self.max_requests):
             n = self.allocated_len(r)
+            if int(self.allocated_lens[r]) != n:
+                raise ValueError(
+                    f"host pool: allocated_lens[{r}] = {int(self.allocated_lens[r])}, but {n} positions are allocated."
+                )
             if int(filled[r]) != n:
                 raise ValueError(
                     f"host pool: host_rows[{r}] has {int(filled[r])} rows set, but {n} positions are allocated."

@@ -11,7 +11,7 @@ GPU benchmark, and over the SGLang-facing wrappers in a server:
 ``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.host_pool.HostKVPool`)
     ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),
     ``ensure(r, n) -> bool`` (rows for positions ``0..n-1``, lazily extended; False = no
-    room, nothing changed), ``free_request(r)``.
+    room, nothing changed), ``free_request(r)`` (idempotent: a slot holding nothing is fine).
 
 Per-layer KV arrays are plain tensor lists: ``device_kv[l]`` uint8 [device_rows, I] and
 ``host_kv[l]`` uint8 [host_rows_total, I] (pinned when the device is CUDA).

@@ -8,7 +8,8 @@
     │ abort_staging: wait for the staging stream, free host rows                         │
     ▼                                                                                    │
   FREE ◄──────── finish: wait for backup/prefetch copies, release hot rows + host rows ◄─┘
-    ▲
+    ▲  │
+    │  └── finish on FREE: frees host rows PD pre-allocation took (released before admission)
     └── admit_direct (PD: KV already in host rows) ─► hot buffer (preloaded if short) ─► DECODING
 ```
 
@@ -161,14 +162,21 @@ class Lifecycle:
 
     # -- release ----------------------------------------------------------------------------
     def finish(self, r: int) -> None:
-        """Release request slot ``r`` in any phase (finished, aborted or retracted).
+        """Release request slot ``r`` in any phase (finished, aborted or retracted); calling
+        it again, or for a slot never admitted, is a no-op past freeing what is left.
 
-        FREE (finished during prefill): nothing held here. STAGING: :meth:`abort_staging`.
-        DECODING: order the caller's stream after in-flight backup/prefetch copies (which read
-        or write this request's rows), then return hot rows and host rows and reset state.
+        FREE (finished during prefill, or a PD request released before admission): only host
+        rows can be held, and they are freed. STAGING: :meth:`abort_staging`. DECODING: order
+        the caller's stream after in-flight backup/prefetch copies (which read or write this
+        request's rows), then return hot rows and host rows and reset state.
         """
         phase = self.ctx.state.phase[r]
         if phase is Phase.FREE:
+            # PD decode takes host rows for the transfer destination while the slot is still
+            # FREE (``alloc_paged_token_slots``, before ``admit_direct``); a transfer failure,
+            # abort or timeout then releases the request without admitting it. Every exit
+            # from FREE sets the phase last, so a FREE slot's device state is already reset.
+            self.ctx.host.free_request(r)
             return
         if phase is Phase.STAGING:
             self.abort_staging(r)

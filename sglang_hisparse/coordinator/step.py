@@ -171,7 +171,18 @@ class StepMapper:
             st.slot_rows[r_t, s_t] = torch.cat(rows).to(torch.int32).to(dev, non_blocking=True)
 
     def wait_for_pending_backup(self) -> None:
-        """Order the current stream after the last backup (no-op on CPU / when none ran)."""
+        """Order the current stream after the last backup, once per backup (no-op on CPU /
+        when none is pending).
+
+        NOTE: the flag is cleared once the wait is enqueued: everything later on that stream
+        (SGLang's forward stream; model_runner.py calls this before each decode forward) is
+        ordered after the backup, and the next backup sets the flag again. Waiting again each
+        step would be correct but stale, and ``event.query()`` would add a driver call per
+        step for the same answer.
+        """
+        if not self._backup_pending:
+            return
         streams = self.ctx.streams
-        if streams.is_cuda and self._backup_pending:
+        if streams.is_cuda:
             streams.current().wait_event(self._backup_event)
+        self._backup_pending = False  # on CPU the copy already ran

@@ -193,9 +193,10 @@ class SGLangHiSparseCoordinator:
 
     @property
     def req_to_host_pool_allocated_len(self) -> torch.Tensor:
-        """int64 [R]: host positions allocated per request slot (PD admission reads it)."""
-        pool = self.host_pool
-        return torch.tensor([pool.allocated_len(r) for r in range(pool.max_requests)], dtype=torch.int64)
+        """int64 [R] (CPU): host positions allocated per request slot, the host pool's own
+        ``allocated_lens`` (kept in step as rows are taken and freed; PD decode passes it to
+        ``alloc_paged_token_slots``)."""
+        return self.host_pool.allocated_lens
 
     def host_token_len(self, kv_allocated_len: int) -> int:
         return int(kv_allocated_len)

@@ -80,7 +80,8 @@ class HiCacheHostPool(HostKVPool):
             req_to_host_pool[req_pool_idx, :n] = self.host_rows[req_pool_idx, :n].to(
                 req_to_host_pool.device
             )
-        if req_to_host_pool_allocated_len is not None:
+        if req_to_host_pool_allocated_len is not None and req_to_host_pool_allocated_len is not self.allocated_lens:
+            # a caller's own length table (ours is kept by ensure already)
             req_to_host_pool_allocated_len[req_pool_idx] = self.allocated_len(req_pool_idx)
         return req_to_host_pool[req_pool_idx, start_pos:end]
 

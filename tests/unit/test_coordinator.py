@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -126,6 +127,27 @@ def test_first_step_after_staging_skips_the_backup_then_writes_through() -> None
     assert [rig.host_bytes(0, 6, layer) for layer in range(L)] == [6, 16]
     rig.release(0)
     rig.assert_empty()
+
+
+def test_the_forward_waits_once_per_backup(monkeypatch) -> None:
+    """wait_for_pending_backup orders the forward stream after the last backup once: the
+    wait stays enqueued on that stream, so repeating it each step is a stale wait."""
+    rig = Rig()
+    rig.prefill(0, 6)
+    rig.core.collect_ready()
+    waits: list[object] = []
+    streams = rig.core.streams  # pretend to be CUDA for the stream calls only
+    monkeypatch.setattr(streams, "is_cuda", True)
+    monkeypatch.setattr(streams, "current", lambda: SimpleNamespace(wait_event=waits.append, wait_stream=lambda s: None))
+    monkeypatch.setattr(streams, "on", lambda side: contextlib.nullcontext())
+    rig.step([0])  # first step after staging: no backup, nothing to wait for
+    assert waits == []
+    rig.step([0])  # token 6 backed up: the forward waits on it
+    assert len(waits) == 1
+    rig.core.wait_for_pending_backup()  # e.g. a second forward before the next step's backup
+    assert len(waits) == 1
+    rig.step([0])
+    assert len(waits) == 2
 
 
 def test_a_short_request_grows_one_row_per_step_and_gets_slot_B_past_B() -> None:

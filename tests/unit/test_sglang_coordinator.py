@@ -284,3 +284,107 @@ def test_speculative_verify_rounds_through_sglang_calls() -> None:
     coord.commit_spec_accept_tokens(batch=None, accept_indices=torch.empty(0, dtype=torch.int32))  # idle
     srv.release(req)
     srv.assert_empty()
+
+
+# -- PD decode: host rows taken before admission (disaggregation/decode.py) ----------------------
+
+
+def _pd_prealloc(srv: Server, r: int, n: int) -> tuple[Req, torch.Tensor]:
+    """``_pre_alloc`` under HiSparse (decode.py:2321-2344): logical ids only, then host rows
+    for the RDMA destination; the request slot stays FREE until ``admit_request_direct``."""
+    coord = srv.coord
+    req = srv.new_req(r, n)
+    ids = srv.alloc.alloc_logical_only(t(0), t(0), t(n), t(n), t(-1), n)
+    srv.req_to_token_pool.req_to_token[r, :n] = ids.to(torch.int32)
+    req.kv.kv_allocated_len = n
+    host_rows = coord.mem_pool_host.alloc_paged_token_slots(
+        coord.req_to_host_pool, coord.req_to_host_pool_allocated_len, r, 0, coord.host_token_len(n)
+    )
+    return req, host_rows
+
+
+def test_pd_requests_released_before_admission_give_their_host_rows_back() -> None:
+    """Transfer failure / abort / timeout: ``_release_request`` (decode.py:2812) calls
+    request_finished on a request that was never admitted, then release_kv_cache."""
+    srv = Server()
+    pool = srv.coord.host_pool
+    full = pool.available_size()
+    for n in (130, 70, 200):  # a burst of failed transfers, every slot reused
+        for r in range(R):
+            req, _ = _pd_prealloc(srv, r, n)
+            assert pool.available_size() == full - -(-n // PAGE) * PAGE
+            srv.release(req)
+            srv.coord.request_finished(req)  # a second release (abort after the failure) is a no-op
+            assert pool.available_size() == full, (n, r)
+            pool.check_integrity()
+    srv.assert_empty()
+
+    # the slot admits the next request normally
+    req, host_rows = _pd_prealloc(srv, 1, 30)
+    for layer in range(LAYERS):
+        pool.kv[layer, host_rows] = torch.tensor([_kv(p, layer) for p in range(30)], dtype=torch.uint8)[:, None]
+    req.output_ids.append(7)
+    srv.coord.admit_request_direct(req)
+    srv.decode_step([req])
+    srv.coord.num_real_reqs.fill_(1)
+    top_k = torch.full((1, TOP_K), -1, dtype=torch.int32)
+    top_k[0, :2] = torch.tensor([30, 4])
+    rows = srv.coord.swap_in_selected_pages(t(1), t(31), top_k, 0)
+    assert [int(srv.layers[0][x, 0]) for x in rows[0, :2].tolist()] == [_kv(30, 0), _kv(4, 0)]
+    srv.release(req)
+    srv.assert_empty()
+
+
+def test_host_rows_taken_twice_for_one_slot_are_one_set() -> None:
+    srv = Server()
+    coord, pool = srv.coord, srv.coord.host_pool
+    full = pool.available_size()
+    req, first = _pd_prealloc(srv, 0, 100)
+    again = coord.mem_pool_host.alloc_paged_token_slots(
+        coord.req_to_host_pool, coord.req_to_host_pool_allocated_len, 0, 0, 100
+    )
+    assert torch.equal(first, again) and pool.available_size() == full - 2 * PAGE
+    srv.release(req)
+    assert pool.available_size() == full
+    srv.assert_empty()
+
+
+def test_every_release_path_is_idempotent_and_leaves_nothing() -> None:
+    """Retracting a directly admitted PD request (then the abort SGLang sends when the
+    retraction has no backup), and aborting a staging request twice."""
+    srv = Server()
+    pd, _ = _pd_prealloc(srv, 2, 90)
+    pd.output_ids.append(7)
+    srv.coord.admit_request_direct(pd)
+    srv.decode_step([pd])
+    srv.coord.retract_req(pd)  # schedule_batch.release_req, before backup_kv_cache
+    srv.coord.request_finished(pd)
+    srv.release(pd)
+    staged = srv.prefill(0, 70)
+    srv.coord.admit_request_into_staging(staged)
+    srv.coord.abort_staging_request(staged)
+    srv.coord.abort_staging_request(staged)
+    srv.release(staged)
+    srv.assert_empty()
+    assert srv.coord.host_pool.available_size() == srv.coord.host_pool.size
+
+
+def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
+    """decode.py passes req_to_host_pool_allocated_len to alloc_paged_token_slots: one int64
+    [R] tensor kept up to date, not a list rebuilt per access."""
+    srv = Server()
+    coord = srv.coord
+    lens = coord.req_to_host_pool_allocated_len
+    assert coord.req_to_host_pool_allocated_len is lens
+    slots = coord.host_pool.max_requests  # ReqToTokenPool(size=R) has R + 1 rows
+    assert lens.dtype == torch.int64 and lens.tolist() == [0] * slots
+    pd, _ = _pd_prealloc(srv, 2, 70)
+    staged = srv.prefill(0, 10)
+    coord.admit_request_into_staging(staged)
+    assert lens.tolist() == [PAGE, 0, 2 * PAGE] + [0] * (slots - 3)
+    srv.release(pd)
+    assert lens.tolist() == [PAGE] + [0] * (slots - 1)
+    coord.collect_ready_reqs()
+    srv.release(staged)
+    assert lens.tolist() == [0] * slots
+    srv.assert_empty()
