@@ -264,10 +264,26 @@ def pd_many_failures(rig: Rig) -> dict[str, Any]:
     return {"failed_transfers": total, "host_rows": host.size}
 
 
+def pd_retract_without_backup(rig: Rig) -> dict[str, Any]:
+    """PD decode retraction (``SGLANG_TEST_RETRACT``) with ``--disaggregation-decode-retraction-
+    backup none``: SGLang aborts each retracted request (503, the client retries) after
+    ``retract_req``. Every other request must still decode exactly, and nothing may leak."""
+    rnd = random.Random(11)
+    reqs = _random_requests(rnd, 8, (20, 120), (10, 30), "pdr")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    aborted = {rid for rid in reqs if (rig.results[rid].finish_reason or {}).get("type") == "abort"}
+    if not aborted:
+        raise AssertionError("pd_retract_without_backup: no request was retracted")
+    return {"requests": _check_pd_tokens(rig, reqs, skip=aborted), "retracted_and_aborted": len(aborted)}
+
+
 GROUP_ENV: dict[str, dict[str, str]] = {
     # SGLang's own retraction test knob: every 7th forward retracts decode requests, on top
     # of the real KV pressure of a small pool (which alone retracts only under some loads)
     "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+    "pd_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
@@ -280,6 +296,12 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
             "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake")),
         [pd_success, pd_transfer_failure, pd_abort_before_admission, pd_timeout_before_admission,
          pd_many_failures],
+    ),
+    "pd_retract": (
+        RigConfig(max_running_requests=8, extra_args=(
+            "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+            "--disaggregation-decode-retraction-backup", "none")),
+        [pd_retract_without_backup],
     ),
     "retract": (
         # aggressive admission (conservativeness 0.01) into 1024 logical ids: decode must retract

@@ -181,13 +181,17 @@ class Rig:
 
     def _drain_outputs(self) -> None:
         import zmq
-        from sglang.srt.managers.io_struct import BatchTokenIDOutput, sock_recv
+        from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOutput, sock_recv
 
         while True:
             try:
                 out = sock_recv(self._out, flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if isinstance(out, AbortReq):  # send_abort_output: e.g. a retraction with no backup
+                res = self.results.setdefault(out.rid, Finished(out.rid))
+                res.finish_reason = out.finished_reason or {"type": "abort"}
+                continue
             if not isinstance(out, BatchTokenIDOutput):
                 continue
             for i, rid in enumerate(out.rids):
