@@ -13,7 +13,9 @@ Per TP rank (every figure below is per GPU unless it says "node"):
     slot state   S = L * ((B+1)*4 + B*2 + ceil(n/32)*4)  +  (B+1)*4  +  n*8  +  k*16 + 12
                  (slot tokens, LRU and resident hint per layer; slot rows and host_rows shared;
                   ``state_bytes.slot_state_bytes`` with P = n, no speculative decoding; then the
-                  resolver's out_rows, miss plan and counters per batch row, ``resolver_bytes``)
+                  resolver's out_rows, miss plan and counters per batch row, ``resolver_bytes``;
+                  ``coordinator_state_bytes`` at R = 1, what the server reserves per request
+                  slot out of its KV budget at startup)
     host         per request = L * I * n          (pinned; authoritative copy of every KV row)
     link         per request per step = L * k * m * I   host->device (m = miss rate, 0 while n <= B)
 
@@ -40,7 +42,7 @@ from sglang_hisparse.kernel_limits import (
     resolve_smem_bytes,
 )
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
-from sglang_hisparse.state_bytes import resolver_bytes, slot_state_bytes
+from sglang_hisparse.state_bytes import coordinator_state_bytes
 
 GIB = 2**30
 GB = 10**9
@@ -216,10 +218,11 @@ def _hisparse_bytes(inputs: PlanInputs, n: int) -> tuple[int, int, int]:
 def _state_bytes(inputs: PlanInputs, n: int) -> int:
     """Coordinator state of one request slot sized for ``n`` tokens (a server planned for n
     holds it per slot, whatever the request's length) plus its decode-batch row's resolver
-    buffers (the planned batch is the request count)."""
+    buffers (the planned batch is the request count). The server reserves the same formula per
+    request slot out of its KV budget at startup (``sglang_adapter.budget``)."""
     m, B = inputs.model, inputs.hot_slots
-    return (slot_state_bytes(num_layers=m.layers, buffer_size=B, max_context=n)
-            + resolver_bytes(top_k=inputs.top_k))
+    return coordinator_state_bytes(request_slots=1, num_layers=m.layers, buffer_size=B,
+                                   max_context=n, top_k=inputs.top_k)
 
 
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:

@@ -5,9 +5,10 @@ every scheduler process, before server arguments are parsed and before any pool 
 coordinator is built (docs/patches.md has the full ledger). Importing this module does
 nothing; :func:`register` is idempotent.
 
-Every target is a REPLACE: the in-tree object is swapped for ours, and SGLang's own call
-sites (which only run under ``--enable-hisparse``) construct our classes. Without
-``--enable-hisparse`` nothing we install is ever called. ``SGLANG_PLUGINS=<names without
+Every target but one is a REPLACE: the in-tree object is swapped for ours, and SGLang's own
+call sites (which only run under ``--enable-hisparse``) construct our classes. Without
+``--enable-hisparse`` nothing we install is ever called, except the one AROUND hook on the KV
+budget (``sglang_adapter.budget``), which then returns SGLang's figure unchanged. ``SGLANG_PLUGINS=<names without
 hisparse>`` keeps this plugin from loading, which gives the in-tree HiSparse back for A/B.
 """
 
@@ -32,6 +33,7 @@ class HookTarget:
     target: str  # dotted path in SGLang
     replacement: str  # "module:attr" in sglang_hisparse
     why: str
+    hook: str = "REPLACE"  # HookType name: REPLACE, or AROUND (ours is called with the original)
 
 
 # NOTE: the classes are REPLACE targets rather than subclass-and-patch-the-call-site, because
@@ -63,6 +65,12 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang.srt.mem_cache.hisparse_memory_pool.HiSparseDSATokenToKVPool",
         "sglang_hisparse.sglang_adapter.memory:HiSparseDSAPool",
         "the DSA KV pool whose reads/writes translate logical ids to device rows",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+        "sglang_hisparse.sglang_adapter.budget:reserve_coordinator_state",
+        "the KV budget less the coordinator's per-request-slot GPU state, built after the pool",
+        hook="AROUND",
     ),
 )
 
@@ -103,7 +111,7 @@ def check_targets() -> list[tuple[HookTarget, str | None]]:
 def register() -> None:
     """Entry point of ``[project.entry-points."sglang.srt.plugins"] hisparse``.
 
-    Registers one REPLACE hook per :data:`TARGETS` entry; SGLang's ``load_plugins()`` applies
+    Registers one hook (``HookTarget.hook``) per :data:`TARGETS` entry; SGLang's ``load_plugins()`` applies
     them right after. Raises :class:`UnsupportedSGLangError` naming the installed and the
     supported SGLang when a target does not resolve (SGLang logs it and keeps its in-tree
     HiSparse).
@@ -126,7 +134,7 @@ def register() -> None:
     # instead of a half-replaced HiSparse.
     replacements = [(t, load_replacement(t)) for t in TARGETS]
     for t, obj in replacements:
-        HookRegistry.register(t.target, obj, HookType.REPLACE)
+        HookRegistry.register(t.target, obj, HookType[t.hook])
     _registered = True
     logger.info(
         "sglang-hisparse: registered %d hooks for SGLang %s (in-tree HiSparse replaced; "
@@ -138,11 +146,11 @@ def register() -> None:
 
 
 def is_ours(obj: object, ours: object) -> bool:
-    """``obj`` is ``ours``, or HookRegistry's REPLACE wrapper around it.
+    """``obj`` is ``ours``, or HookRegistry's REPLACE or AROUND wrapper around it.
 
-    NOTE: HookRegistry substitutes replacement classes directly but wraps replacement
-    functions in a ``functools.wraps(original)`` closure that calls ours; the closure cell is
-    the only link back to our function.
+    NOTE: HookRegistry substitutes replacement classes directly but wraps hook functions in a
+    ``functools.wraps(original)`` closure that calls ours; the closure cell is the only link
+    back to our function.
     """
     if obj is ours:
         return True

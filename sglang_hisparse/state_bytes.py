@@ -24,6 +24,12 @@ shapes in ``kernels.contract``), with ``k`` = top-k::
 
 32 KB a row at k = 2048 (128 KB at W = 3): under 1 % of the slot state above.
 
+What a server's coordinator holds in all, ``coordinator_state_bytes``: R request slots (SGLang's
+``req_to_token`` rows, the padding row and PD's pre-allocation slots included) of slot state, and
+as many rows of resolver buffers (the adapter sizes the decode batch to the request slots). SGLang
+sizes its KV pool before the coordinator exists, so ``sglang_adapter.budget`` reserves this figure
+out of the KV budget; the planner charges the same per request (R = 1).
+
 NOTE: not next to ``SlotState`` in ``coordinator/state.py``: importing the coordinator package
 imports torch, and the planner must not. ``SlotState`` takes the hint's width from
 ``hint_words``, and tests/unit/test_state_bytes.py checks ``slot_state_bytes`` against the
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 from .kernel_limits import position_words
 
-__all__ = ["hint_words", "resolver_bytes", "slot_state_bytes"]
+__all__ = ["coordinator_state_bytes", "hint_words", "resolver_bytes", "slot_state_bytes"]
 
 
 def hint_words(*, max_context: int, window: int) -> int:
@@ -67,3 +73,24 @@ def resolver_bytes(*, top_k: int, num_draft_tokens: int = 0, cuda: bool = True) 
         return single
     wk = num_draft_tokens * top_k
     return single + wk * 4 + wk * 12 + 4 + arrivals
+
+
+def coordinator_state_bytes(
+    *,
+    request_slots: int,
+    num_layers: int,
+    buffer_size: int,
+    max_context: int,
+    top_k: int,
+    num_draft_tokens: int = 0,
+    cuda: bool = True,
+) -> int:
+    """Device bytes of a coordinator built for ``request_slots`` R (module docstring): R slots
+    of ``slot_state_bytes`` (W = max(1, num_draft_tokens)) plus R decode-batch rows of
+    ``resolver_bytes``."""
+    window = max(1, num_draft_tokens)
+    per_slot = slot_state_bytes(
+        num_layers=num_layers, buffer_size=buffer_size, max_context=max_context, window=window
+    )
+    per_row = resolver_bytes(top_k=top_k, num_draft_tokens=num_draft_tokens, cuda=cuda)
+    return request_slots * (per_slot + per_row)

@@ -91,7 +91,7 @@ def check_hooks() -> list[Check]:
         except Exception as e:
             out.append(Check(name, FAIL, f"our {t.replacement} does not load: {type(e).__name__}: {e}"))
             continue
-        out.append(Check(name, OK, f"{t.target} -> REPLACE by {t.replacement}"))
+        out.append(Check(name, OK, f"{t.target} -> {t.hook} by {t.replacement}"))
     return out
 
 

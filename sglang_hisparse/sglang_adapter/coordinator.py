@@ -40,6 +40,8 @@ from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.device_pool import DeviceKVPool
 from sglang_hisparse.host_pool import HostKVPool
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
+from sglang_hisparse.sglang_adapter.budget import log_coordinator_state
+from sglang_hisparse.state_bytes import coordinator_state_bytes
 
 logger = logging.getLogger("sglang_hisparse")
 
@@ -156,6 +158,14 @@ class SGLangHiSparseCoordinator:
             token_to_kv_pool_allocator.configure_spec_scratch(
                 self.spec_swap.scratch_capacity, device_buffer_size=self.padded_buffer_size
             )
+        log_coordinator_state(
+            state_bytes=coordinator_state_bytes(
+                request_slots=num_reqs, num_layers=len(device_kv), buffer_size=device_buffer_size,
+                max_context=max_ctx, top_k=top_k, num_draft_tokens=W,
+                cuda=torch.device(device).type == "cuda",
+            ),
+            request_slots=num_reqs,
+        )
         logger.info(
             "HiSparse (sglang-hisparse): top_k=%d, B=%d, %d layers, %d request slots, host pool "
             "%.2f GiB, shared-index prefetch %s, speculative verify window %d",

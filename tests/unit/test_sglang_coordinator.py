@@ -388,3 +388,47 @@ def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
     srv.release(staged)
     assert lens.tolist() == [0] * slots
     srv.assert_empty()
+
+
+def _startup_lines() -> list[str]:
+    """The ``sglang_hisparse`` log lines of one ``Server()`` construction."""
+    import logging
+
+    logs: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
+    lg = logging.getLogger("sglang_hisparse")
+    lg.addHandler(handler)
+    level, lg.level = lg.level, logging.INFO
+    try:
+        Server()
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+    return [m for m in logs if m.startswith("HiSparse coordinator state")]
+
+
+def test_startup_logs_the_state_bytes_and_whether_the_kv_budget_reserved_them(monkeypatch) -> None:
+    from dataclasses import replace
+
+    from sglang_hisparse.sglang_adapter import budget
+
+    # R = 4 requests + req_to_token's padding row = 5 slots. Per slot: 2 layers x (slot_tokens
+    # 65*4 + lru 64*2 + resident hint 16*4: 512 columns) + slot_rows 65*4 + host_rows 512*8 = 5260,
+    # and one resolver row: out_rows + plan 16*16 + batch id and count 8 (CPU: no counters) = 264
+    state = 5 * (5260 + 264)
+    monkeypatch.setattr(budget, "_last", None)  # pool sized without our budget hook
+    (line,) = _startup_lines()
+    assert f"({state} B) on the GPU for 5 request slots, NOT reserved out of the KV budget" in line
+    shape = budget.StateShape(num_layers=LAYERS, buffer_size=B, max_context=MAX_CTX, top_k=TOP_K,
+                              num_draft_tokens=0, extra_rows=1, cuda=False)
+    taken = budget.Reservation(budget_bytes=2**30, reserved_bytes=shape.bytes_for(5),
+                               max_running_requests=R, request_slots=5, shape=shape)
+    monkeypatch.setattr(budget, "_last", taken)
+    (line,) = _startup_lines()
+    assert taken.reserved_bytes == state
+    assert line == (f"HiSparse coordinator state: 0.0 MiB ({state} B) on the GPU for 5 request slots, "
+                    f"reserved out of the KV budget (0.0 MiB reserved for 5 slots).")
+    monkeypatch.setattr(budget, "_last", replace(taken, reserved_bytes=state - 1))
+    (line,) = _startup_lines()
+    assert "more than the 0.0 MiB (5 slots) reserved out of the KV budget" in line
