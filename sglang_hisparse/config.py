@@ -22,6 +22,8 @@ from sglang_hisparse.kernel_limits import (
 )
 
 FLAG = "--hisparse-config"
+#: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours
+IN_TREE_HINT = "set SGLANG_PLUGINS to a list without 'hisparse' to run SGLang's in-tree HiSparse"
 
 #: LRU order is stored as int16 slot ids (``lru [L, R, B]``), so B slots need ids 0..B-1 < 2**15.
 MAX_DEVICE_BUFFER_SIZE = 2**15 - 1

@@ -120,6 +120,29 @@ def test_non_dsa_model_named(llama_model_dir):
         check(llama_model_dir, *OK)
 
 
+IN_TREE = r"SGLANG_PLUGINS to a list without 'hisparse'"
+
+
+@pytest.mark.parametrize(
+    "fixture, match",
+    [
+        ("v4_model_dir", rf"\(DeepseekV4ForCausalLM\) is DeepSeek-V4.*builds its own V4 pools and allocator.*DeepSeek-V3.2, GLM-5.x.*on CUDA.*{IN_TREE}"),
+        ("m3_model_dir", rf"\(MiniMaxM3SparseForCausalLM\) is MiniMax-M3.*sparse-index pool.*DeepSeek-V3.2, GLM-5.x.*{IN_TREE}"),
+    ],
+)
+def test_models_sglang_serves_with_its_own_hisparse_are_refused(request, fixture, match):
+    with pytest.raises(ValueError, match=match):
+        check(request.getfixturevalue(fixture), *OK)
+
+
+@pytest.mark.parametrize("fact, name", [("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_hip", "ROCm")])
+def test_non_cuda_platforms_are_refused(dsa_model_dir, fact, name):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**{fact: True}), pytest.raises(ValueError, match=rf"--enable-hisparse on {name}: sglang-hisparse.*CUDA.*drop --enable-hisparse.*{IN_TREE}"):
+        check(dsa_model_dir, *OK)
+
+
 def test_without_enable_hisparse_nothing_changes(dsa_model_dir):
     from sglang.srt.server_args import prepare_server_args
 
