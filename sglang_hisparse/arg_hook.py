@@ -19,6 +19,7 @@ from sglang_hisparse import SUPPORTED_SGLANG
 from sglang_hisparse.arg_scope import (
     check_model,
     check_platform,
+    check_serving_paths,
     hf_attr,
     model_label,
 )
@@ -77,6 +78,7 @@ def validate_hisparse(server_args: Any) -> None:
             "chunk. Remove --enable-mixed-chunk."
         )
     num_draft_tokens = _check_speculative(cfg, view)
+    check_serving_paths(cfg, view, speculative=cfg.speculative_algorithm if num_draft_tokens else None)
 
     kv_dtype = view.kv_cache_dtype
     if kv_dtype not in KV_DTYPES:

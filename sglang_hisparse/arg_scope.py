@@ -115,3 +115,44 @@ def check_platform() -> None:
                 f"{IN_TREE_HINT} where it supports {name}."
             )
 
+
+def check_serving_paths(cfg: Any, view: Any, *, speculative: str | None) -> None:
+    """Refuse the serving paths whose coordinator calls SGLang 0.5.23 does not make (or makes
+    out of order). ``speculative``: the algorithm name, None when off."""
+    pp = int(getattr(view, "pp_size", 1) or 1)
+    if pp > 1 and speculative:
+        # NOTE: refused rather than supported. Non-last stages would have to commit from the
+        # accept indices the last stage relays (pp_outputs "spec_accept_index", consumed in
+        # _pp_spec_commit_relayed_accept), which arrive a round late and for a possibly
+        # recomposed micro-batch; that needs a hook on SGLang's PP relay, not just ours.
+        raise ValueError(
+            f"--enable-hisparse with --pp-size {pp} and --speculative-algorithm {speculative} is "
+            f"not supported by sglang-hisparse: SGLang's non-last pipeline stages run "
+            f"prepare_spec_verify every verify round (eagle_prepare_for_verify, "
+            f"scheduler.py:4794) but never call commit_spec_accept_tokens (the relayed accept "
+            f"goes to _pp_spec_commit_relayed_accept, scheduler_pp_mixin.py:1151), so their "
+            f"verify windows are never closed and the second round fails. Use --pp-size 1 with "
+            f"speculative decoding (scale with --tp-size), or drop --speculative-algorithm."
+        )
+    if getattr(cfg, "disaggregation_decode_enable_offload_kvcache", False):
+        raise ValueError(
+            "--enable-hisparse does not support --disaggregation-decode-enable-offload-kvcache: "
+            "with it SGLang hands a finished request to DecodeKVCacheOffloadManager "
+            "(batch_result_processor.py:1453-1456) and never calls request_finished, so the request's "
+            "hot buffer and host rows stay held and the next request on its slot cannot be "
+            "admitted. HiSparse already keeps every request's full KV in pinned host memory. "
+            "Remove --disaggregation-decode-enable-offload-kvcache."
+        )
+    if getattr(cfg, "disaggregation_mode", "null") == "decode":
+        backup = getattr(cfg, "disaggregation_decode_retraction_backup", None)
+        if backup != "none":
+            got = backup or "unset (SGLang then picks cpu_tensor for the DSA pool)"
+            raise ValueError(
+                f"--enable-hisparse on a PD decode server with "
+                f"--disaggregation-decode-retraction-backup {got}: SGLang 0.5.23 calls "
+                f"retract_req before backup_kv_cache (schedule_batch.py:2371-2381), so HiSparse's "
+                f"host KV is released before any backup could read it, and a resumed request "
+                f"re-enters the waiting queue without admit_request_direct (decode.py:3470), so "
+                f"it could not decode. With 'none' SGLang aborts a retracted request with 503 "
+                f"for the client to retry. Add --disaggregation-decode-retraction-backup none."
+            )

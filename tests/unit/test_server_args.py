@@ -143,6 +143,30 @@ def test_non_cuda_platforms_are_refused(dsa_model_dir, fact, name):
         check(dsa_model_dir, *OK)
 
 
+def test_pipeline_parallel_speculative_decoding_is_refused(dsa_model_dir, monkeypatch):
+    # SGLang allows PP + spec co-located with SGLANG_ENABLE_PP_SPEC (validation_hook.py:139)
+    monkeypatch.setenv("SGLANG_ENABLE_PP_SPEC", "1")
+    with pytest.raises(ValueError, match=r"--pp-size 2 and --speculative-algorithm EAGLE.*never call commit_spec_accept_tokens.*Use --pp-size 1"):
+        check(dsa_model_dir, *OK, "--pp-size", "2", "--speculative-algorithm", "EAGLE")
+    check(dsa_model_dir, *OK, "--pp-size", "2")  # PP alone is fine
+
+
+PD_DECODE = ["--disaggregation-mode", "decode"]
+
+
+@pytest.mark.parametrize("backup", [[], ["--disaggregation-decode-retraction-backup", "cpu_tensor"]])
+def test_pd_decode_needs_retraction_without_backup(dsa_model_dir, backup):
+    with pytest.raises(ValueError, match=r"--disaggregation-decode-retraction-backup (unset|cpu_tensor).*retract_req before backup_kv_cache.*without admit_request_direct.*--disaggregation-decode-retraction-backup none"):
+        check(dsa_model_dir, *OK, *PD_DECODE, *backup)
+    check(dsa_model_dir, *OK, *PD_DECODE, "--disaggregation-decode-retraction-backup", "none")
+
+
+def test_decode_kv_offload_is_refused(dsa_model_dir):
+    with pytest.raises(ValueError, match=r"--disaggregation-decode-enable-offload-kvcache.*never calls request_finished.*Remove --disaggregation-decode-enable-offload-kvcache"):
+        check(dsa_model_dir, *OK, *PD_DECODE, "--disaggregation-decode-retraction-backup", "none",
+              "--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend", "file")
+
+
 def test_without_enable_hisparse_nothing_changes(dsa_model_dir):
     from sglang.srt.server_args import prepare_server_args
 
