@@ -12,6 +12,7 @@ SGLang's configurators reads the same validated :class:`HiSparseConfig`.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -190,10 +191,14 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
 def parse_hisparse_config() -> HiSparseConfig:
     """Replacement for SGLang's ``parse_hisparse_config``: our validated config.
 
-    The model's ``index_topk`` is not known at its call sites; the coordinator re-derives
-    the config with it (and :func:`validate_hisparse` already rejected a disagreement).
-    Under speculative decoding the default ``device_buffer_size`` depends on
-    ``speculative_num_draft_tokens``, so pool sizing and the coordinator read it here too.
+    Its call sites (pool sizing, the KV configurator, ``ModelRunner``) do not pass the
+    model's ``index_topk``, so a default ``device_buffer_size`` here is sized for top_k 2048
+    (every supported model's index_topk). Pool sizing reads only ``host_to_device_ratio``;
+    the coordinator receives the model's index_topk as ``top_k`` (model_runner.py:1039) and
+    re-derives a defaulted buffer with it (:func:`model_buffer_size`), which is the figure
+    :func:`validate_hisparse` logged. A JSON ``top_k`` that disagrees with the model was
+    already rejected there. Under speculative decoding the default ``device_buffer_size``
+    depends on ``speculative_num_draft_tokens``, so it is read here too.
     """
     from sglang.srt.runtime_context import get_memory, get_spec
 
@@ -204,4 +209,25 @@ def parse_hisparse_config() -> HiSparseConfig:
     return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
-__all__ = ["validate_hisparse", "parse_hisparse_config", "kv_row_bytes", "SUPPORTED_SGLANG"]
+def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
+    """``device_buffer_size`` for a coordinator built with the model's ``top_k``.
+
+    When ``device_buffer_size`` is the default :func:`parse_hisparse_config` produced (the
+    JSON has no ``device_buffer_size``), the default for the model's top_k is returned, e.g.
+    2 * 512 rather than 2 * 2048; an explicit size, or one that did not come from the parser
+    (tests, benchmarks: no SGLang config published), is returned unchanged.
+    """
+    from sglang.srt.runtime_context import get_memory
+
+    try:
+        text = get_memory().hisparse_config
+    except ValueError:  # SGLang raises this when no config is published: not a server
+        return device_buffer_size
+    W = int(num_draft_tokens or 0)
+    parsed = HiSparseConfig.from_json(text, num_draft_tokens=W)
+    if parsed.device_buffer_size != device_buffer_size or "device_buffer_size" in json.loads(text or "{}"):
+        return device_buffer_size
+    return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
+
+
+__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "kv_row_bytes", "SUPPORTED_SGLANG"]

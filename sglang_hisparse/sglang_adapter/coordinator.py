@@ -114,6 +114,12 @@ class SGLangHiSparseCoordinator:
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
     ) -> None:
+        from sglang_hisparse.arg_hook import model_buffer_size
+
+        # parse_hisparse_config could not size a default buffer for the model's top_k
+        device_buffer_size = model_buffer_size(
+            top_k=top_k, device_buffer_size=device_buffer_size, num_draft_tokens=num_draft_tokens
+        )
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.top_k = top_k
