@@ -4,7 +4,7 @@
 # Runs:  python -m sglang.launch_server --model-path zai-org/GLM-5.1-FP8 --tp-size 8 --attn-dp-size 8
 #        --disaggregation-mode decode --kv-cache-dtype bfloat16
 #        --dsa-decode-backend flashmla_sparse --disable-radix-cache --enable-hisparse
-#        --hisparse-config '{...}' ...
+#        --hisparse-config '{...}' --disaggregation-decode-retraction-backup none ...
 # What changes with HiSparse: the prefill instance's KV transfer is received into the pinned
 #        host pool (direct admission), not into GPU rows; a request then gets only its B+1 hot
 #        slots per layer on the GPU (preloaded when it is short, empty when long), so the decode
@@ -22,6 +22,10 @@ MODEL_PATH=${MODEL_PATH:-zai-org/GLM-5.1-FP8}
 PORT=${PORT:-30001}
 hisparse_args '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}'
 ib_args
+# sglang-hisparse refuses a PD decode server that would back KV up across retraction:
+# SGLang 0.5.23 releases a request's HiSparse state before the backup and resumes it without
+# direct admission (docs/patches.md, "Upstream issues"); 'none' aborts it with 503 instead.
+if [[ "$HISPARSE" == on ]]; then HS_ARGS+=(--disaggregation-decode-retraction-backup none); fi
 
 args=(
     --model-path "$MODEL_PATH" --trust-remote-code

@@ -3,7 +3,8 @@
 SGLang calls :func:`validate_hisparse` from its ``check_server_args`` post-process pass, after
 DSA backend defaults are resolved and before any process is spawned or memory pinned. Each
 rule raises ``ValueError`` naming the flag, the value, the rule and the fix. The decisions
-that pass are logged once, so an operator can see what HiSparse will run with.
+that pass are logged once, so an operator can see what HiSparse will run with. Which models,
+platforms and serving paths are served at all is ``arg_scope``'s.
 
 :func:`parse_hisparse_config` replaces SGLang's ``parse_hisparse_config`` so pool sizing in
 SGLang's configurators reads the same validated :class:`HiSparseConfig`.
@@ -11,11 +12,19 @@ SGLang's configurators reads the same validated :class:`HiSparseConfig`.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from sglang_hisparse import SUPPORTED_SGLANG
-from sglang_hisparse.config import FLAG, HiSparseConfig
+from sglang_hisparse.arg_scope import (
+    check_model,
+    check_platform,
+    check_serving_paths,
+    hf_attr,
+    model_label,
+)
+from sglang_hisparse.config import FLAG, IN_TREE_HINT, HiSparseConfig
 from sglang_hisparse.memory_budget import GIB, available_host_bytes
 
 logger = logging.getLogger(__name__)
@@ -28,7 +37,7 @@ BACKENDS_BY_DTYPE = {
 }
 #: With ``auto`` the stored dtype follows the checkpoint, so any of the above may be right.
 BACKENDS_AUTO = frozenset().union(*BACKENDS_BY_DTYPE.values())
-A_B_HINT = "set SGLANG_PLUGINS to a list without 'hisparse' to run SGLang's in-tree HiSparse"
+A_B_HINT = IN_TREE_HINT
 
 
 def kv_row_bytes(kv_lora_rank: int, rope_dim: int, kv_dtype: str) -> int:
@@ -40,18 +49,6 @@ def kv_row_bytes(kv_lora_rank: int, rope_dim: int, kv_dtype: str) -> int:
     if kv_dtype == "fp8_e4m3":
         return kv_lora_rank + (kv_lora_rank // 128) * 4 + rope_dim * 2
     return (kv_lora_rank + rope_dim) * 2
-
-
-def _hf_attr(hf_config: Any, name: str, default: Any = None) -> Any:
-    value = getattr(hf_config, name, None)
-    if value is None:
-        value = getattr(getattr(hf_config, "text_config", None), name, None)
-    return default if value is None else value
-
-
-def _model_label(view: Any, hf_config: Any) -> str:
-    archs = _hf_attr(hf_config, "architectures") or ["<no architectures>"]
-    return f"{view.model_path} ({', '.join(archs)})"
 
 
 def validate_hisparse(server_args: Any) -> None:
@@ -66,14 +63,10 @@ def validate_hisparse(server_args: Any) -> None:
     if not cfg.enable_hisparse:
         return
     view = resolved_view(server_args)
-    hf_config = model_config_of(server_args).hf_config
-    index_topk = _hf_attr(hf_config, "index_topk")
-    if index_topk is None:
-        raise ValueError(
-            f"--enable-hisparse: model {_model_label(cfg, hf_config)} is not a DSA model (its "
-            f"config has no 'index_topk'). sglang-hisparse resolves the top-k selections of a "
-            f"DSA indexer (DeepSeek-V3.2, GLM-5.x); drop --enable-hisparse for this model."
-        )
+    model_config = model_config_of(server_args)
+    hf_config = model_config.hf_config
+    index_topk = check_model(cfg, model_config)
+    check_platform()
     if not cfg.disable_radix_cache:
         raise ValueError(
             "--enable-hisparse requires the radix cache off: a shared prefix's KV would live "
@@ -86,14 +79,7 @@ def validate_hisparse(server_args: Any) -> None:
             "chunk. Remove --enable-mixed-chunk."
         )
     num_draft_tokens = _check_speculative(cfg, view)
-    try:
-        from sglang.srt.runtime_context import get_platform
-
-        is_hip = bool(get_platform().is_hip)
-    except Exception:
-        is_hip = False
-    if is_hip:
-        raise ValueError(f"--enable-hisparse: sglang-hisparse's kernels are CUDA-only; {A_B_HINT}.")
+    check_serving_paths(cfg, view, speculative=cfg.speculative_algorithm if num_draft_tokens else None)
 
     kv_dtype = view.kv_cache_dtype
     if kv_dtype not in KV_DTYPES:
@@ -113,12 +99,12 @@ def validate_hisparse(server_args: Any) -> None:
             )
 
     config = HiSparseConfig.from_json(
-        cfg.hisparse_config, model_top_k=int(index_topk), num_draft_tokens=num_draft_tokens
+        cfg.hisparse_config, model_top_k=index_topk, num_draft_tokens=num_draft_tokens
     )
     _check_host_memory(view, hf_config, config, kv_dtype)
     logger.info(
         "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, DSA backends %s/%s).",
-        _model_label(cfg, hf_config),
+        model_label(cfg, hf_config),
         config.to_json(),
         kv_dtype,
         getattr(view, "dsa_prefill_backend", None),
@@ -179,10 +165,10 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
             "are known after GPU memory profiling); pass --max-total-tokens to check it now."
         )
         return
-    layers = int(_hf_attr(hf_config, "num_hidden_layers", 0))
+    layers = int(hf_attr(hf_config, "num_hidden_layers", 0))
     row = kv_row_bytes(
-        int(_hf_attr(hf_config, "kv_lora_rank", 512)),
-        int(_hf_attr(hf_config, "qk_rope_head_dim", 64)),
+        int(hf_attr(hf_config, "kv_lora_rank", 512)),
+        int(hf_attr(hf_config, "qk_rope_head_dim", 64)),
         "fp8_e4m3" if kv_dtype == "fp8_e4m3" else "bfloat16",
     )
     per_rank = host_pool_bytes(device_rows=device_rows, ratio=config.host_to_device_ratio, layers=layers, row_bytes=row)
@@ -205,10 +191,14 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
 def parse_hisparse_config() -> HiSparseConfig:
     """Replacement for SGLang's ``parse_hisparse_config``: our validated config.
 
-    The model's ``index_topk`` is not known at its call sites; the coordinator re-derives
-    the config with it (and :func:`validate_hisparse` already rejected a disagreement).
-    Under speculative decoding the default ``device_buffer_size`` depends on
-    ``speculative_num_draft_tokens``, so pool sizing and the coordinator read it here too.
+    Its call sites (pool sizing, the KV configurator, ``ModelRunner``) do not pass the
+    model's ``index_topk``, so a default ``device_buffer_size`` here is sized for top_k 2048
+    (every supported model's index_topk). Pool sizing reads only ``host_to_device_ratio``;
+    the coordinator receives the model's index_topk as ``top_k`` (model_runner.py:1039) and
+    re-derives a defaulted buffer with it (:func:`model_buffer_size`), which is the figure
+    :func:`validate_hisparse` logged. A JSON ``top_k`` that disagrees with the model was
+    already rejected there. Under speculative decoding the default ``device_buffer_size``
+    depends on ``speculative_num_draft_tokens``, so it is read here too.
     """
     from sglang.srt.runtime_context import get_memory, get_spec
 
@@ -219,4 +209,25 @@ def parse_hisparse_config() -> HiSparseConfig:
     return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
-__all__ = ["validate_hisparse", "parse_hisparse_config", "kv_row_bytes", "SUPPORTED_SGLANG"]
+def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
+    """``device_buffer_size`` for a coordinator built with the model's ``top_k``.
+
+    When ``device_buffer_size`` is the default :func:`parse_hisparse_config` produced (the
+    JSON has no ``device_buffer_size``), the default for the model's top_k is returned, e.g.
+    2 * 512 rather than 2 * 2048; an explicit size, or one that did not come from the parser
+    (tests, benchmarks: no SGLang config published), is returned unchanged.
+    """
+    from sglang.srt.runtime_context import get_memory
+
+    try:
+        text = get_memory().hisparse_config
+    except ValueError:  # SGLang raises this when no config is published: not a server
+        return device_buffer_size
+    W = int(num_draft_tokens or 0)
+    parsed = HiSparseConfig.from_json(text, num_draft_tokens=W)
+    if parsed.device_buffer_size != device_buffer_size or "device_buffer_size" in json.loads(text or "{}"):
+        return device_buffer_size
+    return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
+
+
+__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "kv_row_bytes", "SUPPORTED_SGLANG"]

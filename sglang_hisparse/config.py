@@ -1,11 +1,16 @@
 """``HiSparseConfig``: the ``--hisparse-config`` JSON, validated once, frozen afterwards.
 
-Accepted keys are the ones existing SGLang launch commands already use, so a command that
-works with SGLang's in-tree HiSparse works unchanged with this plugin::
+Accepted keys are the four that existing SGLang launch commands use, with the same meaning::
 
     {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2, "swap_in_block_size": 512}
 
-Every rejection is a ``ValueError`` naming the key, the value, the rule and the fix.
+Our rules are stricter than SGLang's own parser (``sparsity/factory.py``
+``_parse_sparse_config``), which also takes ``algorithm``, ``backend``,
+``min_sparse_prompt_len``, ``page_size`` and passes any other key through, and takes any
+``swap_in_block_size`` in [1, 1024]. We read none of those keys (a silently ignored key hides a
+typo), and our resolve kernel needs whole warps; the errors say the rule is ours and how to run
+SGLang's parser instead. Every rejection is a ``ValueError`` naming the key, the value, the rule
+and the fix.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from sglang_hisparse.kernel_limits import (
 )
 
 FLAG = "--hisparse-config"
+#: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours
+IN_TREE_HINT = "set SGLANG_PLUGINS to a list without 'hisparse' to run SGLang's in-tree HiSparse"
 
 #: LRU order is stored as int16 slot ids (``lru [L, R, B]``), so B slots need ids 0..B-1 < 2**15.
 MAX_DEVICE_BUFFER_SIZE = 2**15 - 1
@@ -80,7 +87,10 @@ class HiSparseConfig:
         if unknown:
             raise ValueError(
                 f"{FLAG}: unknown key(s) {', '.join(repr(k) for k in unknown)}. "
-                f"Valid keys: {', '.join(cls.keys())}. Remove or rename them."
+                f"Valid keys: {', '.join(cls.keys())}. This is sglang-hisparse's rule: it reads "
+                f"no other key, and an ignored key would hide a typo (SGLang's in-tree parser "
+                f"accepts 'algorithm', 'backend', 'min_sparse_prompt_len', 'page_size' and passes "
+                f"any other key through). Remove or rename them, or {IN_TREE_HINT}."
             )
         for key, value in raw.items():
             if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
@@ -148,7 +158,9 @@ class HiSparseConfig:
             raise ValueError(
                 f"{FLAG}: 'swap_in_block_size' = {block} must be a positive multiple of {WARP} "
                 f"no larger than {MAX_BLOCK_SIZE} (it is the CUDA block size of the resolve "
-                f"kernel). Try {fixed}."
+                f"kernel). This is sglang-hisparse's rule: the resolve kernel's block-wide scans "
+                f"work in whole warps of {WARP} threads (SGLang's in-tree parser accepts "
+                f"1..{MAX_BLOCK_SIZE} for its own kernel; {IN_TREE_HINT}). Try {fixed}."
             )
         return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio, swap_in_block_size=block)
 

@@ -41,6 +41,45 @@ DSA_CONFIG = {
     "rope_theta": 10000,
 }
 
+#: DeepSeek-V4-shaped: has ``index_topk`` like a DSA model, but SGLang builds its own V4 pools
+#: and ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` for it (kv_cache_configurator.py:2939).
+V4_CONFIG = {
+    **DSA_CONFIG,
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "index_topk": 512,
+    "num_hidden_layers": 4,
+    "compress_ratios": [4, 128, 4, 128],
+    "sliding_window": 128,
+    "window_size": 128,
+    "hidden_size": 4096,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_nope_head_dim": 448,
+    "v_head_dim": 512,
+    "q_lora_rank": 1024,
+    "o_lora_rank": 1024,
+    "o_groups": 8,
+    "max_position_embeddings": 65536,
+}
+
+#: MiniMax-M3-shaped (``is_minimax_sparse`` reads the architecture; the text model type is
+#: ``minimax_m2``): SGLang builds its sparse-index pool and calls ``swap_in_selected_blocks``.
+M3_CONFIG = {
+    "architectures": ["MiniMaxM3SparseForCausalLM"],
+    "model_type": "minimax_m2",
+    "num_hidden_layers": 4,
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 2048,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "index_topk": 2048,
+}
+
 LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -78,6 +117,16 @@ def write_model(root: Path, config: dict) -> Path:
 def dsa_model_dir(tmp_path_factory) -> Path:
     """A DeepSeek-V3.2-shaped model directory: config.json only, no weights."""
     return write_model(tmp_path_factory.mktemp("dsa_model"), DSA_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def v4_model_dir(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("v4_model"), V4_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def m3_model_dir(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("m3_model"), M3_CONFIG)
 
 
 @pytest.fixture(scope="session")

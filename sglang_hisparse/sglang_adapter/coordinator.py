@@ -116,6 +116,12 @@ class SGLangHiSparseCoordinator:
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
     ) -> None:
+        from sglang_hisparse.arg_hook import model_buffer_size
+
+        # parse_hisparse_config could not size a default buffer for the model's top_k
+        device_buffer_size = model_buffer_size(
+            top_k=top_k, device_buffer_size=device_buffer_size, num_draft_tokens=num_draft_tokens
+        )
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.top_k = top_k
@@ -303,7 +309,14 @@ class SGLangHiSparseCoordinator:
                 "prepare_spec_verify: the coordinator was built with num_draft_tokens = 0; "
                 "SGLang passes speculative_num_draft_tokens when --speculative-algorithm is set."
             )
-        # NOTE: with SGLang's no-verify-sync mode seq_lens_cpu is None: one read-back then.
+        # NOTE: one device read-back when seq_lens_cpu is None, kept because no host copy of
+        # these lengths exists yet. Under spec v2 the DSA backend declares
+        # needs_cpu_seq_lens = False (dsa_backend.py:505), so resolve_seq_lens_cpu drops the
+        # mirror (overlap_utils.py:615) and batch.seq_lens is gathered on the device from the
+        # previous round's accept lengths, which the scheduler has not seen ("accept_lens not
+        # known to schedule", overlap_utils.py:590): each Req's kv_committed_len lags by that
+        # round until process_batch_result runs, after this batch is launched. The host needs
+        # s now (host rows through s+W-1, short/long slots, the window's positions).
         seq_cpu = getattr(batch, "seq_lens_cpu", None)
         if seq_cpu is None:
             seq_cpu = batch.seq_lens.cpu()

@@ -293,7 +293,8 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(
-            "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake")),
+            "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+            "--disaggregation-decode-retraction-backup", "none")),
         [pd_success, pd_transfer_failure, pd_abort_before_admission, pd_timeout_before_admission,
          pd_many_failures],
     ),

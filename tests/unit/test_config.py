@@ -112,3 +112,19 @@ def test_verify_window_too_wide_for_the_verify_kernel():
     with pytest.raises(ValueError, match=r"use 'device_buffer_size' between 8192 and 17354"):
         HiSparseConfig.from_json('{"device_buffer_size": 20000}', model_top_k=2048, num_draft_tokens=4)
     assert HiSparseConfig.from_json(None, model_top_k=2048, num_draft_tokens=4).device_buffer_size == 10240
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        # SGLang's own parser (sparsity/factory.py _parse_sparse_config) takes these keys
+        ('{"algorithm": "deepseek_dsa", "page_size": 64}',
+         r"unknown key\(s\) 'algorithm', 'page_size'.*sglang-hisparse's rule.*SGLang's in-tree parser accepts.*SGLANG_PLUGINS to a list without 'hisparse'"),
+        # ... and any swap_in_block_size in [1, 1024]
+        ('{"swap_in_block_size": 100}',
+         r"positive multiple of 32.*sglang-hisparse's rule: the resolve kernel's block-wide scans work in whole warps.*SGLang's in-tree parser accepts 1..1024.*SGLANG_PLUGINS to a list without 'hisparse'.*Try 96"),
+    ],
+)
+def test_stricter_than_sglang_rules_say_they_are_ours(text, match):
+    with pytest.raises(ValueError, match=match):
+        HiSparseConfig.from_json(text)

@@ -101,6 +101,8 @@ def test_every_flag_parses_in_sglang(server_parser, script, hisparse):
         assert config.device_buffer_size == 4096
     if "pd_decode" in script.name:
         assert ns.disaggregation_mode == "decode"
+        # sglang-hisparse refuses PD decode retraction with a backup (arg_scope.check_serving_paths)
+        assert ns.disaggregation_decode_retraction_backup == ("none" if hisparse == "on" else None)
 
 
 def test_bad_hisparse_switch_is_refused():

@@ -120,6 +120,53 @@ def test_non_dsa_model_named(llama_model_dir):
         check(llama_model_dir, *OK)
 
 
+IN_TREE = r"SGLANG_PLUGINS to a list without 'hisparse'"
+
+
+@pytest.mark.parametrize(
+    "fixture, match",
+    [
+        ("v4_model_dir", rf"\(DeepseekV4ForCausalLM\) is DeepSeek-V4.*builds its own V4 pools and allocator.*DeepSeek-V3.2, GLM-5.x.*on CUDA.*{IN_TREE}"),
+        ("m3_model_dir", rf"\(MiniMaxM3SparseForCausalLM\) is MiniMax-M3.*sparse-index pool.*DeepSeek-V3.2, GLM-5.x.*{IN_TREE}"),
+    ],
+)
+def test_models_sglang_serves_with_its_own_hisparse_are_refused(request, fixture, match):
+    with pytest.raises(ValueError, match=match):
+        check(request.getfixturevalue(fixture), *OK)
+
+
+@pytest.mark.parametrize("fact, name", [("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_hip", "ROCm")])
+def test_non_cuda_platforms_are_refused(dsa_model_dir, fact, name):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**{fact: True}), pytest.raises(ValueError, match=rf"--enable-hisparse on {name}: sglang-hisparse.*CUDA.*drop --enable-hisparse.*{IN_TREE}"):
+        check(dsa_model_dir, *OK)
+
+
+def test_pipeline_parallel_speculative_decoding_is_refused(dsa_model_dir, monkeypatch):
+    # SGLang allows PP + spec co-located with SGLANG_ENABLE_PP_SPEC (validation_hook.py:139)
+    monkeypatch.setenv("SGLANG_ENABLE_PP_SPEC", "1")
+    with pytest.raises(ValueError, match=r"--pp-size 2 and --speculative-algorithm EAGLE.*never call commit_spec_accept_tokens.*Use --pp-size 1"):
+        check(dsa_model_dir, *OK, "--pp-size", "2", "--speculative-algorithm", "EAGLE")
+    check(dsa_model_dir, *OK, "--pp-size", "2")  # PP alone is fine
+
+
+PD_DECODE = ["--disaggregation-mode", "decode"]
+
+
+@pytest.mark.parametrize("backup", [[], ["--disaggregation-decode-retraction-backup", "cpu_tensor"]])
+def test_pd_decode_needs_retraction_without_backup(dsa_model_dir, backup):
+    with pytest.raises(ValueError, match=r"--disaggregation-decode-retraction-backup (unset|cpu_tensor).*retract_req before backup_kv_cache.*without admit_request_direct.*--disaggregation-decode-retraction-backup none"):
+        check(dsa_model_dir, *OK, *PD_DECODE, *backup)
+    check(dsa_model_dir, *OK, *PD_DECODE, "--disaggregation-decode-retraction-backup", "none")
+
+
+def test_decode_kv_offload_is_refused(dsa_model_dir):
+    with pytest.raises(ValueError, match=r"--disaggregation-decode-enable-offload-kvcache.*never calls request_finished.*Remove --disaggregation-decode-enable-offload-kvcache"):
+        check(dsa_model_dir, *OK, *PD_DECODE, "--disaggregation-decode-retraction-backup", "none",
+              "--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend", "file")
+
+
 def test_without_enable_hisparse_nothing_changes(dsa_model_dir):
     from sglang.srt.server_args import prepare_server_args
 

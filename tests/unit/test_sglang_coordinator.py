@@ -432,3 +432,32 @@ def test_startup_logs_the_state_bytes_and_whether_the_kv_budget_reserved_them(mo
     monkeypatch.setattr(budget, "_last", replace(taken, reserved_bytes=state - 1))
     (line,) = _startup_lines()
     assert "more than the 0.0 MiB (5 slots) reserved out of the KV budget" in line
+
+
+def test_a_default_buffer_is_sized_for_the_models_top_k(monkeypatch) -> None:
+    """parse_hisparse_config cannot see the model's index_topk, so its default
+    device_buffer_size assumes top_k 2048; ModelRunner passes the model's index_topk as
+    top_k (model_runner.py:1039-1045) and the coordinator re-derives the default with it."""
+    from types import SimpleNamespace as NS
+
+    import sglang.srt.runtime_context as rc
+
+    from sglang_hisparse.arg_hook import model_buffer_size, parse_hisparse_config
+
+    def with_config(text: str | None) -> None:
+        monkeypatch.setattr(rc, "get_memory", lambda: NS(hisparse_config=text))
+        monkeypatch.setattr(rc, "get_spec", lambda: NS(speculative_algorithm=None, speculative_num_draft_tokens=None))
+
+    with_config(None)
+    assert parse_hisparse_config().device_buffer_size == 4096
+    assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 1024
+    assert model_buffer_size(top_k=512, device_buffer_size=6144, num_draft_tokens=2) == 3 * 512
+    assert model_buffer_size(top_k=512, device_buffer_size=B, num_draft_tokens=0) == B  # not the parsed default
+    srv = Server()
+    coord = SGLangHiSparseCoordinator(
+        req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
+        top_k=TOP_K, device_buffer_size=4096, device="cpu", tp_group=None,
+    )
+    assert coord.device_buffer_size == coord.core.buffer_size == 2 * TOP_K
+    with_config('{"device_buffer_size": 4096}')  # an explicit size is kept
+    assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 4096

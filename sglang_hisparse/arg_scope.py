@@ -1,0 +1,158 @@
+"""What sglang-hisparse serves: the model family, platform and serving paths ``--enable-hisparse``
+may be combined with, checked by ``arg_hook.validate_hisparse`` before any process starts.
+
+Every refusal here is a combination that SGLang 0.5.23 would otherwise accept, load the weights
+for, and then fail on (or leak host memory on) at the coordinator's first use: SGLang builds
+other pools and allocators for it, or calls the coordinator in a way no correct bookkeeping
+can follow. Each ``ValueError`` names the flag or model, the reason (with the SGLang file that
+makes it so), and what to do. SGLang's in-tree HiSparse serves some of these (DeepSeek-V4,
+MiniMax-M3, ROCm), so the messages say how to run it (``config.IN_TREE_HINT``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_hisparse.config import IN_TREE_HINT
+
+#: what the refusals say sglang-hisparse does serve
+SUPPORTED = "DSA models (DeepSeek-V3.2, GLM-5.x) on CUDA"
+
+#: (platform fact of SGLang's ``get_platform()``, name in the message); CUDA is the default
+NON_CUDA = (("is_hip", "ROCm"), ("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_musa", "MUSA"))
+
+
+def hf_attr(hf_config: Any, name: str, default: Any = None) -> Any:
+    """``hf_config.name``, else ``hf_config.text_config.name``, else ``default``."""
+    value = getattr(hf_config, name, None)
+    if value is None:
+        value = getattr(getattr(hf_config, "text_config", None), name, None)
+    return default if value is None else value
+
+
+def model_label(view: Any, hf_config: Any) -> str:
+    archs = hf_attr(hf_config, "architectures") or ["<no architectures>"]
+    return f"{view.model_path} ({', '.join(archs)})"
+
+
+def check_model(cfg: Any, model_config: Any) -> int:
+    """The model's ``index_topk``, after refusing models whose pools SGLang does not build
+    from our classes. ``model_config`` is SGLang's ``ModelConfig`` (``model_config_of``).
+
+    NOTE: the positive test is SGLang's own ``is_deepseek_dsa`` (configs/model_config.py:191),
+    the predicate ``kv_cache_configurator`` uses to choose the DSA pool, rather than the mere
+    presence of ``index_topk``: DeepSeek-V4 also has ``index_topk`` and gets other pools.
+    """
+    from sglang.srt.configs.model_config import is_deepseek_dsa, is_deepseek_v4, is_minimax_sparse
+
+    hf_config = model_config.hf_config
+    label = model_label(cfg, hf_config)
+    if is_deepseek_v4(hf_config):
+        raise ValueError(
+            f"--enable-hisparse: model {label} is DeepSeek-V4, for which SGLang builds its own V4 "
+            f"pools and allocator (DeepSeekV4HiSparseTokenToKVPoolAllocator, "
+            f"kv_cache_configurator.py:2939) that sglang-hisparse does not replace, so its "
+            f"coordinator would fail after the weights load. sglang-hisparse serves {SUPPORTED}. "
+            f"Drop --enable-hisparse, or {IN_TREE_HINT} (which serves DeepSeek-V4)."
+        )
+    if is_minimax_sparse(hf_config):
+        raise ValueError(
+            f"--enable-hisparse: model {label} is MiniMax-M3, for which SGLang builds its "
+            f"sparse-index pool (_build_minimax_sparse_kv_pool) and calls "
+            f"swap_in_selected_blocks, which sglang-hisparse does not implement. sglang-hisparse "
+            f"serves {SUPPORTED}. Drop --enable-hisparse, or {IN_TREE_HINT} (which serves MiniMax-M3)."
+        )
+    index_topk = hf_attr(hf_config, "index_topk")
+    if index_topk is None:
+        raise ValueError(
+            f"--enable-hisparse: model {label} is not a DSA model (its config has no "
+            f"'index_topk'). sglang-hisparse resolves the top-k selections of a DSA indexer: it "
+            f"serves {SUPPORTED}. Drop --enable-hisparse for this model."
+        )
+    if not is_deepseek_dsa(hf_config):
+        raise ValueError(
+            f"--enable-hisparse: model {label} has 'index_topk' but its architecture is not one "
+            f"SGLang builds the DSA KV pool for (is_deepseek_dsa, configs/model_config.py:191), "
+            f"so sglang-hisparse's pool and allocator would not be used. sglang-hisparse serves "
+            f"{SUPPORTED}. Drop --enable-hisparse, or {IN_TREE_HINT}."
+        )
+    _check_pool_kind(label, model_config)
+    return int(index_topk)
+
+
+def _check_pool_kind(label: str, model_config: Any) -> None:
+    """DSA models with sliding-window or linear-attention layers get SGLang's hybrid pools
+    (``_build_hybrid_mla_swa_kv_pool`` / ``_build_hybrid_linear_kv_pool``) and allocators,
+    never ``HiSparseDSATokenToKVPool`` (kv_cache_configurator.py ``_build_token_to_kv_pool``)."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+
+    kind = None
+    if getattr(model_config, "is_hybrid_swa", False):
+        kind = "sliding-window (hybrid SWA)"
+    elif mambaish_config(model_config) is not None:
+        kind = "linear-attention (hybrid)"
+    if kind is not None:
+        raise ValueError(
+            f"--enable-hisparse: model {label} has {kind} layers, for which SGLang builds its "
+            f"hybrid KV pool and allocator instead of the HiSparse DSA pool. sglang-hisparse "
+            f"serves {SUPPORTED} with full-attention DSA layers only. Drop --enable-hisparse, "
+            f"or {IN_TREE_HINT}."
+        )
+
+
+def check_platform() -> None:
+    """Refuse every non-CUDA accelerator: our kernels are CUDA, and SGLang's NPU/XPU/ROCm
+    branches of ``kv_cache_configurator`` build other pools and allocators."""
+    from sglang.srt.runtime_context import get_platform
+
+    platform = get_platform()
+    for fact, name in NON_CUDA:
+        if getattr(platform, fact):
+            raise ValueError(
+                f"--enable-hisparse on {name}: sglang-hisparse's kernels are CUDA-only, and SGLang "
+                f"takes {name}-specific pool and allocator paths that do not build ours. "
+                f"sglang-hisparse serves {SUPPORTED}. On {name}, drop --enable-hisparse, or "
+                f"{IN_TREE_HINT} where it supports {name}."
+            )
+
+
+def check_serving_paths(cfg: Any, view: Any, *, speculative: str | None) -> None:
+    """Refuse the serving paths whose coordinator calls SGLang 0.5.23 does not make (or makes
+    out of order). ``speculative``: the algorithm name, None when off."""
+    pp = int(getattr(view, "pp_size", 1) or 1)
+    if pp > 1 and speculative:
+        # NOTE: refused rather than supported. Non-last stages would have to commit from the
+        # accept indices the last stage relays (pp_outputs "spec_accept_index", consumed in
+        # _pp_spec_commit_relayed_accept), which arrive a round late and for a possibly
+        # recomposed micro-batch; that needs a hook on SGLang's PP relay, not just ours.
+        raise ValueError(
+            f"--enable-hisparse with --pp-size {pp} and --speculative-algorithm {speculative} is "
+            f"not supported by sglang-hisparse: SGLang's non-last pipeline stages run "
+            f"prepare_spec_verify every verify round (eagle_prepare_for_verify, "
+            f"scheduler.py:4794) but never call commit_spec_accept_tokens (the relayed accept "
+            f"goes to _pp_spec_commit_relayed_accept, scheduler_pp_mixin.py:1151), so their "
+            f"verify windows are never closed and the second round fails. Use --pp-size 1 with "
+            f"speculative decoding (scale with --tp-size), or drop --speculative-algorithm."
+        )
+    if getattr(cfg, "disaggregation_decode_enable_offload_kvcache", False):
+        raise ValueError(
+            "--enable-hisparse does not support --disaggregation-decode-enable-offload-kvcache: "
+            "with it SGLang hands a finished request to DecodeKVCacheOffloadManager "
+            "(batch_result_processor.py:1453-1456) and never calls request_finished, so the request's "
+            "hot buffer and host rows stay held and the next request on its slot cannot be "
+            "admitted. HiSparse already keeps every request's full KV in pinned host memory. "
+            "Remove --disaggregation-decode-enable-offload-kvcache."
+        )
+    if getattr(cfg, "disaggregation_mode", "null") == "decode":
+        backup = getattr(cfg, "disaggregation_decode_retraction_backup", None)
+        if backup != "none":
+            got = backup or "unset (SGLang then picks cpu_tensor for the DSA pool)"
+            raise ValueError(
+                f"--enable-hisparse on a PD decode server with "
+                f"--disaggregation-decode-retraction-backup {got}: SGLang 0.5.23 calls "
+                f"retract_req before backup_kv_cache (schedule_batch.py:2371-2381), so HiSparse's "
+                f"host KV is released before any backup could read it, and a resumed request "
+                f"re-enters the waiting queue without admit_request_direct (decode.py:3470), so "
+                f"it could not decode. With 'none' SGLang aborts a retracted request with 503 "
+                f"for the client to retry. Add --disaggregation-decode-retraction-backup none."
+            )
