@@ -5,10 +5,12 @@ every scheduler process, before server arguments are parsed and before any pool 
 coordinator is built (docs/patches.md has the full ledger). Importing this module does
 nothing; :func:`register` is idempotent.
 
-Every target but one is a REPLACE: the in-tree object is swapped for ours, and SGLang's own
+Every target but two is a REPLACE: the in-tree object is swapped for ours, and SGLang's own
 call sites (which only run under ``--enable-hisparse``) construct our classes. Without
-``--enable-hisparse`` nothing we install is ever called, except the one AROUND hook on the KV
-budget (``sglang_adapter.budget``), which then returns SGLang's figure unchanged. ``SGLANG_PLUGINS=<names without
+``--enable-hisparse`` nothing we install is ever called, except the AROUND hook on the KV
+budget (``sglang_adapter.budget``), which then returns SGLang's figure unchanged, and the
+AFTER hook on ``Scheduler.abort_request`` (``sglang_adapter.scheduler_hooks``), which then
+finds no coordinator and returns. ``SGLANG_PLUGINS=<names without
 hisparse>`` keeps this plugin from loading, which gives the in-tree HiSparse back for A/B.
 """
 
@@ -33,7 +35,7 @@ class HookTarget:
     target: str  # dotted path in SGLang
     replacement: str  # "module:attr" in sglang_hisparse
     why: str
-    hook: str = "REPLACE"  # HookType name: REPLACE, or AROUND (ours is called with the original)
+    hook: str = "REPLACE"  # HookType name: REPLACE, AROUND (ours gets the original) or AFTER
 
 
 # NOTE: the classes are REPLACE targets rather than subclass-and-patch-the-call-site, because
@@ -71,6 +73,12 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang_hisparse.sglang_adapter.budget:reserve_coordinator_state",
         "the KV budget less the coordinator's per-request-slot GPU state, built after the pool",
         hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request",
+        "sglang_hisparse.sglang_adapter.scheduler_hooks:abort_staging_requests",
+        "SGLang's abort never looks in the staging queue; ours marks those requests too",
+        hook="AFTER",
     ),
 )
 
