@@ -59,6 +59,14 @@ def _check_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[st
     return len(reqs) - len(skip)
 
 
+def _expect_aborted(rig: Rig, rids: set[str] | dict[str, Any]) -> None:
+    for rid in rids:
+        res = rig.results[rid]
+        if (res.finish_reason or {}).get("type") != "abort":
+            raise AssertionError(f"{rid}: finished with {res.finish_reason} after {len(res.output_ids)} "
+                                 f"tokens; expected an abort")
+
+
 def _stats(rig: Rig) -> dict[str, Any]:
     t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
     return {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
@@ -103,11 +111,7 @@ def abort_while_staging(rig: Rig) -> dict[str, Any]:
     rig.check_idle()
     if set(sent) != set(victims):
         raise AssertionError(f"abort_while_staging: aborts sent {sent}; victims never seen staging long enough")
-    for v in victims:
-        res = rig.results[v]
-        if (res.finish_reason or {}).get("type") != "abort":
-            raise AssertionError(f"{v}: aborted while staging but finished with {res.finish_reason} "
-                                 f"after {len(res.output_ids)} tokens")
+    _expect_aborted(rig, victims)
     return {"requests": _check_tokens(rig, reqs, skip=set(victims)),
             "victim_tokens": {v: len(rig.results[v].output_ids) for v in victims}}
 
@@ -132,9 +136,7 @@ def abort_mid_decode(rig: Rig) -> dict[str, Any]:
     rig.check_idle()
     if set(sent) != victims:
         raise AssertionError(f"abort_mid_decode: aborted {sent}, wanted {victims} mid-decode")
-    for rid in victims:
-        if (rig.results[rid].finish_reason or {}).get("type") != "abort":
-            raise AssertionError(f"{rid}: finished with {rig.results[rid].finish_reason}, expected abort")
+    _expect_aborted(rig, victims)
     return {"requests": _check_tokens(rig, reqs, skip=victims), "aborted_after_tokens": sent}
 
 
@@ -235,9 +237,7 @@ def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
     rig.check_idle()
     if set(acted) != victims:
         raise AssertionError(f"{how}: acted on {sorted(acted)}, wanted {sorted(victims)} in flight")
-    for v in victims:
-        if (rig.results[v].finish_reason or {}).get("type") != "abort":
-            raise AssertionError(f"{v}: finished with {rig.results[v].finish_reason}, expected an abort")
+    _expect_aborted(rig, victims)
     return {"requests": _check_pd_tokens(rig, reqs, skip=victims), "host_rows_in_use_in_flight": acted}
 
 

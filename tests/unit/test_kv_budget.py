@@ -16,12 +16,11 @@ A device row costs 61 * (1152 + 132 * 2) = 86,376 B: bf16 KV row + index-K at ho
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
+
+from sglang_hisparse.testing.logs import captured_logs
 
 pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
 
@@ -86,23 +85,6 @@ def configurator(dsa_model_dir, monkeypatch):
         use.__exit__(None, None, None)
 
 
-@contextmanager
-def hisparse_logs() -> Iterator[list[str]]:
-    """Messages of the ``sglang_hisparse`` logger. NOTE: not caplog: SGLang's argument pipeline
-    reconfigures the root logger's handlers, caplog's among them."""
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    lg = logging.getLogger("sglang_hisparse")
-    lg.addHandler(handler)
-    level, lg.level = lg.level, logging.INFO
-    try:
-        yield logs
-    finally:
-        lg.removeHandler(handler)
-        lg.setLevel(level)
-
-
 def _unreserved_budget(kvc) -> int:
     """What SGLang's own _profile_available_bytes returns (the function our hook wraps)."""
     profile = type(kvc)._profile_available_bytes
@@ -129,7 +111,7 @@ def test_the_reservation_covers_the_request_count_sglang_derives_from_the_pool(c
     from sglang_hisparse.sglang_adapter.budget import last_reservation
 
     kvc = configurator("--enable-hisparse")  # no --max-running-requests: SGLang derives it
-    with hisparse_logs() as logs:
+    with captured_logs() as logs:
         config = kvc._resolve_memory_pool_config(120.0)
     res = last_reservation()
     budget = _unreserved_budget(kvc)

@@ -57,19 +57,10 @@ def test_accepts_good_combinations(dsa_model_dir, extra):
     ],
 )
 def test_accepts_chain_speculative_decoding(dsa_model_dir, extra):
-    import logging
+    from sglang_hisparse.testing.logs import captured_logs
 
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    hook_logger = logging.getLogger("sglang_hisparse.arg_hook")
-    hook_logger.addHandler(handler)
-    level, hook_logger.level = hook_logger.level, logging.INFO
-    try:
+    with captured_logs("sglang_hisparse.arg_hook") as logs:
         args = check(dsa_model_dir, *OK, *extra)
-    finally:
-        hook_logger.removeHandler(handler)
-        hook_logger.setLevel(level)
     from sglang.srt.arg_groups.model_override_base import resolved_view
 
     view = resolved_view(args)  # what SGLang resolved (W is None on the raw args)

@@ -392,19 +392,10 @@ def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
 
 def _startup_lines() -> list[str]:
     """The ``sglang_hisparse`` log lines of one ``Server()`` construction."""
-    import logging
+    from sglang_hisparse.testing.logs import captured_logs
 
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    lg = logging.getLogger("sglang_hisparse")
-    lg.addHandler(handler)
-    level, lg.level = lg.level, logging.INFO
-    try:
+    with captured_logs() as logs:
         Server()
-    finally:
-        lg.removeHandler(handler)
-        lg.setLevel(level)
     return [m for m in logs if m.startswith("HiSparse coordinator state")]
 
 
