@@ -53,7 +53,7 @@ DEFAULT_EARLY_ROWS = 6
 #: in flight at once into registers (up to 32 rows of 656 B, 24 of 1152 B per CTA) and store
 #: each one once the bookkeeping names its destination. The default early rows are then
 #: ``FETCH_EARLY_ROWS`` (as many as the fetch warps hold).
-#: NOTE (H200, k 2048, B 4096): 1, every split. v14 (session 12) used them from 16 CTAs on only:
+#: NOTE (H200, k 2048, B 4096): 1, every split. v14 used them from 16 CTAs on only:
 #: level at batch 16, 2-3 % slower at batch 64 (results/resolve_ab_v14_fetch_warps.json). v15,
 #: whose bookkeeping loads nothing global once the rows are out, was level or faster than v11's
 #: in-line early rows on every COPY config (results/resolve_ab_v15_forced.json): batch 64 @0 %
