@@ -65,7 +65,8 @@ def check_entry_point() -> Check:
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == ENTRY_POINT_NAME]
     if not eps:
-        return Check("entry point", FAIL, "sglang.srt.plugins:hisparse not found; reinstall: pip install sglang-hisparse")
+        return Check("entry point", FAIL, "sglang.srt.plugins:hisparse not found; reinstall from the clone: "
+                     "pip install -e . (or pip install dist/sglang_hisparse-*.whl); not on PyPI yet")
     allowed = os.environ.get("SGLANG_PLUGINS", "")
     names = {x.strip() for x in allowed.split(",") if x.strip()}
     if names and ENTRY_POINT_NAME not in names:

@@ -24,7 +24,9 @@ fresh machine, no GPU needed:
   python -m sglang_hisparse plan                     # GLM-5.1 on 8xH200 at 128K context
   python -m sglang_hisparse doctor --hisparse-config '{"device_buffer_size": 4096}'
 
-serving: pip install sglang-hisparse next to sglang, then
+serving: install this package next to sglang==0.5.23 (not on PyPI yet): from a clone,
+  pip install -e .   (or python -m build --wheel, then pip install dist/sglang_hisparse-*.whl)
+then
   python -m sglang.launch_server ... --enable-hisparse --disable-radix-cache --hisparse-config '{...}'
 """
 
