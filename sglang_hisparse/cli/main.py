@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: (command, module, one-line summary) in the order --help shows them.
@@ -60,7 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_unavailable", None):
         print(args._unavailable, file=sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    try:
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`plan --json | head`): what it read is all it wanted. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    return code
 
 
 if __name__ == "__main__":
