@@ -203,6 +203,40 @@ def _check_kernel_fits(top_k: int, buffer: int, rows: int) -> None:
             )
 
 
+_JSON_WORDS = {"True": "true", "False": "false", "None": "null"}
+
+
+def json_error_hint(e: json.JSONDecodeError) -> str:
+    """The fix for a JSON syntax error, from the character where the parser stopped.
+
+    ``json`` reports a trailing comma as "Expecting property name enclosed in double quotes"
+    (or "Expecting value" in a list); the hint names the comma, not the quoting.
+    """
+    doc, pos = e.doc, e.pos
+    here = doc[pos : pos + 1]
+    before = doc[:pos].rstrip()[-1:]
+    if before == "," and here in ("}", "]"):
+        return f"remove the trailing comma before '{here}' (JSON allows none)"
+    if here == "'":
+        return "use double quotes: JSON strings and keys take \", not '"
+    word = doc[pos:].split(None, 1)[0].strip(",}]") if doc[pos:].strip() else ""
+    if word in ("True", "False", "None"):
+        return f"JSON spells {word} as {_JSON_WORDS[word]}"
+    if e.msg.startswith("Expecting property name"):
+        return "quote keys with double quotes"
+    if e.msg.startswith("Expecting ',' delimiter"):
+        return "a comma is missing between two entries (or a string or bracket is not closed)"
+    if e.msg.startswith("Expecting ':' delimiter"):
+        return "put a ':' between each key and its value"
+    if e.msg.startswith("Extra data"):
+        return "give one JSON object; remove what follows its closing '}'"
+    if e.msg.startswith("Unterminated string"):
+        return "close the string with a double quote"
+    if e.msg.startswith("Expecting value"):
+        return "a value is missing here (empty input, a stray comma, or an unquoted word)"
+    return "check the JSON syntax at that position"
+
+
 def _parse_json(text: str | None) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}
@@ -215,7 +249,7 @@ def _parse_json(text: str | None) -> dict[str, Any]:
         raise ValueError(
             f"{FLAG}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno} (char {e.pos}):\n"
             f"    {snippet}\n    {caret}\n"
-            f"Quote keys with double quotes, e.g. {FLAG} '{{\"device_buffer_size\": 4096}}'."
+            f"Fix: {json_error_hint(e)}, e.g. {FLAG} '{{\"device_buffer_size\": 4096}}'."
         ) from None
     if not isinstance(raw, dict):
         raise ValueError(

@@ -65,7 +65,8 @@ def check_entry_point() -> Check:
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == ENTRY_POINT_NAME]
     if not eps:
-        return Check("entry point", FAIL, "sglang.srt.plugins:hisparse not found; reinstall: pip install sglang-hisparse")
+        return Check("entry point", FAIL, "sglang.srt.plugins:hisparse not found; reinstall from the clone: "
+                     "pip install -e . (or pip install dist/sglang_hisparse-*.whl); not on PyPI yet")
     allowed = os.environ.get("SGLANG_PLUGINS", "")
     names = {x.strip() for x in allowed.split(",") if x.strip()}
     if names and ENTRY_POINT_NAME not in names:
@@ -141,9 +142,10 @@ def check_gpu(require: bool) -> Check:
 def _model_top_k(path: str | None) -> int | None:
     if not path:
         return None
-    p = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    with open(p) as f:
-        cfg = json.load(f)
+    from sglang_hisparse.cli.inputs import model_config_path, read_model_config
+
+    p = model_config_path(path)
+    cfg = read_model_config(path)
     top_k = cfg.get("index_topk") or (cfg.get("text_config") or {}).get("index_topk")
     if top_k is None:
         raise ValueError(f"--model-config {p}: no 'index_topk' (not a DSA model)")

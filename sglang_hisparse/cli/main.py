@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: (command, module, one-line summary) in the order --help shows them.
@@ -24,7 +25,9 @@ fresh machine, no GPU needed:
   python -m sglang_hisparse plan                     # GLM-5.1 on 8xH200 at 128K context
   python -m sglang_hisparse doctor --hisparse-config '{"device_buffer_size": 4096}'
 
-serving: pip install sglang-hisparse next to sglang, then
+serving: install this package next to sglang==0.5.23 (not on PyPI yet): from a clone,
+  pip install -e .   (or python -m build --wheel, then pip install dist/sglang_hisparse-*.whl)
+then
   python -m sglang.launch_server ... --enable-hisparse --disable-radix-cache --hisparse-config '{...}'
 """
 
@@ -58,7 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_unavailable", None):
         print(args._unavailable, file=sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    try:
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`plan --json | head`): what it read is all it wanted. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    return code
 
 
 if __name__ == "__main__":

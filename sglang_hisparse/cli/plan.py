@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_hisparse import planner
+from sglang_hisparse.cli.inputs import check_output_path, model_config_path, read_model_config
 from sglang_hisparse.presets import load_preset, model_from_config, preset_names
 
 DEFAULT_PRESET = "GLM-5.1"
@@ -103,14 +104,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _model(args: argparse.Namespace) -> planner.ModelSpec:
     if args.model_config is None:
         return load_preset(args.model or DEFAULT_PRESET)
-    path = Path(args.model_config)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--model-config {args.model_config}: cannot read a JSON config ({e}).") from None
-    return model_from_config(config, name=path.parent.name or str(path))
+    path = Path(model_config_path(args.model_config))
+    return model_from_config(read_model_config(args.model_config), name=path.parent.name or str(path))
 
 
 def _trace_miss_rate(path: str, buffer: int, top_k: int) -> tuple[float, str]:
@@ -259,6 +254,11 @@ def _plot(p: planner.Plan, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_output_path(args.plot, "--plot")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.plot:
         try:
             import matplotlib  # noqa: F401

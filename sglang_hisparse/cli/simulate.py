@@ -95,13 +95,19 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..traces.format import load_trace
     from ..traces.simulator import DEFAULT_ITEM_BYTES, simulate
+    from .inputs import check_output_path
 
     items = args.item_bytes or list(DEFAULT_ITEM_BYTES)
     bad = [i for i in items if i <= 0 or i % 16]
     try:
         if bad:
             raise ValueError(f"--item-bytes {bad}: KV row sizes are positive multiples of 16 (e.g. 656, 1152)")
-        trace = load_trace(args.trace)
+        check_output_path(args.json, "--json")
+        check_output_path(args.plot, "--plot")
+        try:
+            trace = load_trace(args.trace)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"--trace {args.trace}: {e}") from None
         results = {
             pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items,
                           initial=args.initial)

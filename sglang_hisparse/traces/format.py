@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -255,14 +257,30 @@ def _compact(positions: np.ndarray) -> np.ndarray:
 
 
 def _load_npz(path: str) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        missing = [a for a in _ARRAYS if a not in z.files]
-        if missing:
-            raise ValueError(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
-        out = {a: z[a] for a in _ARRAYS}
-        if "header" in z.files:
-            out["header"] = z["header"]
-        return out
+    # NOTE: the zip magic is checked first: on any other bytes numpy's loader falls through to
+    # pickle and, with allow_pickle=False, suggests allow_pickle=True, which is wrong advice
+    # for a file that is simply not a trace.
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":
+        raise ValueError(
+            f"trace file {path!r} is not a .npz (zip) archive; pass a trace written by TraceWriter "
+            "or `record-trace` (docs/traces.md)"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [a for a in _ARRAYS if a not in z.files]
+            if missing:
+                raise ValueError(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
+            out = {a: z[a] for a in _ARRAYS}
+            if "header" in z.files:
+                out["header"] = z["header"]
+            return out
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError) as e:
+        raise ValueError(
+            f"trace file {path!r} is a damaged .npz archive ({type(e).__name__}); it is probably "
+            "truncated: copy or record it again"
+        ) from None
 
 
 def load_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:

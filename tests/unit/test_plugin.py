@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pkgutil
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -89,13 +90,30 @@ def test_importing_plugin_has_no_side_effects():
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
+#: What a wheel is built from (pyproject's readme, setup.py's package_dir, the sources).
+WHEEL_INPUTS = ("pyproject.toml", "setup.py", "README.md", "sglang_hisparse", "jit_kernels")
+
+
 def test_wheel_ships_cuda_sources(tmp_path):
     sources = sorted(p.name for p in (REPO / "jit_kernels").glob("*.cuh"))
     assert sources, "jit_kernels/ has no .cuh sources"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, timeout=600, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    # NOTE: built from a copy: setuptools writes build/ and *.egg-info next to the sources,
+    # and a test must not leave them in the checkout.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in WHEEL_INPUTS:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO / name, src / name)
+    left_before = {n for n in ("build", "sglang_hisparse.egg-info") if (REPO / n).exists()}
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(src)],
+        check=True, capture_output=True, text=True, timeout=600, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
     )
+    log = out.stdout + out.stderr
+    assert "project.license" not in log and "License classifiers are deprecated" not in log, log[-3000:]
+    assert {n for n in ("build", "sglang_hisparse.egg-info") if (REPO / n).exists()} == left_before
     (wheel,) = tmp_path.glob("sglang_hisparse-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for s in sources:
