@@ -399,3 +399,5 @@ def test_emit_config_prints_only_the_config_and_flags(capsys):
     assert out == "\n--max-running-requests 656\n"  # off: no config, plain SGLang flags
     code, out, err = _run(capsys, "--emit-config", "--json")
     assert code == 2 and out == "" and "--emit-config" in err
+    help_text = " ".join(_parser()._subparsers._group_actions[0].choices["plan"].format_help().split())
+    assert "--emit-config print only two lines for launch scripts" in help_text
