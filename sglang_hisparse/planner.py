@@ -321,7 +321,9 @@ def plan(inputs: PlanInputs) -> Plan:
     inputs.validate()
     budget, share, source = inputs.kv_budget()
     rows = tuple(_plan_context(inputs, n, budget) for n in inputs.contexts)
-    longest = max(inputs.contexts)
+    # Sized for the context the flags are for: the longest that turns HiSparse on (a longer
+    # context the verdict leaves off must not inflate the host pool), else the longest.
+    longest = max((r.context for r in rows if r.turn_on), default=max(inputs.contexts))
     ratio = max(1, math.ceil(longest / (inputs.hot_slots + 1)))
     suggested = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots, "host_to_device_ratio": ratio}
     even = break_even_context(inputs)

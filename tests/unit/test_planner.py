@@ -401,3 +401,11 @@ def test_emit_config_prints_only_the_config_and_flags(capsys):
     assert code == 2 and out == "" and "--emit-config" in err
     help_text = " ".join(_parser()._subparsers._group_actions[0].choices["plan"].format_help().split())
     assert "--emit-config print only two lines for launch scripts" in help_text
+
+
+def test_config_is_sized_for_the_context_the_flags_are_for():
+    # 1M is off (resolve kernel shared memory): the config is for 128K, ratio 32, not 256
+    p = _plan("GLM-5.2", contexts=(32 * 1024, K128, 1024 * 1024))
+    assert [r.turn_on for r in p.contexts] == [True, True, False]
+    assert p.suggested_config["host_to_device_ratio"] == 32
+    assert _plan(contexts=(4096,)).suggested_config["host_to_device_ratio"] == 1  # all off: the longest
