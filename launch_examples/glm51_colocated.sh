@@ -8,7 +8,7 @@
 #        expects about 152 concurrent 128K requests instead of 16 with full KV on the GPU; it
 #        needs ~1.7 TB of host DRAM for pinned KV at that batch (host_to_device_ratio 32).
 #        For shorter contexts re-run the planner with --context and pass its JSON as
-#        HISPARSE_CONFIG (e.g. 32K: ratio 8).
+#        HISPARSE_CONFIG (e.g. 32K: ratio 8): the first line of `plan --context 32K --emit-config`.
 # Expect in the log (once per process: launcher and every TP rank):
 #        "sglang-hisparse: registered N hooks for SGLang 0.5.23 (in-tree HiSparse replaced; ...)"
 #        "sglang-hisparse: HiSparse on for ... with {...} (kv dtype bfloat16, DSA backends ...)"

@@ -176,6 +176,9 @@ class ContextPlan:
     io_exposed_ms_per_step: float           # only anchors on the critical path (prefetch on)
     io_fits: bool                           # io_ms_per_step <= target step
     batch_io_fits: int | None               # largest per-GPU batch whose IO fits the step; None = no IO
+    node_batch_link: int | None             # batch_io_fits per node; None = no IO
+    node_batch_recommended: int             # min of the HBM, host DRAM and link bounds, per node
+    bound_by: str                           # which of them binds: "hbm" | "host" | "link"
     gain: float                             # node_batch_hisparse / node_batch_full (inf if full is 0)
     turn_on: bool
     reason: str
@@ -241,6 +244,14 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     io_ms = b_hs * per_token / link * 1e3
     b_io = int(inputs.target_step_ms / 1e3 * link // per_token) if per_token else None
     node_full, node_hs = b_full * ranks_serving, b_hs * ranks_serving
+    node_link = None if b_io is None else b_io * ranks_serving
+    limited_by = "host" if b_host < b_hbm else "hbm"
+    # The flags follow the binding constraint: past the link bound every extra request only
+    # makes each step longer (decode is link-bound), so the batch to configure is the min.
+    if node_link is not None and node_link < node_hs:
+        node_rec, bound_by = node_link, "link"
+    else:
+        node_rec, bound_by = node_hs, limited_by
     gain = math.inf if node_full == 0 else node_hs / node_full
     step = inputs.target_step_ms
     io_note = (f"IO {io_ms:.1f} ms/step at {inputs.link_gbps:g} GB/s "
@@ -273,11 +284,12 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
         hisparse_index_bytes_per_request=hot_idx, hisparse_state_bytes_per_request=state,
         host_bytes_per_request=host,
         batch_full=b_full, batch_hisparse_hbm=b_hbm, batch_hisparse_host=b_host, batch_hisparse=b_hs,
-        limited_by="host" if b_host < b_hbm else "hbm", node_batch_full=node_full,
+        limited_by=limited_by, node_batch_full=node_full,
         node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * b_hs * host,
         h2d_bytes_per_token=per_token, io_ms_per_step=io_ms,
         io_exposed_ms_per_step=io_ms * len(m.anchors) / m.layers, io_fits=io_ms <= step,
-        batch_io_fits=b_io, gain=gain, turn_on=on, reason=why,
+        batch_io_fits=b_io, node_batch_link=node_link, node_batch_recommended=node_rec, bound_by=bound_by,
+        gain=gain, turn_on=on, reason=why,
     )
 
 
@@ -309,7 +321,9 @@ def plan(inputs: PlanInputs) -> Plan:
     inputs.validate()
     budget, share, source = inputs.kv_budget()
     rows = tuple(_plan_context(inputs, n, budget) for n in inputs.contexts)
-    longest = max(inputs.contexts)
+    # Sized for the context the flags are for: the longest that turns HiSparse on (a longer
+    # context the verdict leaves off must not inflate the host pool), else the longest.
+    longest = max((r.context for r in rows if r.turn_on), default=max(inputs.contexts))
     ratio = max(1, math.ceil(longest / (inputs.hot_slots + 1)))
     suggested = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots, "host_to_device_ratio": ratio}
     even = break_even_context(inputs)

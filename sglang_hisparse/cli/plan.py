@@ -30,6 +30,7 @@ examples:
   python -m sglang_hisparse plan --model-config /models/GLM-5.2-FP8/config.json --kv-dtype fp8
   python -m sglang_hisparse plan --kv-budget-gib 40 --buffer 6144 --json
   python -m sglang_hisparse plan --trace traces/glm.npz --plot plan.png
+  python -m sglang_hisparse plan --context 64K --emit-config       # 2 lines: config JSON, flags
 
 memory is in GiB (2**30 bytes); per-request sizes also in GB (1e9) to compare with published
 figures; bandwidth in GB/s (1e9 bytes/s). Exit status: 0 ok, 2 bad input.
@@ -97,6 +98,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="recommend HiSparse when it admits at least X times the full-KV batch (default %(default)s)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
+    o.add_argument("--emit-config", action="store_true",
+                   help="print only two lines for launch scripts: the --hisparse-config JSON (an empty line when "
+                        "the verdict is off) and the other decode server flags, space-separated, no quoting")
     o.add_argument("--plot", metavar="PNG", help="write batch and link time vs context length (needs matplotlib)")
     return p
 
@@ -106,6 +110,30 @@ def _model(args: argparse.Namespace) -> planner.ModelSpec:
         return load_preset(args.model or DEFAULT_PRESET)
     path = Path(model_config_path(args.model_config))
     return model_from_config(read_model_config(args.model_config), name=path.parent.name or str(path))
+
+
+def assumption_notes(args: argparse.Namespace, inputs: planner.PlanInputs) -> list[str]:
+    """Why a ``--model-config`` plan differs from the preset of the same shape, in one line.
+
+    A config.json carries the attention shape but not the weight size, so the KV share falls
+    back to ``FALLBACK_KV_SHARE`` where the preset derives it from its ``weights_gib``; that is
+    the only input that differs (``test_model_config_matches_the_preset`` pins the rest).
+    """
+    if args.model_config is None or args.kv_share is not None or args.kv_budget_gib is not None:
+        return []
+    m = inputs.model
+    shape = (m.layers, m.kv_lora_rank, m.qk_rope_head_dim, m.index_head_dim, m.index_topk, m.anchors)
+    for name in preset_names():
+        preset = load_preset(name)
+        same = (preset.layers, preset.kv_lora_rank, preset.qk_rope_head_dim, preset.index_head_dim,
+                preset.index_topk, preset.anchors) == shape
+        if same and preset.weights_gib is not None:
+            _, share, _ = replace(inputs, model=preset).kv_budget()
+            return [f"KV share differs from the {name} preset (same shape): {planner.FALLBACK_KV_SHARE:.3f} here "
+                    f"(config.json has no weight size) vs {share:.3f} there (weights ~{preset.weights_gib:g} GiB); "
+                    f"pass --kv-share {share:.3f} or --model {name} to match, or a measured --kv-budget-gib"]
+    return [f"KV share {planner.FALLBACK_KV_SHARE:.3f} is a fallback (config.json has no weight size and no "
+            f"preset has this shape); pass --kv-share or a measured --kv-budget-gib"]
 
 
 def _trace_miss_rate(path: str, buffer: int, top_k: int) -> tuple[float, str]:
@@ -164,18 +192,51 @@ def _gib(b: float) -> str:
     return f"{b / planner.GIB:.2f} GiB"
 
 
-def render(p: planner.Plan) -> str:
-    """The terminal report: a header of inputs, one column per context, the verdicts."""
+def _index_line(p: planner.Plan) -> str:
+    """Where index-K lives, in words: what one entry is, in how many layers, and why HiSparse keeps it."""
     i, m = p.inputs, p.inputs.model
-    idx_all = planner.index_layers(i, True)
+    full, hs = planner.index_layers(i, False), planner.index_layers(i, True)
+    what = (f"{m.index_bytes} B per token per layer (fp8 key of {m.index_head_dim} values + fp32 scale) for the "
+            f"whole context: the indexer scores every position each step, so HiSparse does not offload it")
+    if full == m.layers:
+        where = f"in all {m.layers} layers (each runs its own indexer); the same under HiSparse"
+    elif hs == m.layers:
+        where = (f"in the {full} of {m.layers} layers that run their own indexer (the others share an anchor's "
+                 f"selection); in all {m.layers} under HiSparse (SGLang 0.5.23 keeps every layer's index-K "
+                 f"with --enable-hisparse)")
+    else:
+        where = (f"in the {full} of {m.layers} layers that run their own indexer (the others share an anchor's "
+                 f"selection); the same under HiSparse (--hisparse-index-layers anchors)")
+    return f"  index-K    {what}; {where}"
+
+
+def decode_flags(p: planner.Plan) -> tuple[dict[str, int] | None, list[str]]:
+    """(``--hisparse-config`` dict or None when the verdict is off, the other decode server flags).
+
+    On: the longest context that turns it on, its batch capped by the binding constraint
+    (HBM, host DRAM or link). Off: plain SGLang at the longest context's full-KV batch.
+    """
+    on = [r for r in p.contexts if r.turn_on]
+    if on:
+        best = max(on, key=lambda r: r.context)
+        return p.suggested_config, ["--enable-hisparse", "--disable-radix-cache",
+                                    "--max-running-requests", str(max(best.node_batch_recommended, 1))]
+    longest = max(p.contexts, key=lambda r: r.context)
+    return None, ["--max-running-requests", str(max(longest.node_batch_full, 1))]
+
+
+def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
+    """The terminal report: a header of inputs, one column per context, the verdicts, the flags."""
+    i, m = p.inputs, p.inputs.model
     layout = f"TP {i.tp}, {'DP attention' if i.dp_attention else 'KV replicated per rank'}"
     head = [
         f"HiSparse capacity plan: {m.name}, {i.kv_dtype} KV, {i.tp} x {i.gpu_hbm_gib:g} GiB GPUs ({layout})",
-        f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers; index-K {m.index_bytes} B x "
-        f"{len(m.anchors)} anchor layers (x {idx_all} under HiSparse)",
+        f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers",
+        _index_line(p),
         f"  KV budget  {_gib(p.kv_budget_bytes)} per GPU (share {p.kv_share:.3f}: {p.kv_share_source})",
         f"  HiSparse   top-k {i.top_k}, B = {i.hot_slots}; miss rate {100 * i.miss_rate:.1f} % "
         f"({i.miss_rate_source}); link {i.link_gbps:g} GB/s per GPU; step target {i.target_step_ms:g} ms",
+        *(f"  note       {n}" for n in notes),
         "",
     ]
     rows: list[tuple[str, list[str]]] = [
@@ -187,6 +248,8 @@ def render(p: planner.Plan) -> str:
         ("  coordinator state", [f"{r.hisparse_state_bytes_per_request / 1e6:.1f} MB" for r in p.contexts]),
         ("decode batch per node, full KV", [str(r.node_batch_full) for r in p.contexts]),
         ("decode batch per node, HiSparse", [f"{r.node_batch_hisparse} ({r.limited_by}-bound)" for r in p.contexts]),
+        ("  link allows (fits the step)", ["-" if r.node_batch_link is None else str(r.node_batch_link) for r in p.contexts]),
+        ("  recommended batch", [f"{r.node_batch_recommended} ({r.bound_by}-bound)" for r in p.contexts]),
         ("host DRAM needed per node", [f"{r.host_dram_node_bytes / planner.GIB:.0f} of {i.host_dram_gib:g} GiB" for r in p.contexts]),
         ("host->device per output token", [f"{r.h2d_bytes_per_token / 1e6:.1f} MB" for r in p.contexts]),
         ("link time per step (all layers)", [f"{r.io_ms_per_step:.1f} ms" for r in p.contexts]),
@@ -199,13 +262,29 @@ def render(p: planner.Plan) -> str:
     col_w = [max(len(vals[c]) for _, vals in rows) for c in range(len(p.contexts))]
     table = [f"{label:<{label_w}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(vals, col_w, strict=True)) for label, vals in rows]
     table.insert(1, "-" * len(table[0]))
+    label_w = max(len(label) for label, _ in rows)
+    col_w = [max(len(vals[c]) for _, vals in rows) for c in range(len(p.contexts))]
+    table = [f"{label:<{label_w}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(vals, col_w, strict=True)) for label, vals in rows]
+    table.insert(1, "-" * len(table[0]))
     why = [f"  {_ctx(r.context):>6}: {'turn it on' if r.turn_on else 'leave it off'}: {r.reason}" for r in p.contexts]
+    below = (f"not worth it below ~{p.break_even_context} tokens of context" if p.break_even_context
+             else "never worth it for this model")
+    config, flags = decode_flags(p)
     cfg = json.dumps(p.suggested_config)
-    best = max(p.contexts, key=lambda r: r.context)
-    flags = (f"--enable-hisparse --disable-radix-cache --max-running-requests {max(best.node_batch_hisparse, 1)} "
-             f"--hisparse-config '{cfg}'")
-    tail = ["", "Why:", *why, "", f"Recommendation: {p.recommendation}.", f"Decode server flags: {flags}"]
-    return "\n".join(head + table + tail)
+    if config is not None:
+        best = max((r for r in p.contexts if r.turn_on), key=lambda r: r.context)
+        verdict = (f"turn it on for {_ctx(best.context)} contexts (why: above), at most "
+                   f"{best.node_batch_recommended} requests per node ({best.bound_by}-bound); {below}.")
+        out = [f"Decode server flags: {' '.join(flags)} --hisparse-config '{cfg}'"]
+    else:
+        verdict = f"leave it off (why: above); {below}."
+        hs = f"--enable-hisparse --disable-radix-cache --hisparse-config '{cfg}'"
+        out = [f"Decode server flags (HiSparse off, plain SGLang): {' '.join(flags)}",
+               "A/B anyway, same command plus the HiSparse flags:",
+               f"  sglang-hisparse's HiSparse: the plugin installed (SGLANG_PLUGINS unset, or naming 'hisparse') + {hs}",
+               "  SGLang's in-tree HiSparse:  the same flags with SGLANG_PLUGINS set to a list without 'hisparse', "
+               "e.g. SGLANG_PLUGINS=none (empty means load all; launch_examples/ab_plugin_off.sh does this)"]
+    return "\n".join(head + table + ["", "Why:", *why, "", f"Recommendation: {verdict}", *out])
 
 
 def to_json(p: planner.Plan) -> dict[str, Any]:
@@ -213,6 +292,8 @@ def to_json(p: planner.Plan) -> dict[str, Any]:
     out = asdict(p)
     i, m = p.inputs, p.inputs.model
     out["inputs"]["model"]["anchors"] = ",".join(map(str, m.anchors))  # one line, not 78
+    config, flags = decode_flags(p)
+    out["server_flags"] = {"hisparse_config": config, "flags": flags}
     out["derived"] = {"kv_row_bytes": m.kv_bytes(i.kv_dtype), "index_row_bytes": m.index_bytes,
                       "anchor_layers": len(m.anchors), "top_k": i.top_k, "hot_slots": i.hot_slots,
                       "index_layers_full": planner.index_layers(i, False),
@@ -266,12 +347,28 @@ def run(args: argparse.Namespace) -> int:
             print("error: --plot needs matplotlib: pip install 'sglang-hisparse[plot]' (or pip install matplotlib), "
                   "or drop --plot.", file=sys.stderr)
             return 2
+    if args.emit_config and (args.json or args.plot):
+        print("error: --emit-config prints only the config and flags; drop --json/--plot (or --emit-config).",
+              file=sys.stderr)
+        return 2
     try:
-        result = planner.plan(inputs_from_args(args))
+        inputs = inputs_from_args(args)
+        result = planner.plan(inputs)
+        notes = assumption_notes(args, inputs)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(to_json(result), indent=2) if args.json else render(result))
+    if args.emit_config:
+        config, flags = decode_flags(result)
+        print(json.dumps(config) if config is not None else "")
+        print(" ".join(flags))
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        return 0
+    if args.json:
+        print(json.dumps({**to_json(result), "notes": notes}, indent=2))
+    else:
+        print(render(result, notes))
     if args.plot:
         _plot(result, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

@@ -333,3 +333,79 @@ def test_plot_without_matplotlib_is_explained(capsys, tmp_path):
     else:
         code, _, _ = _run(capsys, "--plot", str(tmp_path / "p.png"))
         assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------ verdict -> flags (issue 33)
+def _glm51_config(tmp_path):
+    raw = json.loads((plan_cli.Path(planner.__file__).parent / "presets" / "glm-5.1.json").read_text())
+    raw["num_hidden_layers"] = raw.pop("layers")
+    del raw["weights_gib"]  # a config.json has the shape, not the weight size
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    return str(tmp_path)
+
+
+def test_off_verdict_prints_plugin_off_flags_and_the_ab(capsys):
+    code, out, _ = _run(capsys, "--context", "4K")
+    assert code == 0 and "leave it off" in out
+    flags = [line for line in out.splitlines() if line.startswith("Decode server flags")]
+    assert flags == ["Decode server flags (HiSparse off, plain SGLang): --max-running-requests 656"]
+    assert "--enable-hisparse" not in flags[0]
+    assert "SGLANG_PLUGINS" in out and "without 'hisparse'" in out and "sglang-hisparse's HiSparse" in out
+
+
+def test_flags_follow_the_binding_constraint(capsys):
+    p = _plan(link_gbps=5)
+    (r,) = p.contexts
+    assert (r.node_batch_hisparse, r.node_batch_link) == (152, 80)
+    assert (r.node_batch_recommended, r.bound_by) == (80, "link")
+    code, out, _ = _run(capsys, "--link-gbps", "5")
+    assert code == 0 and "--max-running-requests 80 " in out and "--max-running-requests 152" not in out
+    assert "at most 80 requests per node (link-bound)" in out
+    (r,) = _plan().contexts  # 50 GB/s: HBM binds, the link would allow more
+    assert (r.node_batch_recommended, r.bound_by) == (152, "hbm") and r.node_batch_link > 152
+
+
+def test_index_line_in_words_and_reason_printed_once(capsys):
+    _, out, _ = _run(capsys)
+    assert "anchor layers (x" not in out
+    assert "132 B per token per layer (fp8 key of 128 values + fp32 scale)" in out
+    assert "in all 78 layers (each runs its own indexer); the same under HiSparse" in out
+    assert out.count("batch 16 -> 152 per node") == 1
+    _, out, _ = _run(capsys, "--model", "GLM-5.2")
+    assert "in the 21 of 78 layers that run their own indexer" in out and "in all 78 under HiSparse" in out
+
+
+def test_model_config_names_the_assumption_that_differs_from_the_preset(capsys, tmp_path):
+    code, out, _ = _run(capsys, "--model-config", _glm51_config(tmp_path))
+    assert code == 0 and "--max-running-requests 168" in out
+    notes = [line for line in out.splitlines() if line.startswith("  note")]
+    assert len(notes) == 1
+    assert "KV share differs from the GLM-5.1 preset" in notes[0] and "0.250 here" in notes[0]
+    assert "0.225 there" in notes[0]
+    # with the preset's share the config plans exactly what the preset plans
+    _, out, _ = _run(capsys, "--model-config", str(tmp_path), "--kv-share", f"{0.85 - 700 / 8 / 140}")
+    assert "--max-running-requests 152" in out and "  note" not in out
+
+
+def test_emit_config_prints_only_the_config_and_flags(capsys):
+    code, out, err = _run(capsys, "--emit-config")
+    assert code == 0 and err == ""
+    config, flags = out.splitlines()
+    assert json.loads(config) == {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}
+    assert flags == "--enable-hisparse --disable-radix-cache --max-running-requests 152"
+    _, out, _ = _run(capsys, "--emit-config", "--link-gbps", "5")
+    assert out.splitlines()[1].endswith("--max-running-requests 80")
+    _, out, _ = _run(capsys, "--emit-config", "--context", "4K")
+    assert out == "\n--max-running-requests 656\n"  # off: no config, plain SGLang flags
+    code, out, err = _run(capsys, "--emit-config", "--json")
+    assert code == 2 and out == "" and "--emit-config" in err
+    help_text = " ".join(_parser()._subparsers._group_actions[0].choices["plan"].format_help().split())
+    assert "--emit-config print only two lines for launch scripts" in help_text
+
+
+def test_config_is_sized_for_the_context_the_flags_are_for():
+    # 1M is off (resolve kernel shared memory): the config is for 128K, ratio 32, not 256
+    p = _plan("GLM-5.2", contexts=(32 * 1024, K128, 1024 * 1024))
+    assert [r.turn_on for r in p.contexts] == [True, True, False]
+    assert p.suggested_config["host_to_device_ratio"] == 32
+    assert _plan(contexts=(4096,)).suggested_config["host_to_device_ratio"] == 1  # all off: the longest
