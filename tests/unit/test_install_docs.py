@@ -39,3 +39,21 @@ def test_doctor_fix_for_a_missing_entry_point_is_the_clone_install(monkeypatch):
     check = doctor.check_entry_point()
     assert check.status == doctor.FAIL
     assert "pip install -e ." in check.detail and not _install_lines(check.detail)
+
+
+def test_readme_serving_recipe_is_the_planners():
+    """One recipe everywhere: the README's serving command carries exactly what
+    `plan --emit-config` prints for the embedded default (and the launch script uses)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sglang_hisparse", "plan", "--emit-config"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout.splitlines()
+    config, flags = out[0], out[1]
+    serving = (REPO / "README.md").read_text().split("## Serving", 1)[1].split("## Tools", 1)[0]
+    command = " ".join(serving.replace("\\\n", " ").split())
+    assert f"--hisparse-config '{config}'" in command
+    for flag in flags.split():
+        assert flag in command, flag
+    script = (REPO / "launch_examples" / "glm51_colocated.sh").read_text()
+    assert f"hisparse_args '{config}'" in script
