@@ -206,6 +206,17 @@ def _check_kernel_fits(top_k: int, buffer: int, rows: int) -> None:
 _JSON_WORDS = {"True": "true", "False": "false", "None": "null"}
 
 
+#: the json module's message prefixes, in the order they are tried, and what to tell the user
+_JSON_MESSAGE_HINTS = (
+    ("Expecting property name", "quote keys with double quotes"),
+    ("Expecting ',' delimiter", "a comma is missing between two entries (or a string or bracket is not closed)"),
+    ("Expecting ':' delimiter", "put a ':' between each key and its value"),
+    ("Extra data", "give one JSON object; remove what follows its closing '}'"),
+    ("Unterminated string", "close the string with a double quote"),
+    ("Expecting value", "a value is missing here (empty input, a stray comma, or an unquoted word)"),
+)
+
+
 def json_error_hint(e: json.JSONDecodeError) -> str:
     """The fix for a JSON syntax error, from the character where the parser stopped.
 
@@ -222,18 +233,9 @@ def json_error_hint(e: json.JSONDecodeError) -> str:
     word = doc[pos:].split(None, 1)[0].strip(",}]") if doc[pos:].strip() else ""
     if word in ("True", "False", "None"):
         return f"JSON spells {word} as {_JSON_WORDS[word]}"
-    if e.msg.startswith("Expecting property name"):
-        return "quote keys with double quotes"
-    if e.msg.startswith("Expecting ',' delimiter"):
-        return "a comma is missing between two entries (or a string or bracket is not closed)"
-    if e.msg.startswith("Expecting ':' delimiter"):
-        return "put a ':' between each key and its value"
-    if e.msg.startswith("Extra data"):
-        return "give one JSON object; remove what follows its closing '}'"
-    if e.msg.startswith("Unterminated string"):
-        return "close the string with a double quote"
-    if e.msg.startswith("Expecting value"):
-        return "a value is missing here (empty input, a stray comma, or an unquoted word)"
+    for prefix, hint in _JSON_MESSAGE_HINTS:
+        if e.msg.startswith(prefix):
+            return hint
     return "check the JSON syntax at that position"
 
 

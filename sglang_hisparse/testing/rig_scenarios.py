@@ -41,13 +41,22 @@ def _submit_all(rig: Rig, reqs: dict[str, tuple[list[int], int]]) -> None:
         rig.submit(rid, prompt, new)
 
 
-def _check_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[str] = frozenset()) -> int:
-    """Every request in ``reqs`` (but ``skip``) finished by length with the reference tokens."""
+Reference = Callable[[Rig, str, list[int], int], list[int]]
+
+
+def _full_kv(rig: Rig, rid: str, prompt: list[int], new: int) -> list[int]:
+    """Co-located: greedy decode with full KV."""
+    return reference_generate(rig.toy, prompt, new)
+
+
+def _check_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[str] = frozenset(),
+                  reference: Reference = _full_kv) -> int:
+    """Every request in ``reqs`` (but ``skip``) finished by length with ``reference``'s tokens."""
     for rid, (prompt, new) in reqs.items():
         if rid in skip:
             continue
         res = rig.results[rid]
-        want = reference_generate(rig.toy, prompt, new)
+        want = reference(rig, rid, prompt, new)
         if res.output_ids != want:
             first = next((i for i, (a, b) in enumerate(zip(res.output_ids, want, strict=False)) if a != b), None)
             raise AssertionError(
@@ -175,32 +184,15 @@ def retract_and_resume(rig: Rig) -> dict[str, Any]:
 
 #: environment a group's process needs before SGLang is imported (module-level constants)
 # -- PD decode (--disaggregation-mode decode, fake transfer backend) -------------------------
-def _pd_reference(rig: Rig, prompt: list[int], new: int, rid: str) -> list[int]:
+def _pd_reference(rig: Rig, rid: str, prompt: list[int], new: int) -> list[int]:
     """What a PD decode instance must emit: the prefill's handoff token (the fake backend
-    derives it from the rid), then greedy decode with full KV."""
+    derives it from the rid and the vocabulary), then greedy decode with full KV."""
+    from types import SimpleNamespace
+
     from sglang.srt.disaggregation.decode import _generate_fake_prefill_handoff_output_id
 
-    class _R:  # what the handoff function reads of a Req
-        pass
-
-    r = _R()
-    r.rid, r.vocab_size = rid, rig.toy.vocab
-    first = _generate_fake_prefill_handoff_output_id(r)
+    first = _generate_fake_prefill_handoff_output_id(SimpleNamespace(rid=rid, vocab_size=rig.toy.vocab))
     return [first] + reference_generate(rig.toy, prompt + [first], new - 1)
-
-
-def _check_pd_tokens(rig: Rig, reqs: dict[str, tuple[list[int], int]], skip: set[str] = frozenset()) -> int:
-    for rid, (prompt, new) in reqs.items():
-        if rid in skip:
-            continue
-        res, want = rig.results[rid], _pd_reference(rig, prompt, new, rid)
-        if res.output_ids != want:
-            first = next((i for i, (a, b) in enumerate(zip(res.output_ids, want, strict=False)) if a != b), None)
-            raise AssertionError(
-                f"{rid} (prompt {len(prompt)}, {new} new): tokens differ from full KV at output {first}; "
-                f"got {len(res.output_ids)}, finish {res.finish_reason}"
-            )
-    return len(reqs) - len(skip)
 
 
 def pd_success(rig: Rig) -> dict[str, Any]:
@@ -210,7 +202,7 @@ def pd_success(rig: Rig) -> dict[str, Any]:
     _submit_all(rig, reqs)
     rig.run_until_idle()
     rig.check_idle()
-    return {"requests": _check_pd_tokens(rig, reqs), "published": len(rig.prefill.published), **_stats(rig)}
+    return {"requests": _check_tokens(rig, reqs, reference=_pd_reference), "published": len(rig.prefill.published), **_stats(rig)}
 
 
 def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
@@ -238,7 +230,7 @@ def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
     if set(acted) != victims:
         raise AssertionError(f"{how}: acted on {sorted(acted)}, wanted {sorted(victims)} in flight")
     _expect_aborted(rig, victims)
-    return {"requests": _check_pd_tokens(rig, reqs, skip=victims), "host_rows_in_use_in_flight": acted}
+    return {"requests": _check_tokens(rig, reqs, skip=victims, reference=_pd_reference), "host_rows_in_use_in_flight": acted}
 
 
 def pd_transfer_failure(rig: Rig) -> dict[str, Any]:
@@ -292,7 +284,7 @@ def pd_retract_without_backup(rig: Rig) -> dict[str, Any]:
     aborted = {rid for rid in reqs if (rig.results[rid].finish_reason or {}).get("type") == "abort"}
     if not aborted:
         raise AssertionError("pd_retract_without_backup: no request was retracted")
-    return {"requests": _check_pd_tokens(rig, reqs, skip=aborted), "retracted_and_aborted": len(aborted)}
+    return {"requests": _check_tokens(rig, reqs, skip=aborted, reference=_pd_reference), "retracted_and_aborted": len(aborted)}
 
 
 GROUP_ENV: dict[str, dict[str, str]] = {

@@ -238,8 +238,10 @@ class StandInRunner:
         out[rows < 0] = 0
         return out
 
-    def _check(self, req: Any, sel: torch.Tensor, got: torch.Tensor, layer: int, what: str) -> None:
-        tokens = self._tokens_of(req)
+    def _check(self, req: Any, tokens: torch.Tensor, sel: torch.Tensor, got: torch.Tensor,
+               layer: int, what: str) -> None:
+        """``got`` holds the toy's KV of the selected positions of ``tokens`` (the request's
+        token ids, :meth:`_tokens_of`)."""
         ok = sel >= 0
         p = sel[ok].to(torch.int64)
         want = self.toy.kv(tokens[p], p, layer)
@@ -261,7 +263,8 @@ class StandInRunner:
         out = []
         for i, req in enumerate(batch.reqs):
             r, n = int(req.kv.req_pool_idx), int(batch.prefix_lens[i]) + int(batch.extend_lens[i])
-            last = int(self._tokens_of(req)[n - 1])
+            req_tokens = self._tokens_of(req)
+            last = int(req_tokens[n - 1])
             gathered, sel = [], None
             for layer in range(toy.num_layers):
                 if not toy.shared[layer]:
@@ -270,7 +273,7 @@ class StandInRunner:
                 logical = torch.where(sel >= 0, logical, -1)
                 rows = pool.translate_loc_to_hisparse_device(logical) if self.enable_hisparse else logical
                 got = self._gather(layer, rows)
-                self._check(req, sel, got, layer, "prefill")
+                self._check(req, req_tokens, sel, got, layer, "prefill")
                 gathered.append(got)
             out.append(toy.next_token(gathered))
         return out
@@ -287,6 +290,7 @@ class StandInRunner:
         tokens = torch.as_tensor(batch.input_ids).to(torch.int64).reshape(-1)
         self._write(locs, tokens, seq_lens - 1)
         gathered: list[list[torch.Tensor]] = [[] for _ in range(bs)]
+        req_tokens = [self._tokens_of(req) for req in batch.reqs]
         topk = None
         for layer in range(toy.num_layers):
             if not toy.shared[layer]:
@@ -306,7 +310,7 @@ class StandInRunner:
                 rows = torch.where(topk >= 0, torch.gather(rt, 1, topk.clamp(min=0).to(torch.int64)), -1)
             got = self._gather(layer, rows[:bs])
             for i, req in enumerate(batch.reqs):
-                self._check(req, topk[i], got[i], layer, "decode")
+                self._check(req, req_tokens[i], topk[i], got[i], layer, "decode")
                 gathered[i].append(got[i])
         return [toy.next_token(g) for g in gathered]
 
