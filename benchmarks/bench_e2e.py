@@ -45,9 +45,9 @@ from e2e_engine import (  # noqa: E402
 from e2e_model import BenchModel, ComputeStandIn  # noqa: E402
 from e2e_report import compare_modes, environment, notes, summarize, write_plot  # noqa: E402
 
-from sglang_hisparse.host_pool import HostKVPool  # noqa: E402
-from sglang_hisparse.memory_budget import available_host_bytes  # noqa: E402
-from sglang_hisparse.memory_paged import ceil_div  # noqa: E402
+from sglang_hisparse.memory.budget import available_host_bytes  # noqa: E402
+from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
+from sglang_hisparse.memory.paged import ceil_div  # noqa: E402
 from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
 
 GIB = 2**30

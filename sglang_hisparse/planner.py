@@ -41,8 +41,8 @@ from sglang_hisparse.kernel_limits import (
     largest_buffer,
     resolve_smem_bytes,
 )
+from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
-from sglang_hisparse.state_bytes import coordinator_state_bytes
 
 GIB = 2**30
 GB = 10**9

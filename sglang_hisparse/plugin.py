@@ -45,12 +45,12 @@ class HookTarget:
 TARGETS: tuple[HookTarget, ...] = (
     HookTarget(
         "sglang.srt.arg_groups.hisparse_hook.validate_hisparse",
-        "sglang_hisparse.arg_hook:validate_hisparse",
+        "sglang_hisparse.sglang_adapter.arg_hook:validate_hisparse",
         "our validation of --enable-hisparse combinations and --hisparse-config",
     ),
     HookTarget(
         "sglang.srt.mem_cache.sparsity.factory.parse_hisparse_config",
-        "sglang_hisparse.arg_hook:parse_hisparse_config",
+        "sglang_hisparse.sglang_adapter.arg_hook:parse_hisparse_config",
         "pool sizing reads host_to_device_ratio through it; ours applies our config rules",
     ),
     HookTarget(

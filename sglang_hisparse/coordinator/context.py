@@ -4,11 +4,11 @@ The memory layer is reached through two narrow duck-typed handles so the coordin
 over our own pools (``allocator.DualSpaceAllocator`` + ``host_pool``) in CPU tests and the
 GPU benchmark, and over the SGLang-facing wrappers in a server:
 
-``allocator`` (a :class:`~sglang_hisparse.allocator.DualSpaceAllocator`)
+``allocator`` (a :class:`~sglang_hisparse.memory.allocator.DualSpaceAllocator`)
     ``shrink_to_hot_buffer``, ``alloc_hot_buffer``, ``grow_hot_buffer``,
     ``release_hot_buffer``, ``translate``, ``rebind``, ``rows``.
 
-``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.host_pool.HostKVPool`)
+``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.memory.host_pool.HostKVPool`)
     ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),
     ``ensure(r, n) -> bool`` (rows for positions ``0..n-1``, lazily extended; False = no
     room, nothing changed), ``free_request(r)`` (idempotent: a slot holding nothing is fine).

@@ -45,7 +45,7 @@ import enum
 import torch
 
 from ..kernels.reference import position_bits
-from ..state_bytes import hint_words
+from ..memory.state_bytes import hint_words
 
 
 class Phase(enum.Enum):

@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hisparse.memory_budget import GIB
-from sglang_hisparse.state_bytes import coordinator_state_bytes
+from sglang_hisparse.memory.budget import GIB
+from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 
 logger = logging.getLogger("sglang_hisparse")
 
@@ -108,7 +108,7 @@ def state_shape(kvc: Any) -> StateShape:
     from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
     from sglang.srt.runtime_context import get_disagg, get_spec
 
-    from sglang_hisparse.arg_hook import parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.arg_hook import parse_hisparse_config
 
     cfg = parse_hisparse_config()
     disagg = get_disagg()

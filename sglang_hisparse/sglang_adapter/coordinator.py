@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
-from sglang_hisparse.device_pool import DeviceKVPool
-from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.device_pool import DeviceKVPool
+from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
 from sglang_hisparse.sglang_adapter.budget import log_coordinator_state
-from sglang_hisparse.state_bytes import coordinator_state_bytes
 
 logger = logging.getLogger("sglang_hisparse")
 
@@ -116,7 +116,7 @@ class SGLangHiSparseCoordinator:
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
     ) -> None:
-        from sglang_hisparse.arg_hook import model_buffer_size
+        from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size
 
         # parse_hisparse_config could not size a default buffer for the model's top_k
         device_buffer_size = model_buffer_size(

@@ -7,7 +7,7 @@ at import time in ``sglang.srt.mem_cache.kv_cache_configurator``; the plugin rep
 * ``HiSparseTokenToKVPoolAllocator`` (``_build_token_to_kv_pool_allocator``) → ``HiSparseTokenAllocator``
 
 and the coordinator builds the host pool with ``build_host_pool`` (``memory_host``, re-exported here). All allocation logic is
-in ``sglang_hisparse.allocator`` / ``host_pool``; these classes translate SGLang's call
+in ``sglang_hisparse.memory.allocator`` / ``host_pool``; these classes translate SGLang's call
 shapes (``prefix_lens_cpu``, ``loc_info``, PD host-slot requests) into core calls.
 """
 
@@ -23,7 +23,7 @@ from sglang.srt.mem_cache.memory_pool import (
     unwrap_write_loc,
 )
 
-from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.sglang_adapter.memory_host import HiCacheHostPool, build_host_pool
 
 __all__ = ["HiCacheHostPool", "HiSparseDSAPool", "HiSparseTokenAllocator", "build_host_pool"]

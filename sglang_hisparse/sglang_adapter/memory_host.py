@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
-from sglang_hisparse.memory_budget import check_host_budget
+from sglang_hisparse.memory.budget import check_host_budget
+from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
 __all__ = ["HiCacheHostPool", "build_host_pool"]
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
-from sglang_hisparse.device_pool import DeviceKVPool
-from sglang_hisparse.host_pool import HostKVPool
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.device_pool import DeviceKVPool
+from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.testing.toy_model import ToyModel
 
 

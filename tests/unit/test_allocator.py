@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_hisparse.allocator import UNMAPPED, DualSpaceAllocator, PagedIdAllocator
+from sglang_hisparse.memory.allocator import UNMAPPED, DualSpaceAllocator, PagedIdAllocator
 
 
 def t(*xs: int) -> torch.Tensor:

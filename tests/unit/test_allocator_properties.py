@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_hisparse.allocator import UNMAPPED, DualSpaceAllocator
+from sglang_hisparse.memory.allocator import UNMAPPED, DualSpaceAllocator
 
 OPS = ("admit", "extend", "shrink", "direct", "decode", "decode", "finish", "abort", "retract")
 

@@ -145,7 +145,7 @@ def _graph_steps(engine: DecodeEngine, model: ToyModel) -> None:
 
 def test_cuda_alias_of_the_pinned_host_pool_reads_and_writes_host_rows() -> None:
     from sglang_hisparse.coordinator.transfer import cuda_alias
-    from sglang_hisparse.host_pool import HostKVPool
+    from sglang_hisparse.memory.host_pool import HostKVPool
 
     dev = torch.device("cuda")
     pool = HostKVPool(num_layers=2, item_bytes=32, capacity_tokens=64, page_size=1,

@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_hisparse.host_pool import HostKVPool, host_pool_bytes
-from sglang_hisparse.memory_budget import (
+from sglang_hisparse.memory.budget import (
     GIB,
     _cgroup_headroom,
     available_host_bytes,
     check_host_budget,
 )
+from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
 
 def pool(**kw) -> HostKVPool:

@@ -32,7 +32,7 @@ def test_seams_resolve_to_our_classes(sglang_with_plugin):
     import sglang.srt.mem_cache.kv_cache_configurator as configurator
     import sglang.srt.mem_cache.sparsity as sparsity
 
-    from sglang_hisparse.arg_hook import parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.arg_hook import parse_hisparse_config
     from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator
     from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator
 
@@ -67,7 +67,7 @@ def _run_without_sglang(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300)
 
 
-SGLANG_SIDE = ("sglang_hisparse.plugin", "sglang_hisparse.arg_hook", "sglang_hisparse.sglang_adapter")
+SGLANG_SIDE = ("sglang_hisparse.plugin", "sglang_hisparse.sglang_adapter.arg_hook", "sglang_hisparse.sglang_adapter")
 
 
 def test_core_imports_without_sglang():

@@ -59,7 +59,7 @@ def test_accepts_good_combinations(dsa_model_dir, extra):
 def test_accepts_chain_speculative_decoding(dsa_model_dir, extra):
     from sglang_hisparse.testing.logs import captured_logs
 
-    with captured_logs("sglang_hisparse.arg_hook") as logs:
+    with captured_logs("sglang_hisparse.sglang_adapter.arg_hook") as logs:
         args = check(dsa_model_dir, *OK, *extra)
     from sglang.srt.arg_groups.model_override_base import resolved_view
 
@@ -202,7 +202,7 @@ def test_parse_hisparse_config_sizes_the_default_buffer_for_the_verify_window(mo
 
     import sglang.srt.runtime_context as rc
 
-    from sglang_hisparse.arg_hook import parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.arg_hook import parse_hisparse_config
 
     monkeypatch.setattr(rc, "get_memory", lambda: SimpleNamespace(hisparse_config=None))
     monkeypatch.setattr(rc, "get_spec", lambda: SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4))

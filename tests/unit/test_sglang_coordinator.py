@@ -433,7 +433,7 @@ def test_a_default_buffer_is_sized_for_the_models_top_k(monkeypatch) -> None:
 
     import sglang.srt.runtime_context as rc
 
-    from sglang_hisparse.arg_hook import model_buffer_size, parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size, parse_hisparse_config
 
     def with_config(text: str | None) -> None:
         monkeypatch.setattr(rc, "get_memory", lambda: NS(hisparse_config=text))

@@ -12,15 +12,15 @@ import random
 import pytest
 import torch
 
-from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.coordinator.lifecycle import Lifecycle
 from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.streams import Streams
-from sglang_hisparse.device_pool import DeviceKVPool
-from sglang_hisparse.host_pool import HostKVPool
 from sglang_hisparse.kernels import verify_reference as vref
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.device_pool import DeviceKVPool
+from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.telemetry import Telemetry
 
 L, R, B, W, K, ITEM, CTX = 2, 6, 16, 3, 4, 16, 160

@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-from sglang_hisparse.allocator import DualSpaceAllocator
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.state import SlotState
-from sglang_hisparse.device_pool import DeviceKVPool
-from sglang_hisparse.host_pool import HostKVPool
-from sglang_hisparse.state_bytes import hint_words, resolver_bytes, slot_state_bytes
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.device_pool import DeviceKVPool
+from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.memory.state_bytes import hint_words, resolver_bytes, slot_state_bytes
 
 L, R, B, P = 3, 5, 6, 70
 

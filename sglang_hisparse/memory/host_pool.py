@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hisparse.memory_budget import GIB, check_host_budget
-from sglang_hisparse.memory_paged import PagedIdAllocator, ceil_div
+from sglang_hisparse.memory.budget import GIB, check_host_budget
+from sglang_hisparse.memory.paged import PagedIdAllocator, ceil_div
 
 __all__ = ["HostKVPool", "host_pool_bytes"]
 

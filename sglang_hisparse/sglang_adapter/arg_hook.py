@@ -25,7 +25,7 @@ from sglang_hisparse.arg_scope import (
     model_label,
 )
 from sglang_hisparse.config import FLAG, IN_TREE_HINT, HiSparseConfig
-from sglang_hisparse.memory_budget import GIB, available_host_bytes
+from sglang_hisparse.memory.budget import GIB, available_host_bytes
 
 logger = logging.getLogger(__name__)
 

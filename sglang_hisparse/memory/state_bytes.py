@@ -38,7 +38,7 @@ tensors the coordinator allocates, so formula and allocation cannot drift apart 
 
 from __future__ import annotations
 
-from .kernel_limits import position_words
+from ..kernel_limits import position_words
 
 __all__ = ["coordinator_state_bytes", "hint_words", "resolver_bytes", "slot_state_bytes"]
 

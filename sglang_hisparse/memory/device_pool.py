@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hisparse.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.allocator import DualSpaceAllocator
 
 __all__ = ["DeviceKVPool"]
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_hisparse.memory_paged import _as_cpu_int64, ceil_div
+from sglang_hisparse.memory.paged import _as_cpu_int64, ceil_div
 
 if TYPE_CHECKING:
-    from sglang_hisparse.memory_paged import PagedIdAllocator
+    from sglang_hisparse.memory.paged import PagedIdAllocator
 
 UNMAPPED = 0
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hisparse.memory_hot import UNMAPPED, HotBuffer, HotBufferMixin
-from sglang_hisparse.memory_paged import PagedIdAllocator, _as_cpu_int64, ceil_div
+from sglang_hisparse.memory.hot import UNMAPPED, HotBuffer, HotBufferMixin
+from sglang_hisparse.memory.paged import PagedIdAllocator, _as_cpu_int64, ceil_div
 
 __all__ = ["UNMAPPED", "DualSpaceAllocator", "PagedIdAllocator", "ceil_div"]
 
