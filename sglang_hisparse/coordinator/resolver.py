@@ -97,17 +97,8 @@ class Resolver:
             logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
                         envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
         elif ctx.state.resident is not None and ctx.device.type == "cuda" and mode == ResolveMode.COPY:
-            top = ops.fetch_warp_max_batch(ctx.device)
-            if top is None:
-                logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
-                            "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
-            else:
-                logger.info(
-                    "HiSparse: early fetch on: decode batches of <= %d requests (>= %d CTAs per "
-                    "request) use fetch warps, every probable miss in flight at once; larger "
-                    "batches stage up to %d probable misses per CTA while the bookkeeping runs "
-                    "(docs/kernels.md, 'Fetch warps').", top, ops.FETCH_MIN_CTAS,
-                    ops.DEFAULT_EARLY_ROWS)
+            logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
+                        "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:

@@ -33,32 +33,11 @@ __all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
 MAX_CTAS_PER_REQUEST = 32
 #: Replay grid: a handful of CTAs, so a side-stream replay overlaps compute.
 DEFAULT_REPLAY_CTAS = 8
-#: Rows each CTA may fetch early (with a resident hint); the launcher lowers it to what fits
-#: in shared memory next to the bookkeeping.
-#: NOTE: measured on the H200 (k 2048, B 4096, 32K context, benchmarks/RESOLVE.md): a warp's
-#: shared-memory work waits behind its own host reads and every global load of the SM behind
-#: any warp's, so staging every miss (up to 124 rows) held the bookkeeping until the rows had
-#: landed (batch 16 at 5 % churn: 45.1 us);
-#: 2 / 4 / 6 / 16 rows gave 43.2 / 42.7 / 43.1 / 46.6 us (1152 B) and 32.3 / 29.4 / 30.0 /
-#: 33.8 us (656 B), batch 1 at 15 % 18.7 / 16.9 / 15.8 / 16.2 us: a few rows per CTA keep the
-#: link busy through the bookkeeping, the rest follow it. Re-measured on v11 (slots dealt to
-#: warps, rows issued before the first barrier; results/resolve_v11_early_rows_sweep.json):
-#: 6 / 10 / 16 rows 28.3-28.7 / 28.2-29.0 / 29.6-30.4 us (656 B), 42.6-43.0 / 42.6 / 42.5-42.6
-#: us (1152 B), batch 1 @15 % 16.6-16.7 / 15.7-16.0 / 16.2-16.3 us: 6 stays (10 only helps
-#: batch 1, whose target is met; two runs each).
-DEFAULT_EARLY_ROWS = 6
-
-#: CTAs per request from which COPY launches use fetch warps (jit_kernels/resolve.cuh:
-#: HS_FETCH_MIN_CTAS; keep both in step): a quarter of each CTA's warps put every probable miss
-#: in flight at once into registers (up to 32 rows of 656 B, 24 of 1152 B per CTA) and store
-#: each one once the bookkeeping names its destination. The default early rows are then
-#: ``FETCH_EARLY_ROWS`` (as many as the fetch warps hold).
-#: NOTE (H200, k 2048, B 4096): 1, every split. v14 used them from 16 CTAs on only:
-#: level at batch 16, 2-3 % slower at batch 64 (results/resolve_ab_v14_fetch_warps.json). v15,
-#: whose bookkeeping loads nothing global once the rows are out, was level or faster than v11's
-#: in-line early rows on every COPY config (results/resolve_ab_v15_forced.json): batch 64 @0 %
-#: 12.26 -> 10.54 us (656 B), batch 128 @15 % 1161 -> 1130 us, batch 16 @5 % 29.35 -> 29.01 us.
-FETCH_MIN_CTAS = 1
+#: Rows each CTA's fetch warps may hold (with a resident hint, COPY launches only): as many as
+#: they hold at 1024 threads (8 warps x 4 rows of 656 B; 8 x 3 = 24 of 1152 B), lowered by the
+#: launcher to what fits in shared memory next to the bookkeeping. A quarter of each CTA's warps
+#: put every probable miss in flight at once into registers and store each one once the
+#: bookkeeping names its destination (docs/kernels.md, "Fetch warps").
 FETCH_EARLY_ROWS = 32
 
 _arrivals = ArrivalCounters("resolve", "sglang_hisparse.kernels.ops.reserve_workspace")
@@ -105,19 +84,6 @@ def default_ctas_per_request(bs: int, device: torch.device) -> int:
     return max(1, min(MAX_CTAS_PER_REQUEST, _sms(device) // max(bs, 1)))
 
 
-def fetch_warp_max_batch(device: torch.device) -> int | None:
-    """Largest batch whose COPY launches use fetch warps with the default CTA split (``ctas >=
-    FETCH_MIN_CTAS``): ``SMs // FETCH_MIN_CTAS``, or None (every batch) while
-    ``FETCH_MIN_CTAS`` is 1, as the split never goes below one CTA per request."""
-    return None if FETCH_MIN_CTAS <= 1 else _sms(device) // FETCH_MIN_CTAS
-
-
-def default_early_rows(ctas: int) -> int:
-    """Early rows per CTA when the caller leaves them open: ``FETCH_EARLY_ROWS`` where COPY
-    launches use fetch warps (``ctas >= FETCH_MIN_CTAS``), else ``DEFAULT_EARLY_ROWS``."""
-    return FETCH_EARLY_ROWS if ctas >= FETCH_MIN_CTAS else DEFAULT_EARLY_ROWS
-
-
 @torch.no_grad()
 def resolve(
     *, top_k: torch.Tensor, req_index: torch.Tensor, seq_lens: torch.Tensor,
@@ -149,10 +115,8 @@ def resolve(
             mutated; :func:`reference.resident_hint` builds one). With it, each CTA starts
             fetching the rows of selected positions whose bit is clear before its bookkeeping
             has finished; results never depend on it.
-        early_rows: rows per CTA the early fetch may stage in shared memory, or hold in the
-            fetch warps' registers from ``FETCH_MIN_CTAS`` CTAs per request on (default
-            ``DEFAULT_EARLY_ROWS``, or ``FETCH_EARLY_ROWS`` with fetch warps; lowered to what
-            fits; 0 = keep the hint, fetch nothing early).
+        early_rows: rows per CTA the fetch warps may hold in registers (default
+            ``FETCH_EARLY_ROWS``; lowered to what fits; 0 = keep the hint, fetch nothing early).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -171,7 +135,7 @@ def resolve(
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
-    stage = -1 if resident is None else default_early_rows(ctas) if early_rows is None else early_rows
+    stage = -1 if resident is None else FETCH_EARLY_ROWS if early_rows is None else early_rows
     block = check_block_size(block_size or auto_block_size(bs, ctas, top_k.device))
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)

@@ -21,8 +21,7 @@ def main() -> int:
     cases = [(64, 128, 1152, 3), (512, 1024, 656, 3)] + ([] if quick else [(64, 64, 656, 5)])
     blocks = (32, 96, 288, 512) if quick else (32, 64, 96, 256, 480, 512, 1024)
     # with a resident hint (and >= 64 threads) COPY launches also run the early fetch: fetch
-    # warps (rows in registers, named barriers) from ops.FETCH_MIN_CTAS CTAs per request on
-    # (every split by default; the in-line path below it is an A/B build, -DHS_FETCH_MIN_CTAS)
+    # warps (rows in registers, named barriers) at every CTA split
     hints = (None, "noise") if quick else (None, "exact", "noise")
     failed = 0
     for (k, B, item, bs), hint in ((c, h) for c in cases for h in hints):

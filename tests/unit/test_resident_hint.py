@@ -122,29 +122,3 @@ def test_early_fetch_switch_is_logged_and_changes_no_result(monkeypatch, caplog)
         outs.append(rig.swap([0], [[9, 5]], 1).tolist())
     assert outs[0] == outs[1]
     assert "early fetch off (SGLANG_HISPARSE_EARLY_FETCH)" in caplog.text
-
-
-def test_default_early_rows_follow_the_fetch_warp_threshold():
-    """From ``FETCH_MIN_CTAS`` CTAs per request on, COPY launches use fetch warps and the default
-    early rows are as many as they hold; below, the in-line default. The threshold mirrors the
-    launcher's ``HS_FETCH_MIN_CTAS`` default."""
-    src = (Path(__file__).resolve().parents[2] / "jit_kernels" / "resolve.cuh").read_text()
-    assert f"#define HS_FETCH_MIN_CTAS {ops.FETCH_MIN_CTAS}\n" in src
-    assert ops.default_early_rows(ops.FETCH_MIN_CTAS) == ops.FETCH_EARLY_ROWS
-    assert ops.default_early_rows(ops.FETCH_MIN_CTAS - 1) == ops.DEFAULT_EARLY_ROWS
-    assert ops.default_early_rows(64) == ops.FETCH_EARLY_ROWS
-
-
-def test_fetch_warps_cover_every_batch_at_the_default_threshold(monkeypatch):
-    """The batch bound the coordinator logs: with the default CTA split (never below one CTA per
-    request) and FETCH_MIN_CTAS = 1 every batch uses fetch warps (None); with a higher
-    threshold, a batch does iff SMs // batch >= FETCH_MIN_CTAS."""
-    monkeypatch.setattr(ops, "_sms", lambda device: 132)
-    dev = torch.device("cuda")
-    assert ops.FETCH_MIN_CTAS == 1 and ops.fetch_warp_max_batch(dev) is None
-    monkeypatch.setattr(ops, "FETCH_MIN_CTAS", 16)
-    top = ops.fetch_warp_max_batch(dev)
-    assert top == 8
-    for bs in (1, top, top + 1, 64):
-        ctas = ops.default_ctas_per_request(bs, dev)
-        assert (ctas >= ops.FETCH_MIN_CTAS) == (bs <= top)
