@@ -34,10 +34,17 @@
 namespace hisparse {
 
 constexpr unsigned kFull = 0xffffffffu;
+// CUDA's limit on gridDim.y: the most batch rows one launch takes.
+constexpr int64_t kMaxGridRows = 65535;
 constexpr int kUnroll = 4;  // 16-byte loads each thread keeps in flight
 
 __host__ __device__ constexpr int pow2_ceil(int x) { return x <= 1 ? 1 : 2 * pow2_ceil((x + 1) / 2); }
 __host__ __device__ constexpr int log2i(int x) { return x <= 1 ? 0 : 1 + log2i(x / 2); }
+
+// Entry i of an int32 or int64 index tensor (req_index, seq_lens) on the device.
+__device__ __forceinline__ int64_t load_index(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
 
 // Bit mask of the lanes below this one (for ranks within a ballot).
 __device__ __forceinline__ unsigned lanemask_lt() {
@@ -56,6 +63,13 @@ __device__ __forceinline__ int warp_inclusive_scan(int v) {
   }
   return v;
 }
+
+// Scan scratch at the end of both kernels' shared-memory layouts, in ints: block_exclusive_scan
+// uses 33 (a total per warp and the block's), resolve.cuh's exchanges 32.
+// NOTE: 40, not 33: the 28 spare bytes are in every figure sglang_hisparse/kernel_limits.py
+// mirrors (the startup limits of config.py and the planner, and their tests); shrinking them
+// changes those figures and nothing a shared-memory budget notices.
+constexpr int kScanScratchInts = 40;
 
 // Block-wide exclusive prefix sum of one int per thread, for any blockDim.x that is a multiple
 // of 32 (1..32 warps). `scratch` holds 33 ints. NOTE: every warp's total is written before the
@@ -135,7 +149,8 @@ static __device__ __noinline__ void stage_plain(void* dst, const void* src, int 
 // cp_async_wait + __syncthreads. `tid`/`T` are the thread's index and the block size.
 // NOTE: the loops here and in fill_smem run a few times per thread; left to nvcc they were
 // unrolled 16-fold with remainder loops, ~3 KB of code per call site in the kernels'
-// prologues, whose instructions every launch fetches cold (resolve.cuh, v16 note).
+// prologues, whose instructions every launch fetches cold (resolve.cuh: the NOTE on the
+// bookkeeping as the `if` body).
 __device__ __forceinline__ void stage_to_smem(void* dst, const void* src, int bytes, int tid,
                                               int T) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(src);
@@ -274,6 +289,8 @@ inline T* ptr(const TensorView& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
 }
 
+// Per-batch-row index tensors (req_index, seq_lens): int32 or int64 [bs], contiguous; returns
+// whether they are int64.
 inline int check_index(const TensorView& t, const char* name, int64_t bs, int dev) {
   HS_CHECK(t.ndim() == 1 && t.size(0) == bs, name << " must have shape [" << bs << "]");
   HS_CHECK(t.dtype().code == kDLInt && (t.dtype().bits == 32 || t.dtype().bits == 64),
@@ -281,6 +298,38 @@ inline int check_index(const TensorView& t, const char* name, int64_t bs, int de
   HS_CHECK(t.ndim() == 1 && (bs <= 1 || t.stride(0) == 1), name << " must be contiguous");
   check_cuda(t, name, dev);
   return t.dtype().bits == 64;
+}
+
+// The launch shape both resolve launchers accept: any multiple of 32 threads up to 1024,
+// 1..1024 CTAs per request (gridDim.x), one grid row per batch row (gridDim.y <= 65535).
+inline void check_launch_shape(int64_t block, int64_t ctas, int64_t bs) {
+  HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
+           "block size " << block << " must be a multiple of 32 in [32, 1024]");
+  HS_CHECK(ctas >= 1 && ctas <= 1024, "ctas per request " << ctas << " must be in [1, 1024]");
+  HS_CHECK(bs <= kMaxGridRows, "batch " << bs << " exceeds the grid limit " << kMaxGridRows);
+}
+
+// The miss plan both resolve launchers record: src int64 [bs, >= cols], dst int32 like src
+// (same strides), count int32 [bs], contiguous (`cols_name` spells "k" or "W*k").
+inline void check_plan(const TensorView& src, const TensorView& dst, const TensorView& count,
+                       int64_t bs, int64_t cols, const char* cols_name, int dev) {
+  check_tensor(src, "plan.src", 2, kDLInt, 64);
+  check_tensor(dst, "plan.dst", 2, kDLInt, 32);
+  check_tensor(count, "plan.count", 1, kDLInt, 32);
+  for (auto* t : {&src, &dst, &count}) check_cuda(*t, "plan tensor", dev);
+  HS_CHECK(src.size(0) == bs && src.size(1) >= cols && dst.size(0) == bs &&
+               dst.size(1) == src.size(1) && count.size(0) == bs &&
+               dst.stride(0) == src.stride(0) && (bs <= 1 || count.stride(0) == 1),
+           "plan must be src [bs, >=" << cols_name << "] int64, dst like src (same strides), "
+           "count [bs]");
+}
+
+// The per-row arrival counters a multi-CTA launch needs (int32, at least bs entries).
+inline void check_arrivals(const TensorView& arrivals, int64_t bs, int64_t ctas, int dev) {
+  if (ctas <= 1) return;
+  check_tensor(arrivals, "arrivals", 1, kDLInt, 32);
+  check_cuda(arrivals, "arrivals", dev);
+  HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
 }
 
 // The checks both resolve launchers make of the hot-buffer state and the host/device caches:
@@ -317,6 +366,9 @@ inline int64_t check_hot_state(const TensorView& num_real, const TensorView& slo
 struct SmemLimits {
   int optin = 0, per_sm = 0;
 };
+// Shared memory the CUDA runtime keeps back for each resident CTA (sm_80 and later): two CTAs
+// fit on one SM while each takes at most per_sm / 2 - kSmemReservedPerCta.
+constexpr int kSmemReservedPerCta = 1024;
 inline SmemLimits smem_limits(int dev) {
   static SmemLimits known[64];
   SmemLimits l = dev >= 0 && dev < 64 ? known[dev] : SmemLimits{};
@@ -340,7 +392,7 @@ inline void set_smem(Kernel kernel, size_t bytes) {
 // to `bytes` unless an earlier call already allowed as much.
 // NOTE: a launcher must not remember this in a plain function-local static. Such a static in a
 // template function is one object across every shared library that instantiates it (a GNU
-// unique symbol), so a second build of the same kernel loaded in the process (probe_resolve.py's
+// unique symbol), so a second build of the same kernel loaded in the process (probes/probe_resolve.py's
 // profiling build next to the op's) saw the first one's flag, skipped its own attribute and
 // failed to launch. The table here is shared the same way but keyed by the kernel's address.
 template <typename Kernel>

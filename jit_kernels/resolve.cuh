@@ -4,11 +4,10 @@
 // Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
-// bitmap, 3 B per 16 positions). With a resident hint, up to stage_cap probable misses per
-// CTA are fetched before the bookkeeping ends ("early fetch"): in line (step 0b, into shared
-// memory, stored in step 7 before the direct copies), or, in COPY launches of at least
-// kFetchMinCtas CTAs per request (the EARLY builds), by fetch warps that hold the rows in
-// registers and store them once the bookkeeping names their destinations.
+// bitmap, 3 B per 16 positions). COPY launches with a resident hint (the EARLY builds) put up to
+// stage_cap probable misses per CTA in flight before the bookkeeping ends ("early fetch"):
+// fetch warps hold the rows in registers and store them once the bookkeeping names their
+// destinations.
 #pragma once
 
 #include "common.cuh"
@@ -34,7 +33,7 @@ struct ResolveArgs {
   uint32_t* resident; int64_t res_stride;
   int ctas;           // CTAs per request (gridDim.x)
   int words;          // position bitmap words: ceil(host_rows columns / 32)
-  int stage_cap;      // rows each CTA may fetch early (shared memory or fetch warps; 0: none)
+  int stage_cap;      // rows the fetch warps of each CTA may hold (EARLY builds; else 0)
   bool write_plan, copy;
 };
 
@@ -56,19 +55,15 @@ struct Layout {
   static constexpr size_t src = reuse, dst = src + 8 * K, mix = dst + 4 * K, order = mix + 4 * K;
   static constexpr size_t reuse_bytes = a16(4 * B > 16 * K + 2 * B ? 4 * B : 16 * K + 2 * B);
   static constexpr size_t lru = reuse + reuse_bytes, bits = a16(lru + 2 * B);
-  static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords)), bytes = scan + 4 * 40;
+  static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords)), bytes = scan + 4 * kScanScratchInts;
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
   static constexpr size_t total(size_t words) { return bytes + bitmap_bytes(words) + a16(2 * words); }
-  // Early-fetch staging after that (only with a resident hint): the staging slot of each top-k
-  // entry (int16, -1 if none), then per slot its device row (int32, -1 while unclaimed), then
-  // (in-line early rows) the rows' bytes; EARLY builds hold the rows in the fetch warps'
-  // registers instead (item = 0).
-  static constexpr size_t stage_dst(size_t cap) { return a16(2 * K); }
-  static constexpr size_t stage_rows(size_t cap) { return stage_dst(cap) + a16(4 * cap); }
-  static constexpr size_t stage_bytes(size_t cap, size_t item) {
-    return cap ? stage_rows(cap) + cap * item : 0;
-  }
+  // EARLY builds, after that: the staging slot of each top-k entry (int16, -1 if none), then per
+  // slot its device row (int32, -1 while unclaimed); the rows themselves sit in the fetch warps'
+  // registers.
+  static constexpr size_t stage_dst = a16(2 * K);
+  static constexpr size_t stage_bytes(size_t cap) { return cap ? stage_dst + a16(4 * cap) : 0; }
   // EARLY builds, after the staging area: the request's slot rows (int32 [B + 1]), its slot
   // tokens kept apart from `reuse` (int32 [B]: the writer's old tokens in step 5), then the host
   // row of each preloaded owned entry (int64 [hst]), so that the bookkeeping loads nothing
@@ -90,16 +85,17 @@ constexpr int kRounds = 4;
 // bulk of a high-churn step (batch 64 @15 %: ~120 direct rows per CTA), whose host reads are
 // bound by the GPU's address translation of the pinned pool, not by the link. There, fewer
 // reads in flight per thread move the rows faster. Build with -DHS_COPY_UNROLL=N for an A/B.
-// NOTE (v18, H200, k 2048, B 4096, ab_resolve.py --hint against 4): with 2, batch 64 @15 %
-// 579 -> 571 us (656 B) and 608 -> 592 us (1152 B), batch 128 @15 % 1178 -> 1161, batch 64 @5 %
-// -1.3 %; with 6, the same configs +2.3 to +2.9 %; with 1 (against 2), +0.7 to +2.9 %
+// NOTE: rejected 4 (the replay kernel's kUnroll), 6 and 1. H200, k 2048, B 4096,
+// benchmarks/probes/ab_resolve.py --hint: 2 against 4, batch 64 @15 % 579 -> 571 us (656 B) and
+// 608 -> 592 us (1152 B), batch 128 @15 % 1178 -> 1161 us, batch 64 @5 % -1.3 %; 6 against 4,
+// +2.3 to +2.9 % on the same configs; 1 against 2, +0.7 to +2.9 %
 // (results/resolve_s18_copy_unroll_h200.json).
 #ifndef HS_COPY_UNROLL
 #define HS_COPY_UNROLL 2
 #endif
 constexpr int kCopyUnroll = HS_COPY_UNROLL;
 
-// Phase clocks for the bookkeeping study (benchmarks/probe_resolve.py builds with
+// Phase clocks for the bookkeeping study (benchmarks/probes/probe_resolve.py builds with
 // HS_PHASE_PROFILE): thread 0 of each of the first kPhaseCtas CTAs records clock64() at each
 // phase boundary. Compiled out otherwise.
 #ifdef HS_PHASE_PROFILE
@@ -120,30 +116,14 @@ __device__ unsigned long long hs_phase_ns[kPhaseCtas][kPhases];  // %globaltimer
 #define HS_PHASE(i) do {} while (0)
 #endif
 
-__device__ __forceinline__ int64_t load_index(const void* p, bool is64, int b) {
-  return is64 ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
-}
-
 // Fetch warps of an EARLY build: the last quarter of the CTA's warps (at least one). Each holds
-// up to fetch_rows<ITEM>() rows in registers (kPieces / 32 int4 per lane and row).
+// up to fetch_rows<ITEM>() rows in registers (ceil(ITEM / 512) int4 per lane and row): 4 rows
+// of up to 1 KiB (656 B: 8 int4 per lane), 3 above (1152 B: 9 int4 per lane), so that a fetch
+// warp's held rows take at most 36 32-bit registers per lane.
+constexpr int kFetchRowsUpTo1K = 4, kFetchRowsAbove1K = 3;
 __host__ __device__ constexpr int fetch_warps(int threads) { return threads >= 256 ? threads / 128 : 1; }
 template <int ITEM>
-__host__ __device__ constexpr int fetch_rows() { return ITEM <= 1024 ? 4 : 3; }
-// CTAs per request from which COPY launches use fetch warps (mirrored by
-// sglang_hisparse/kernels/ops.py:FETCH_MIN_CTAS): 1, every COPY launch with a hint. Build with
-// -DHS_FETCH_MIN_CTAS=N to keep the in-line early fetch below N CTAs (the A/B baseline).
-// NOTE (H200, k 2048, B 4096): v14's fetch warps, whose bookkeeping still loaded host rows,
-// slot rows and old tokens from global memory after the rows were in flight, made batch 1
-// @15 % 27-38 % faster but batch 16 level and batch 64 2-3 % slower at 5-15 % churn
-// (results/resolve_ab_v14_fetch_warps.json), so they started at 16 CTAs. v15's bookkeeping
-// loads nothing global once the rows are out (slot rows staged, host rows from the fetch
-// warps' preload): forced at every split it was level or faster on every COPY config
-// (batch 64 @0 % 12.26 -> 10.54 us at 656 B, @15 % 560 -> 555 / 583 -> 573 us, batch 128
-// @15 % 1161 -> 1130 us; results/resolve_ab_v15_forced.json).
-#ifndef HS_FETCH_MIN_CTAS
-#define HS_FETCH_MIN_CTAS 1
-#endif
-constexpr int kFetchMinCtas = HS_FETCH_MIN_CTAS;
+__host__ __device__ constexpr int fetch_rows() { return ITEM <= 1024 ? kFetchRowsUpTo1K : kFetchRowsAbove1K; }
 
 // Named barriers of an EARLY build (0 is __syncthreads): 1 among the bookkeeping warps; 2 the
 // fetch warps' slots are written (they arrive, the bookkeeping waits); 3 the held rows'
@@ -201,17 +181,28 @@ __device__ __noinline__ void resolve_short(const int32_t* tk, const int32_t* row
 // TB: the block size when it is known at compile time (the launcher instantiates the common
 // ones, so loop bounds and chunk sizes fold to constants), 0 for any multiple of 32 at run time;
 // the code is the same either way.
-// NOTE: membership is a bitmap over positions, not a hash table (v6 and before): selected
-// positions set their bit, a prefix count per bitmap word turns a set bit into a dense id, and a
-// slot's token is selected iff its bit is set. No probe chains (their longest one set the
-// slowest CTA), one atomicOr per selected position instead of a CAS loop.
+// NOTE: membership is a bitmap over positions: selected positions set their bit, a prefix count
+// per bitmap word turns a set bit into a dense id, and a slot's token is selected iff its bit
+// is set. Rejected: an open-addressing hash table (CAS-loop inserts, probe chains; what
+// resolve_verify.cuh still uses). The bitmap took NO_IO at batch 64 from 14.4-14.6 to
+// 10.5-10.7 us (results/resolve_ab_v6_v7.json): no 2-us insert, and no longest probe chain
+// putting the slowest CTA 2-3 us behind the median. Its cost is shared memory that grows with
+// the pool's context (3 B per 16 positions).
 // EARLY (COPY with a resident hint and early rows): the last fetch_warps() warps are fetch
 // warps. They look up their share of the CTA's top-k entries, put every probable miss's row in
 // flight at once into registers (up to fetch_rows() each) and store each one when the
 // bookkeeping has named its destination; they never join the bookkeeping's barriers, since a
 // warp with host reads in flight stalls its later shared-memory work and barriers until they
-// land (probe_host_stall.cu). Holding a landed row ~10 us costs nothing
-// (probe_gather_shape.py --handoff). The other warps do the bookkeeping alone.
+// land (benchmarks/probes/probe_host_stall.cu). Holding a landed row ~10 us costs nothing
+// (probes/probe_gather_shape.py --handoff: 26.3-26.5 us for holds of 0-10 us against a 25.8-us
+// gather). The other warps do the bookkeeping alone.
+// NOTE: rejected: fetched rows held by the bookkeeping warps themselves (batch 16 @5 % 11-18 %
+// slower: their shared-memory work waited behind their own host reads), rows staged into
+// shared memory with cp.async (slower at 656 B than registers), and an in-line early fetch of
+// ~6 rows per CTA by the bookkeeping warps: fetch warps were level or faster on every COPY
+// config (batch 64 @0 % 12.26 -> 10.54 us at 656 B, batch 128 @15 % 1161 -> 1130 us;
+// results/resolve_ab_v15_forced.json), once their bookkeeping loads nothing global after the
+// rows are out (below: the keep area).
 template <int K, int B, int ITEM, int TB, bool EARLY>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B>;
@@ -254,39 +245,31 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int64_t n = load_index(a.seq_lens, a.len64, b);
   if (tid < T) stage_to_smem(tks, tk, 4 * K, tid, T);
   cp_async_commit();
-  // Early fetch (COPY with a resident hint only; EARLY: the fetch warps, below; otherwise
-  // in line, step 0b): this CTA owns top-k entries i = c + e * ctas. EARLY: preload u of lane l
-  // of fetch warp w takes e = w + F * (l + 32 * u) (round robin over the warps, so that a CTA's
-  // few probable misses fall on different warps; a bijection onto [0, kBatch * FT)). In line:
-  // warps 1.. take e = tid - 32 + u * (T - 32). The first kBatch positions are loaded now, in
-  // the same round trip as the indices.
+  // Early fetch (EARLY builds: COPY with a resident hint; the fetch warps, below): this CTA owns
+  // top-k entries i = c + e * ctas. Preload u of lane l of fetch warp w takes
+  // e = w + F * (l + 32 * u) (round robin over the warps, so that a CTA's few probable misses
+  // fall on different warps; a bijection onto [0, kBatch * FT)). The first kBatch positions are
+  // loaded now, in the same round trip as the indices.
   constexpr int kPieces = ITEM / 16;
   // Rows each fetch warp holds, and int4 per lane and row.
   constexpr int kHold = fetch_rows<ITEM>(), kHeld = (kPieces + 31) / 32;
   // The fetch warps take a share of the direct copies only where their held rows leave room
-  // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3). copy_rows deals
-  // every row's pieces over all copying threads, so a share copied 2 loads at a time paced
-  // every direct row: with 1228 misses in one CTA (uneven churn, 1 CTA per request) v15 took
-  // 184 / 145 us against v11's 172 / 128 (1152 B, uniform / paged host rows). That was with 4
-  // loads in flight for the other threads; since v18 every copying thread keeps kCopyUnroll = 2,
-  // and whether 1152-B fetch warps should now join has not been measured.
-  constexpr bool kFetchCopies = kHold * kHeld <= 8;
+  // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3).
+  // NOTE: rejected for 1152 B: copy_rows deals every row's pieces over all copying threads, so
+  // a share copied 2 loads at a time paced every direct row: with 1228 misses in one CTA
+  // (uneven churn, 1 CTA per request) 184 / 145 us against 172 / 128 without them (1152 B,
+  // uniform / paged host rows). That was measured with 4 loads in flight for the other threads;
+  // at kCopyUnroll = 2 for all of them it has not been measured again.
+  constexpr int kHeldInt4Max = 8;  // held int4 per lane that still leave the fetch warps copying
+  constexpr bool kFetchCopies = kHold * kHeld <= kHeldInt4Max;
   const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
-  // In line: only builds with -DHS_FETCH_MIN_CTAS > 1 (every other COPY launch with a hint has
-  // fetch warps), so that the default builds carry none of its code.
-  const bool early = kFetchMinCtas > 1 && !EARLY && a.resident != nullptr && a.stage_cap > 0 && a.copy;
-  const int n_own = (K - c + a.ctas - 1) / a.ctas, ET = T - 32;
+  const int n_own = (K - c + a.ctas - 1) / a.ctas;
   const auto fetch_entry = [&](int u) { return ((tid - T) >> 5) + (FT >> 5) * ((tid & 31) + 32 * u); };
   int p0[kBatch];
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
-    if constexpr (EARLY) {
-      const int e = fetch_entry(u);
-      p0[u] = tid >= T && e < n_own ? tk[c + e * a.ctas] : -1;
-    } else {
-      const int e = tid - 32 + u * ET;
-      p0[u] = early && tid >= 32 && e < n_own ? tk[c + e * a.ctas] : -1;
-    }
+    const int e = fetch_entry(u);
+    p0[u] = EARLY && tid >= T && e < n_own ? tk[c + e * a.ctas] : -1;
   }
   if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
@@ -317,20 +300,19 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int64_t* hrow = a.host_rows + r * a.hr_stride;
   uint8_t* stg = smem + L::total(a.words);
   int16_t* sidx = reinterpret_cast<int16_t*>(stg);
-  int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst(a.stage_cap));
-  uint8_t* keep = stg + L::stage_bytes(a.stage_cap, 0);
+  int32_t* sdst = reinterpret_cast<int32_t*>(stg + L::stage_dst);
+  uint8_t* keep = stg + L::stage_bytes(a.stage_cap);
   int32_t* srows = reinterpret_cast<int32_t*>(keep + L::keep_rows);
   int64_t* hst = reinterpret_cast<int64_t*>(keep + L::keep_hst);
   if constexpr (EARLY) stoks = reinterpret_cast<int32_t*>(keep + L::keep_toks);
   // The bookkeeping (every thread of a build without fetch warps), then the fetch warps' path.
-  // NOTE (v16): nvcc places the body of an `if` that returns after the code that follows it.
-  // v15 had the fetch path in the `if`, so its code sat behind the bookkeeping's ~74 KB and
-  // the fetch warps ran it from a cold instruction cache at every launch (the cache does not
-  // keep the kernel from one launch to the next: ncu counted 35-59 misses per SM and launch
-  // sent on to the GPC cache). ncu, batch 16 @5 %: 72 % of the fetch warps' stall samples
-  // before their host reads were "no instruction". With the bookkeeping in the `if`, the
-  // fetch path follows the prologue and comes in with it: no-instruction stalls 14.3M -> 2.8M
-  // warp-cycles per launch, instruction cache misses 122K -> 34K
+  // NOTE: the bookkeeping is the `if` body, so that the fetch path follows the prologue in the
+  // instruction stream: nvcc places the body of an `if` that returns after the code that
+  // follows it, and the instruction cache starts every launch cold (ncu: 35-59 misses per SM
+  // and launch sent on to the GPC cache). Rejected: the fetch path as the `if` body, behind the
+  // bookkeeping's ~74 KB of code: ncu, batch 16 @5 %, 72 % of the fetch warps' stall samples
+  // before their host reads were "no instruction"; this order took no-instruction stalls from
+  // 14.3M to 2.8M warp-cycles per launch and instruction cache misses from 122K to 34K
   // (results/resolve_s16_icache_h200.json).
   if (!EARLY || tid < T) {
     // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
@@ -343,56 +325,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
     fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
     if (tid == 0) s_direct = 0;
-    // 0b. In-line early fetch (not EARLY): a selected position whose hint bit is clear is
-    //     probably a miss, so its row starts streaming from the host into this CTA's shared
-    //     memory (cp.async group 2) as soon as the hint word and host row are in, before any
-    //     barrier, and lands while the bookkeeping below runs. The bookkeeping stays
-    //     authoritative: a staged row is stored (step 7) only if its entry is a miss's first
-    //     occurrence (step 5); every other miss is copied directly. sidx[i]: staging slot of
-    //     owned entry i, -1 if none.
-    //     Slots are dealt to warps up front (no shared counter, so nothing to clear first): the W
-    //     warps that hold preloaded entries get q = ceil(stage_cap / W) slots each, in warp order,
-    //     and fill them with their first candidates (one ballot per round); each warp issues its
-    //     rows itself (all lanes, coalesced). Entries past the preloaded ones are not staged.
-    //     NOTE: warp 0 takes no entries: thread 0's __threadfence before the arrival (step 3)
-    //     would wait for its host reads to land and hold the whole CTA at the next barrier.
-    //     NOTE: the first hint words arrive ~1 us after the launch; issuing after the block
-    //     barrier and a shared-counter ranking (v8) started the rows ~1 us later.
-    uint8_t* sdata = stg + L::stage_rows(a.stage_cap);
-    if (early) {
-      uint32_t w0[kBatch];
-      int64_t h0[kBatch];
-      load_hints(p0, limit, res, hrow, w0, h0);
-      for (int j = tid; j < a.stage_cap; j += T) sdst[j] = -1;  // every slot starts unclaimed
-      if (tid >= 32) {
-        const int holders = max(1, min(ET / 32, (n_own + 31) / 32));
-        const int q = (a.stage_cap + holders - 1) / holders, slot0 = ((tid >> 5) - 1) * q;
-        const int quota = max(0, min(q, a.stage_cap - slot0));
-        int taken = 0;
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int e = tid - 32 + u * ET;
-          const int64_t src = (w0[u] >> (p0[u] & 31)) & 1u ? -1 : h0[u];
-          const unsigned cand = __ballot_sync(kFull, src >= 0);
-          const int rank = taken + __popc(cand & lanemask_lt());
-          const int j = src >= 0 && rank < quota ? slot0 + rank : -1;
-          if (e < n_own) sidx[c + e * a.ctas] = static_cast<int16_t>(j);
-          int t = taken;
-          for (unsigned left = cand; left && t < quota; left &= left - 1, ++t) {
-            const int64_t row = __shfl_sync(kFull, src, __ffs(left) - 1);
-            for (int pc = (tid & 31); pc < kPieces; pc += 32)
-              cp_async16(sdata + (slot0 + t) * ITEM + 16 * pc, a.host_cache + row * a.hc_stride + 16 * pc);
-          }
-          taken += __popc(cand);
-        }
-      }
-      cp_async_commit();
-    }
     cp_async_wait<1>();
     bk_sync();
     HS_PHASE(2);
-    if (early)  // owned entries past the preloaded ones: not staged
-      for (int e = ET * kBatch + tid - 32; tid >= 32 && e < n_own; e += ET) sidx[c + e * a.ctas] = -1;
     // 1. Mark the selected positions (newest excluded). Lane l of a warp takes entries an odd
     //    stride S >= K/32 apart: a top-k that arrives sorted does not send a warp's 32 atomics to
     //    one bitmap word, and the lanes' loads of tks still hit 32 different banks.
@@ -417,7 +352,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       for (int w = w0; w < w1; ++w) cnt += __popc(bm[w]);
       const int incl = warp_inclusive_scan(cnt);
       if (lane == 31) scratch[warp] = incl;
-      if (early) cp_async_wait<1>(); else cp_async_wait<0>();  // not the early fetch's group
+      cp_async_wait<0>();
       bk_sync();
       const int own = lane < nw ? scratch[lane] : 0;
       const int tot = warp_inclusive_scan(own);
@@ -496,10 +431,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     // each miss is loaded here and stored in the miss list below, after the exchange: its round
     // trip (host_rows is large and read at random, so mostly from DRAM) overlaps the exchange
     // instead of following it in step 5.
-    // NOTE (v17, H200, k 2048, B 4096): NO_IO at batch 64 @5 / 15 % 11.06 -> 10.71 and
-    // 11.45 -> 11.07 us (656 B), at 512 threads 10.63 -> 9.93 us; 0 % level. Staging the slot
-    // rows as well (16 KB more per CTA, with the state or as a later cp.async group), so that
-    // steps 5 and 6 load nothing global either, cost more than it saved: +0.2-0.3 us at 0 %,
+    // NOTE (H200, k 2048, B 4096): against loading them in step 5, NO_IO at batch 64 @5 / 15 %
+    // 11.06 -> 10.71 and 11.45 -> 11.07 us (656 B), at 512 threads 10.63 -> 9.93 us; 0 % level.
+    // Rejected: staging the slot rows as well (16 KB more per CTA, with the state or as a later
+    // cp.async group), so that steps 5 and 6 load nothing global either: +0.2-0.3 us at 0 %,
     // +0.7 us at 512 threads (results/resolve_s17_miss_preload_h200.json).
     const bool pre = !EARLY && seg_k <= 32 * kRounds;  // uniform: seg_k is the same for all warps
     int64_t hpre[kRounds];
@@ -616,7 +551,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
           atomicOr(&res[tks[i] >> 5], 1u << (tks[i] & 31));
         }
         if (i % a.ctas == c) {
-          const int j = EARLY || early ? sidx[i] : -1;
+          const int j = EARLY ? sidx[i] : -1;
           if (j >= 0) sdst[j] = dst[u];
           else direct[atomicAdd(&s_direct, 1)] = x;
         }
@@ -669,23 +604,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       if (c == 0 && tid == 0) a.plan_count[b] = m;
     }
     HS_PHASE(8);
-    // 7. In line (not EARLY): the staged rows that are misses go out first: the bookkeeping
-    //    above waited for them anyway (its arrival and global loads wait behind host reads), and
-    //    storing them after the direct copies (v8) put their wait, a barrier and their stores on
-    //    the kernel's tail. Then the direct copies (EARLY: shared with the fetch warps).
-    if (early) {
-      cp_async_wait<0>();
-      bk_sync();
-    }
     HS_PHASE(9);
-    if (early) {
-      for (int x = tid; x < a.stage_cap * kPieces; x += T) {
-        const int j = x / kPieces, piece = x % kPieces;
-        if (sdst[j] >= 0)
-          reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(sdst[j]) * a.dc_stride)[piece] =
-              reinterpret_cast<const int4*>(sdata + j * ITEM)[piece];
-      }
-    }
     HS_PHASE(10);
     if (a.copy)
       copy_rows<ITEM, kCopyUnroll>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
@@ -709,10 +628,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // Each candidate below the quota takes the next slot of its warp (in u, then lane order) and
   // parks its entry there (sdst, until the reset below); every lane then reads the host rows
   // of its warp's slots back from shared memory.
-  // NOTE: v15 handed each row over with one shuffle per (u, slot): ~300 instructions under
-  // divergence guards, which the fetch warps ran right after a jump to the kernel's last
-  // 10 KB, i.e. from a cold instruction cache (ncu: 72 % of their stall samples there were
-  // "no instruction").
+  // NOTE: rejected: one shuffle per (u, slot) to hand each row over: ~300 instructions under
+  // divergence guards, run from a cold instruction cache (ncu: 72 % of the fetch warps' stall
+  // samples there were "no instruction").
   int taken = 0;
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
@@ -789,25 +707,9 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
            "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
   HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == K, "out_rows must be [bs, k]");
-  HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
-           "block size " << block << " must be a multiple of 32 in [32, 1024]");
-  HS_CHECK(ctas >= 1 && ctas <= 1024, "ctas per request " << ctas << " must be in [1, 1024]");
-  HS_CHECK(bs <= 65535, "batch " << bs << " exceeds the grid limit 65535");
-  if (write_plan) {
-    check_tensor(plan_src, "plan.src", 2, kDLInt, 64);
-    check_tensor(plan_dst, "plan.dst", 2, kDLInt, 32);
-    check_tensor(plan_count, "plan.count", 1, kDLInt, 32);
-    for (auto* t : {&plan_src, &plan_dst, &plan_count}) check_cuda(*t, "plan tensor", dev);
-    HS_CHECK(plan_src.size(0) == bs && plan_src.size(1) >= K && plan_dst.size(0) == bs &&
-                 plan_dst.size(1) == plan_src.size(1) && plan_count.size(0) == bs &&
-                 plan_dst.stride(0) == plan_src.stride(0) && (bs <= 1 || plan_count.stride(0) == 1),
-             "plan must be src [bs, >=k] int64, dst like src (same strides), count [bs]");
-  }
-  if (ctas > 1) {
-    check_tensor(arrivals, "arrivals", 1, kDLInt, 32);
-    check_cuda(arrivals, "arrivals", dev);
-    HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
-  }
+  check_launch_shape(block, ctas, bs);
+  if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, K, "k", dev);
+  check_arrivals(arrivals, bs, ctas, dev);
   // The position bitmap covers host_rows' columns (the longest request the pool holds).
   using L = Layout<K, B>;
   const int64_t words = (host_rows.size(1) + 31) / 32;
@@ -820,24 +722,23 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   }
   const size_t base = L::total(static_cast<size_t>(words));
   const SmemLimits lim = smem_limits(dev);
-  // Early-fetch rows: at most stage_rows, within what a CTA may take: all its SM offers at 1024
-  // threads (one CTA per SM anyway), half an SM below (two CTAs per SM stay). COPY launches of
-  // at least kFetchMinCtas CTAs per request use fetch warps (EARLY; as many rows as they hold),
-  // the rest the in-line early fetch (rows staged in shared memory).
-  const bool fetch = hint && copy && stage_rows > 0 && block >= 64 && ctas >= kFetchMinCtas;
+  // Fetch warps (the EARLY build) in COPY launches with a hint, early rows and two warps or
+  // more: at most stage_rows rows per CTA, as many as the fetch warps hold, within what a CTA may
+  // take: all its SM offers at 1024 threads (one CTA per SM anyway), half an SM below (two CTAs
+  // per SM stay). NO_IO fetches no rows and reserves no shared memory for them.
   // Host rows kept per CTA (EARLY): its owned entries, as far as the fetch warps preload them.
   const int64_t hst = std::min<int64_t>((K + ctas - 1) / ctas, kBatch * 32 * fetch_warps(static_cast<int>(block)));
-  int cap = 0;  // NO_IO stages nothing (the kernel fetches no rows): no shared memory for it
+  int cap = 0;
   if (hint && copy && stage_rows > 0 && block >= 64) {
     const size_t budget = block > 512 ? static_cast<size_t>(lim.optin)
-                                      : std::min<size_t>(lim.optin, lim.per_sm / 2 - 1024);
-    const int64_t held = fetch ? fetch_warps(static_cast<int>(block)) * fetch_rows<ITEM>() : K;
+                                      : std::min<size_t>(lim.optin, lim.per_sm / 2 - kSmemReservedPerCta);
+    const int64_t held = fetch_warps(static_cast<int>(block)) * fetch_rows<ITEM>();
     cap = static_cast<int>(std::min<int64_t>(stage_rows, held));
-    while (cap > 0 && base + L::stage_bytes(cap, fetch ? 0 : ITEM) > budget) --cap;
-    if (fetch && base + L::stage_bytes(cap, 0) + L::keep_bytes(hst) > budget) cap = 0;
+    while (cap > 0 && base + L::stage_bytes(cap) > budget) --cap;
+    if (base + L::stage_bytes(cap) + L::keep_bytes(hst) > budget) cap = 0;
   }
-  const bool early = fetch && cap > 0;
-  const size_t smem = base + L::stage_bytes(cap, early ? 0 : ITEM) + (early ? L::keep_bytes(hst) : 0);
+  const bool early = cap > 0;
+  const size_t smem = base + (early ? L::stage_bytes(cap) + L::keep_bytes(hst) : 0);
   HS_CHECK(base <= static_cast<size_t>(lim.optin),
            "resolve kernel for k=" << K << ", B=" << B << " with host_rows of " << host_rows.size(1)
            << " positions needs " << base << " B of shared memory per CTA; this GPU allows "

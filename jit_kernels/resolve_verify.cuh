@@ -1,16 +1,25 @@
 // Verify-step resolve: one launch per layer resolves the union of a request's W = n+1 verify
 // rows (speculative decoding) against its hot buffer and copies the union's misses once.
 //
-// Semantics: sglang_hisparse/kernels/verify_reference.py, bit for bit. Compile-time K (top-k
-// per row), B (history slots), W (verify rows), ITEM (row bytes), PLAN (record the miss plan),
-// COPY (false = no-IO timing oracle); runtime batch, block size (multiple of 32, <= 1024) and
-// CTAs per request. Slots B..B+W-1 hold the verify window outside the LRU.
+// Semantics: sglang_hisparse/kernels/reference.py:resolve_verify (the window W of the decode
+// resolve's W = 1), bit for bit. Compile-time K (top-k per row), B (history slots), W (verify
+// rows), ITEM (row bytes), PLAN (record the miss plan), COPY (false = no-IO timing oracle);
+// runtime batch, block size (multiple of 32, <= 1024) and CTAs per request (chosen in Python:
+// verify_ops.default_verify_ctas, from verify_ctas_per_sm below). Slots B..B+W-1 hold the
+// verify window outside the LRU.
+//
+// NOTE: membership is still an open-addressing hash table, which resolve.cuh replaced with a
+// position bitmap and prefix counts (NO_IO at batch 64 14.4-14.6 -> 10.5-10.7 us; the longest
+// probe chain per request set the slowest CTA 2-3 us behind the median). The bitmap is not
+// carried over because it has not been measured here: its shared memory grows with the pool's
+// context (3 B per 16 positions, 24 KiB at 128K) on top of a layout that already takes
+// 211 KB of the 227 KiB at W = 4, k = 2048, B = 10240 (kernel_limits.verify_smem_bytes), and
+// a verify step runs once per W tokens, so its cost weighs less per token. The same holds for
+// resolve.cuh's cp.async staging, fetch warps and batched loops. Port them with an A/B
+// (bench_verify.py) when a verify step's resolve shows up in a profile.
 #pragma once
 
 #include "common.cuh"
-
-#include <map>
-#include <tuple>
 
 namespace hisparse {
 
@@ -42,12 +51,17 @@ struct VerifyLayout {
   static constexpr int kLogH = log2i(H);
   static constexpr size_t hkey = 0, hval = hkey + 4 * H, mpos = hval + 4 * H;
   static constexpr size_t mvic = mpos + 4 * WK, order = mvic + 2 * WK, hit = order + 2 * B;
-  static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * 40;
+  static constexpr size_t scan = (hit + B + 15) / 16 * 16, bytes = scan + 4 * kScanScratchInts;
 };
 
-__device__ __forceinline__ int64_t load_index_at(const void* p, bool is64, int64_t i) {
-  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+// Multiplicative hash (Knuth: 2^32 / golden ratio) of a position, to a table of 2^log_h
+// entries: the top log_h bits of the product.
+constexpr unsigned kHashMul = 2654435761u;
+__device__ __forceinline__ unsigned hash_slot(int p, int log_h) {
+  return (static_cast<unsigned>(p) * kHashMul) >> (32 - log_h);
 }
+// hval packs (first flat index << 16) | slot; kNoSlot: no slot holds the position yet.
+constexpr int kNoSlot = 0xffff;
 
 // Grid: (ctas, bs). Every CTA of a request repeats the smem-only bookkeeping over the union and
 // copies its 1/ctas share of the misses; the CTA that arrives last, after all have read the old
@@ -79,8 +93,8 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
     }
     return;
   }
-  const int64_t r = load_index_at(a.req_index, a.req64, b);
-  const int64_t n0 = load_index_at(a.seq_lens, a.len64, b * a.len_stride);
+  const int64_t r = load_index(a.req_index, a.req64, b);
+  const int64_t n0 = load_index(a.seq_lens, a.len64, b * a.len_stride);
   const int64_t N = n0 + W - 1;  // length of the last verify row
   const int32_t* rows = a.slot_rows + r * a.sr_stride;
   if (N <= B) {  // short request: token p in slot p (window too), nothing moves
@@ -104,17 +118,17 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   for (int i = tid; i < WK; i += T) {
     const int p = tk[i];
     if (p < 0 || p >= base) continue;  // padding, window, or out of range (caller bug)
-    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    unsigned h = hash_slot(p, L::kLogH);
     while (true) {
       const int old = atomicCAS(&hkey[h], -1, p);
       if (old == -1 || old == p) break;
       h = (h + 1) & (L::H - 1);
     }
-    atomicMin(&hval[h], (i << 16) | 0xffff);
+    atomicMin(&hval[h], (i << 16) | kNoSlot);
   }
   __syncthreads();
   auto find = [&](int p) -> int {
-    unsigned h = (static_cast<unsigned>(p) * 2654435761u) >> (32 - L::kLogH);
+    unsigned h = hash_slot(p, L::kLogH);
     while (true) {
       const int key = hkey[h];
       if (key == p) return static_cast<int>(h);
@@ -127,7 +141,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
     const int tok = stok[s];
     if (tok < 0 || tok >= base) continue;
     const int h = find(tok);
-    if (h >= 0) { hval[h] = (hval[h] & ~0xffff) | s; hit[s] = 1; }
+    if (h >= 0) { hval[h] = (hval[h] & ~kNoSlot) | s; hit[s] = 1; }
   }
   __syncthreads();
   // 3. Old LRU -> evictables (old order) then hits (old order); each thread owns one chunk.
@@ -141,7 +155,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
     const int p = tk[i];
     if (p < 0 || p >= base) continue;
     const int v = hval[find(p)];
-    n_miss += (v & 0xffff) == 0xffff && (v >> 16) == i;
+    n_miss += (v & kNoSlot) == kNoSlot && (v >> 16) == i;
   }
   int m;
   int q = block_exclusive_scan(n_miss, scratch, m);  // its barriers also publish s_writer
@@ -151,9 +165,9 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
     if (p < 0 || p >= base) continue;
     const int h = find(p);
     const int v = hval[h];
-    if ((v & 0xffff) != 0xffff || (v >> 16) != i) continue;
+    if ((v & kNoSlot) != kNoSlot || (v >> 16) != i) continue;
     const int victim = order[q];  // q < n_evict: |union| <= W*K <= B
-    hval[h] = (v & ~0xffff) | victim;
+    hval[h] = (v & ~kNoSlot) | victim;
     mpos[q] = p;
     mvic[q] = static_cast<int16_t>(victim);
     if (writer) stok[victim] = p;
@@ -165,7 +179,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
       const int p = tk[i];
       int row = -1;
       if (p >= base && p < N) row = rows[B + (p - base)];
-      else if (p >= 0 && p < base) row = rows[hval[find(p)] & 0xffff];
+      else if (p >= 0 && p < base) row = rows[hval[find(p)] & kNoSlot];
       out[i] = row;
     }
     // New LRU = evictables rotated left by m (rest, then the misses), then the hits.
@@ -211,26 +225,21 @@ void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cuda
   HS_CUDA(cudaGetLastError());
 }
 
-// ctas <= 0 picks CTAs per request so that the whole batch is one resident wave (at most 32 per
-// request): each extra CTA repeats the bookkeeping, so a second wave would only add latency.
-// Memoized per (device, batch, block), so a graph capture reuses what the eager warm-up found.
+// How many CTAs of `block` threads of this kernel one SM of the current device holds (its
+// shared memory, registers and threads), for verify_ops.default_verify_ctas. Host queries only,
+// so a graph capture may call it.
 template <int K, int B, int W, int ITEM>
-int verify_auto_ctas(int dev, int64_t bs, int64_t block) {
-  static std::map<std::tuple<int, int64_t, int64_t>, int> memo;
-  const auto key = std::make_tuple(dev, bs, block);
-  if (auto it = memo.find(key); it != memo.end()) return it->second;
+int64_t verify_ctas_per_sm(int64_t block) {
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
-  int sms = 0, per_sm = 0;
-  HS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   auto kernel = resolve_verify_kernel<K, B, W, ITEM, true, true>;
   set_smem(kernel, bytes);
+  int per_sm = 0;
   HS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block),
                                                         bytes));
   HS_CHECK(per_sm >= 1, "resolve_verify needs " << bytes << " B of shared memory per CTA (k="
                         << K << " B=" << B << " W=" << W << ") at block " << block
                         << ": more than this GPU offers; lower device_buffer_size or top_k");
-  const int64_t c = static_cast<int64_t>(sms) * per_sm / (bs > 0 ? bs : 1);
-  return memo[key] = static_cast<int>(c < 1 ? 1 : (c > 32 ? 32 : c));
+  return per_sm;
 }
 
 template <int K, int B, int W, int ITEM>
@@ -262,27 +271,10 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == W && out_rows.size(2) == K &&
                out_rows.stride(1) == K,
            "out_rows must be [bs, W, k] with a request's rows contiguous");
-  HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
-           "block size " << block << " must be a multiple of 32 in [32, 1024]");
-  HS_CHECK(ctas <= 1024, "ctas per request " << ctas << " must be <= 1024 (0 = auto)");
-  HS_CHECK(bs <= 65535, "batch " << bs << " exceeds the grid limit 65535");
-  if (write_plan) {
-    check_tensor(plan_src, "plan.src", 2, kDLInt, 64);
-    check_tensor(plan_dst, "plan.dst", 2, kDLInt, 32);
-    check_tensor(plan_count, "plan.count", 1, kDLInt, 32);
-    for (auto* t : {&plan_src, &plan_dst, &plan_count}) check_cuda(*t, "plan tensor", dev);
-    HS_CHECK(plan_src.size(0) == bs && plan_src.size(1) >= W * K && plan_dst.size(0) == bs &&
-                 plan_dst.size(1) == plan_src.size(1) && plan_count.size(0) == bs &&
-                 plan_dst.stride(0) == plan_src.stride(0),
-             "plan must be src [bs, >=W*k] int64, dst like src (same strides), count [bs]");
-  }
+  check_launch_shape(block, ctas, bs);
+  if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, W * K, "W*k", dev);
   if (bs == 0) return;
-  if (ctas <= 0) ctas = verify_auto_ctas<K, B, W, ITEM>(dev, bs, block);
-  if (ctas > 1) {
-    check_tensor(arrivals, "arrivals", 1, kDLInt, 32);
-    check_cuda(arrivals, "arrivals", dev);
-    HS_CHECK(arrivals.size(0) >= bs, "arrivals workspace has " << arrivals.size(0) << " < bs entries");
-  }
+  check_arrivals(arrivals, bs, ctas, dev);
 
   VerifyArgs a;
   a.top_k = ptr<const int32_t>(top_k); a.topk_stride = top_k.stride(0);

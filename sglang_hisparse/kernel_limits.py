@@ -10,7 +10,7 @@ from __future__ import annotations
 
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SMEM_PER_BLOCK = 232448
-_SCAN_BYTES = 4 * 40  # block-scan scratch at the end of both layouts
+_SCAN_BYTES = 4 * 40  # scan scratch at the end of both layouts (common.cuh: kScanScratchInts)
 
 
 def _pow2_ceil(n: int) -> int:

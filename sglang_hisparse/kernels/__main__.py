@@ -33,12 +33,6 @@ TEST_GRID: tuple[tuple[int, int, int], ...] = (
 ITEMS = (656, 1152)
 
 
-def _verify_module(k: int, B: int, W: int, item: int):
-    from .verify_ops import verify_module  # imports torch; only when verify specs are asked for
-
-    return verify_module(k, B, W, item)
-
-
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
                verify_specs=()) -> None:
     """Build the given resolve ``(k, B, item)`` specs, replay ``items``, verify ``(k, B, W,
@@ -48,7 +42,7 @@ def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=pr
     tasks += [("verify", s) for s in verify_specs]
     tasks += [("gather", (i,)) for i in items] if gather else []
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
-               "gather": _jit.gather_module, "verify": _verify_module}
+               "gather": _jit.gather_module, "verify": _jit.verify_module}
 
     def one(task):
         kind, args = task

@@ -1,10 +1,10 @@
 """Build cache for the CUDA kernels: tvm-ffi JIT, keyed on exactly the template arguments.
 
-One module per resolve specialization ``(k, B, item_bytes)`` (it exports one function; block
-size, CTAs per request, batch and the plan/no-IO flags are runtime arguments, so one build
-serves every ``swap_in_block_size``; inside it, block sizes 512 and 1024 run kernels compiled
-for exactly that size, every other one a kernel sized at run time) and one per replay item
-size. Builds go to
+One module per resolve specialization ``(k, B, item_bytes)`` (block size, CTAs per request,
+batch and the plan/no-IO flags are runtime arguments, so one build serves every
+``swap_in_block_size``; inside it, block sizes 512 and 1024 run kernels compiled for exactly
+that size, every other one a kernel sized at run time), one per verify-step specialization
+``(k, B, W, item_bytes)``, and one per replay item size. Builds go to
 ``$SGLANG_HISPARSE_JIT_CACHE`` (default ``~/.cache/sglang_hisparse/jit``), never into the
 installed package, under a directory named after the arguments and a hash of the sources,
 compiler flags and target; an ``fcntl`` lock around each build lets TP ranks share the cache.
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-_SOURCES = ("common.cuh", "resolve.cuh", "replay.cuh", "gather.cuh")
+_SOURCES = ("common.cuh", "resolve.cuh", "resolve_verify.cuh", "replay.cuh", "gather.cuh")
 _CFLAGS = ("-lineinfo", "--expt-relaxed-constexpr")
 
 _RESOLVE_ARGS = (
@@ -35,6 +35,17 @@ _RESOLVE_CALL = (
     "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
     "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, ctas, block, "
     "write_plan, copy, stage_rows"
+)
+_VERIFY_ARGS = (
+    "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
+    "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
+    "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
+    "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
+    "int64_t block, int64_t write_plan, int64_t copy"
+)
+_VERIFY_CALL = (
+    "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
+    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy"
 )
 _REPLAY_ARGS = (
     "TensorView plan_src, TensorView plan_dst, TensorView plan_count, TensorView num_real, "
@@ -129,7 +140,7 @@ def resolve_module(k: int, B: int, item: int, build: str = "") -> Any:
     """The compiled resolve launcher for top-k ``k``, ``B`` hot slots, ``item``-byte rows, and
     ``smem_bytes(words)``: its shared memory per CTA for a position bitmap of ``words`` words.
     ``build``: a name for another, separate build of the same kernels (tests load two builds of
-    one template in a process, as probe_resolve.py's profiling build sits next to the op's)."""
+    one template in a process, as benchmarks/probes/probe_resolve.py's profiling build sits next to the op's)."""
     wrapper = (
         (f"// build {build}\n" if build else "")
         + '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
@@ -141,6 +152,23 @@ def resolve_module(k: int, B: int, item: int, build: str = "") -> Any:
     )
     name = f"hisparse_resolve_k{k}_b{B}_i{item}" + (f"_{build}" if build else "")
     return _build(name, wrapper, ["resolve", "smem_bytes"])
+
+
+@functools.cache
+def verify_module(k: int, B: int, W: int, item: int) -> Any:
+    """The compiled verify-step launcher for top-k ``k``, ``B`` history slots, ``W`` rows,
+    ``item``-byte rows (one build serves plan/no-plan, copy/no-IO, every block size and batch),
+    and ``ctas_per_sm(block)``: how many of its CTAs of ``block`` threads one SM of the current
+    device holds (the occupancy ``verify_ops`` sizes the grid from)."""
+    wrapper = (
+        '#include "resolve_verify.cuh"\nusing tvm::ffi::TensorView;\n'
+        f"void resolve_verify({_VERIFY_ARGS}) {{\n"
+        f"  hisparse::resolve_verify_launch<{k}, {B}, {W}, {item}>({_VERIFY_CALL});\n}}\n"
+        "int64_t ctas_per_sm(int64_t block) {\n"
+        f"  return hisparse::verify_ctas_per_sm<{k}, {B}, {W}, {item}>(block);\n}}\n"
+    )
+    return _build(f"hisparse_verify_k{k}_b{B}_w{W}_i{item}", wrapper,
+                  ["resolve_verify", "ctas_per_sm"])
 
 
 @functools.cache

@@ -135,36 +135,87 @@ def check_resolve_shapes(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru,
     host_rows, host_cache, device_cache, out_rows, plan,
 ) -> tuple[int, int, int, int]:
-    """Shape/dtype checks that need no device read. Returns ``(bs, k, B, item_bytes)``."""
-    _need("top_k", top_k, (torch.int32,), 2)
-    _need("seq_lens", seq_lens, (torch.int32, torch.int64), 1)
-    _need("out_rows", out_rows, (torch.int32,), 2)
-    check_state_dtypes(
-        req_index=req_index, num_real_reqs=num_real_reqs, slot_tokens=slot_tokens,
-        slot_rows=slot_rows, lru=lru, host_rows=host_rows, host_cache=host_cache,
-        device_cache=device_cache,
-    )
-    bs, k = top_k.shape
+    """Shape/dtype checks of a decode resolve (window W = 1) that need no device read.
+    Returns ``(bs, k, B, item_bytes)``."""
+    bs, _, k, B, item = _check_shapes(dict(
+        top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+        slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+        host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan,
+    ), verify=False)
+    return bs, k, B, item
+
+
+def check_verify_shapes(
+    *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru,
+    host_rows, host_cache, device_cache, out_rows, plan,
+) -> tuple[int, int, int, int, int]:
+    """Shape/dtype checks of a verify-step resolve (window W) with no device read. Returns
+    ``(bs, W, k, B, item_bytes)``.
+
+    ``top_k`` int32 [bs, W, k]; ``req_index`` int32|int64 [bs]; ``seq_lens`` int32|int64
+    [bs, W]; ``num_real_reqs`` int32 [1]; ``slot_tokens``/``slot_rows`` int32 [R, B+W];
+    ``lru`` int16 [R, B]; ``host_rows`` int64 [R, max_ctx]; ``host_cache``/``device_cache``
+    uint8 [H|D, I]; ``out_rows`` int32 [bs, W, k]; ``plan`` src/dst [bs, >= W*k].
+    """
+    return _check_shapes(dict(
+        top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+        slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+        host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan,
+    ), verify=True)
+
+
+def _check_shapes(kw: dict, *, verify: bool) -> tuple[int, int, int, int, int]:
+    """The one shape check of both resolve flavours: decode (``verify`` False: top_k [bs, k],
+    seq_lens [bs], slots [R, B+1], the window W = 1) and verify (top_k [bs, W, k], seq_lens
+    [bs, W], slots [R, B+W]). Returns ``(bs, W, k, B, item_bytes)``."""
+    top_k, seq_lens, out_rows, lru = kw["top_k"], kw["seq_lens"], kw["out_rows"], kw["lru"]
+    nd = 3 if verify else 2
+    _need("top_k", top_k, (torch.int32,), nd)
+    _need("seq_lens", seq_lens, (torch.int32, torch.int64), nd - 1)
+    _need("out_rows", out_rows, (torch.int32,), nd)
+    check_state_dtypes(**{name: kw[name] for name in _STATE_DTYPES})
+    if verify:
+        bs, W, k = top_k.shape
+    else:
+        (bs, k), W = top_k.shape, 1
     R, B = lru.shape
-    _same("num_real_reqs.numel()", num_real_reqs.numel(), 1, "a one-element tensor")
-    _same("req_index.shape[0]", req_index.shape[0], bs, "top_k.shape[0] (batch)")
-    _same("seq_lens.shape[0]", seq_lens.shape[0], bs, "top_k.shape[0] (batch)")
-    _same("out_rows.shape", tuple(out_rows.shape), (bs, k), "top_k.shape")
-    _same("slot_tokens.shape", tuple(slot_tokens.shape), (R, B + 1), "(lru.shape[0], lru.shape[1]+1)")
-    _same("slot_rows.shape", tuple(slot_rows.shape), (R, B + 1), "(lru.shape[0], lru.shape[1]+1)")
-    _same("host_rows.shape[0]", host_rows.shape[0], R, "lru.shape[0] (request slots)")
+    _same("num_real_reqs.numel()", kw["num_real_reqs"].numel(), 1, "a one-element tensor")
+    _same("req_index.shape[0]", kw["req_index"].shape[0], bs, "top_k.shape[0] (batch)")
+    if verify:
+        _same("seq_lens.shape", tuple(seq_lens.shape), (bs, W),
+              "top_k.shape[:2] (pass dsa_seqlens_expanded.view(bs, W))")
+    else:
+        _same("seq_lens.shape[0]", seq_lens.shape[0], bs, "top_k.shape[0] (batch)")
+    _same("out_rows.shape", tuple(out_rows.shape), tuple(top_k.shape), "top_k.shape")
+    slots, rule = ((R, B + W), "(lru.shape[0], B + W)") if verify else (
+        (R, B + 1), "(lru.shape[0], lru.shape[1]+1)")
+    _same("slot_tokens.shape", tuple(kw["slot_tokens"].shape), slots, rule)
+    _same("slot_rows.shape", tuple(kw["slot_rows"].shape), slots, rule)
+    _same("host_rows.shape[0]", kw["host_rows"].shape[0], R, "lru.shape[0] (request slots)")
+    if verify and (W < 1 or k < 1):
+        raise ValueError(f"top_k has shape {tuple(top_k.shape)}; W and k must be >= 1.")
+    if B < W * k and verify:
+        raise ValueError(
+            f"lru has B = {B} slots but a verify step selects up to W*k = {W}*{k} = {W * k} "
+            f"positions: the union must fit, so set device_buffer_size >= {W * k} "
+            f"((speculative_num_draft_tokens) * top_k)."
+        )
     if B < k:
         raise ValueError(
             f"lru has B = {B} slots but top_k has k = {k} columns: every selected position "
             f"needs a hot slot, so B must be >= k (set device_buffer_size >= top_k)."
         )
-    item = check_rows_and_strides(
-        top_k=top_k, out_rows=out_rows, slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru,
-        host_rows=host_rows, host_cache=host_cache, device_cache=device_cache,
-    )
-    if plan is not None:
-        check_plan_shapes(plan, bs=bs, k=k)
-    return bs, k, B, item
+    item = check_rows_and_strides(**{name: kw[name] for name in (
+        "top_k", "out_rows", "slot_tokens", "slot_rows", "lru", "host_rows", "host_cache",
+        "device_cache")})
+    if verify:
+        for name in ("top_k", "out_rows"):
+            if kw[name].stride(1) != k:
+                raise ValueError(f"{name} rows of one request must be contiguous "
+                                 f"(stride {kw[name].stride()}).")
+    if kw["plan"] is not None:
+        check_plan_shapes(kw["plan"], bs=bs, k=W * k)
+    return bs, W, k, B, item
 
 
 def check_resident(resident: torch.Tensor | None, *, lru: torch.Tensor,
@@ -229,26 +280,60 @@ def check_real_rows(kw: dict, bs: int) -> tuple[int, torch.Tensor, torch.Tensor,
 
 
 def validate_resolve(**kw) -> None:
-    """Full check of resolve inputs: shapes/dtypes, then values (host syncs; skipped in capture).
+    """Full check of decode resolve inputs: shapes/dtypes, then values (host syncs; skipped in
+    capture). The rules of :func:`validate_verify` with W = 1: ``seq_lens`` in
+    ``[1, host_rows.shape[1]]`` and every ``top_k`` entry -1 or in ``[0, seq_len)``."""
+    check_resolve_shapes(**kw)
+    _validate_values(kw, verify=False)
 
-    Value rules: ``0 <= num_real_reqs <= bs``; real rows' ``req_index`` in ``[0, R)`` and unique;
-    ``seq_lens >= 1`` and ``<= host_rows.shape[1]``; every ``top_k`` entry is -1 or in
-    ``[0, seq_len)``.
+
+def validate_verify(**kw) -> None:
+    """Full check of verify-step resolve inputs (host syncs; value checks skipped in capture).
+
+    Value rules: ``0 <= num_real_reqs <= bs``; real rows' ``req_index`` in ``[0, R)`` and
+    unique; ``seq_lens[b, 0] >= 1``, ``seq_lens[b, j] == seq_lens[b, 0] + j`` and
+    ``seq_lens[b, W-1] <= host_rows.shape[1]``; ``top_k[b, j, i]`` is -1 or in
+    ``[0, seq_lens[b, j])``.
     """
-    bs, k, B, _ = check_resolve_shapes(**kw)
+    check_verify_shapes(**kw)
+    _validate_values(kw, verify=True)
+
+
+def _validate_values(kw: dict, *, verify: bool) -> None:
+    """The value rules of both flavours on the window form (decode: W = 1, one row per request)."""
     top_k = kw["top_k"]
+    bs = top_k.shape[0]
     if _is_capturing(top_k) or bs == 0:
         return
     nr, req, lens, max_ctx = check_real_rows(kw, bs)
-    if nr and (lens.min() < 1 or lens.max() > max_ctx):
-        raise ValueError(f"seq_lens {lens.tolist()} outside [1, {max_ctx}] (host_rows.shape[1]).")
+    if not nr:
+        return
     tk = top_k[:nr].long().cpu()
-    bad = (tk < -1) | (tk >= lens[:, None])
-    if bool(bad.any()):
-        b, i = (int(x) for x in bad.nonzero()[0])
+    if not verify:
+        lens, tk = lens[:, None], tk[:, None, :]
+    W = lens.shape[1]
+    steps = lens - lens[:, :1]
+    if not torch.equal(steps, torch.arange(W).expand(nr, W)):
+        b = int((steps != torch.arange(W)).any(1).nonzero()[0])
         raise ValueError(
-            f"top_k[{b}, {i}] = {int(tk[b, i])} is outside [0, seq_len={int(lens[b])}) and not -1 "
-            f"(padding). Positions must name existing tokens of request {int(req[b])}."
+            f"seq_lens[{b}] = {lens[b].tolist()}: verify row j must have length seq_lens[b, 0] + j "
+            f"(SGLang's dsa_seqlens_expanded for one request, viewed as [bs, W])."
+        )
+    if lens[:, 0].min() < 1 or lens[:, -1].max() > max_ctx:
+        shown = lens if verify else lens[:, 0]
+        raise ValueError(f"seq_lens {shown.tolist()} outside [1, {max_ctx}] (host_rows.shape[1]).")
+    bad = (tk < -1) | (tk >= lens[:, :, None])
+    if bool(bad.any()):
+        b, j, i = (int(x) for x in bad.nonzero()[0])
+        if verify:
+            raise ValueError(
+                f"top_k[{b}, {j}, {i}] = {int(tk[b, j, i])} is outside [0, seq_len="
+                f"{int(lens[b, j])}) and not -1 (padding). Verify row {j} may only select tokens "
+                f"before its own length."
+            )
+        raise ValueError(
+            f"top_k[{b}, {i}] = {int(tk[b, j, i])} is outside [0, seq_len={int(lens[b, j])}) and "
+            f"not -1 (padding). Positions must name existing tokens of request {int(req[b])}."
         )
 
 

@@ -1,34 +1,58 @@
 """Pure-torch resolve and replay: the executable spec, the test oracle and the CPU fallback.
 
 Works on CPU or CUDA tensors (it reads ``num_real_reqs`` and per-row scalars back to the
-host, so it is not capturable). The CUDA kernels in ``jit_kernels/resolve.cuh`` match it
-bit for bit; ``sglang_hisparse.kernels.ops`` dispatches CPU tensors here.
+host, so it is not capturable). The CUDA kernels ``jit_kernels/resolve.cuh`` (decode) and
+``jit_kernels/resolve_verify.cuh`` (speculative verify) match it bit for bit;
+``sglang_hisparse.kernels.ops`` and ``.verify_ops`` dispatch CPU tensors here.
 
-Resolve, per real batch row b (request r = req_index[b], n = seq_lens[b], B hot slots)::
+One algorithm with a **window** of W query rows per request: a decode step is W = 1
+(:func:`resolve`: top_k [bs, k], seq_lens [bs], slots [R, B+1]); a speculative verify step
+resolves the union of its W = n+1 rows once (:func:`resolve_verify`: top_k [bs, W, k],
+seq_lens [bs, W] with row j's length ``n0 + j``, slots [R, B+W]). Per real batch row b
+(request r = req_index[b], B hot slots)::
 
-    n <= B  (short)  token p lives in slot p (the newest, n-1, too): out = slot_rows[r, p].
+    n0 = seq_lens[b] (decode) or seq_lens[b, 0] (verify)
+    base = n0 - 1       first window position (decode: the newest token)
+    N    = n0 + W - 1   length of the last row (all positions that exist)
+
+    N <= B  (short)  token p lives in slot p (window tokens too): out = slot_rows[r, p].
                      No IO, no state change, plan count 0.
-    n >  B  (long)   newest n-1 -> slot B, a hit.  For the other selected positions:
+    N >  B  (long)   window position base + j -> slot B + j (a hit, outside the LRU).
+                     Every other selected position p < base, over all W rows, forms the
+                     union U, resolved once:
+
+        slots     [ 0 .. B-1 : LRU-managed history | B .. B+W-1 : window ]
+        flat top-k = top_k[b].reshape(W*k)   (row 0's k entries, then row 1's, ...)
 
         old LRU   [ s0  s1  s2  s3  s4  s5  s6  s7 ]   (oldest -> newest)
-        selected         ^hit           ^hit          misses m1, m2 (top-k order)
+        selected         ^hit           ^hit          misses m1, m2 (flat top-k order)
         evictable [ s0 s1 s3 s4 s5 s7 ]   (old order)   hits [ s2 s6 ]
         m1 -> s0, m2 -> s1  (oldest evictables; host row copied into their device rows)
         new LRU   [ s3 s4 s5 s7 | s0 s1 | s2 s6 ]   rest of evictables | misses | hits
 
-    Duplicate positions resolve to one slot and are copied once (the first occurrence
-    in top-k order fixes the miss order). A slot whose token is n-1 or outside [0, n)
-    is never a hit (the newest lives in slot B).
+    A position selected twice (by several rows or twice in one row) hits or misses once and
+    is copied once; the first occurrence in flat top-k order fixes the miss order. Every
+    row's output stays aligned with its own top-k. A history slot whose token is >= base or
+    outside [0, N) is never a hit (the newest token / stale window content).
 
-Padding rows (b >= num_real_reqs) and padding entries (-1) produce -1.
+Entries -1 produce -1; so do entries outside [0, N) (a caller bug that validation rejects:
+row j may only select positions < its own length). Padding rows (b >= num_real_reqs) write
+-1 everywhere and change nothing. The miss plan has ``W*k`` columns and replays with
+:func:`replay`. ``B >= W*k`` is required so that the union always fits.
 
-Resident hint (optional, ``resident`` int32 [R, ceil(host_rows.shape[1] / 32)]): bit p of row r
-says "some history slot (< B) of request r holds position p". The kernel fetches the rows of
-selected positions whose bit is clear before its bookkeeping has proved them misses; outputs
-and state never depend on it. A long row updates it as ``(old & ~evicted) | misses`` (the
-tokens that left and entered the slots), which keeps an exact hint exact. A wrong bit costs
-at most a wasted early fetch or a late copy per selection, and is put right when its position
-is evicted (cleared) or missed and loaded (set). :func:`resident_hint` builds an exact one.
+Verify lengths (SGLang 0.5.23 target-verify, ``dsa_backend.init_forward_metadata``): with
+``s = forward_batch.seq_lens`` (committed tokens) and ``W = speculative_num_draft_tokens``,
+``dsa_seqlens_expanded`` row ``j`` of request ``r`` is ``s_r + 1 + j``: the W verify tokens
+are positions ``s_r .. s_r + W - 1`` and ``seq_lens = dsa_seqlens_expanded.view(bs, W)``.
+
+Resident hint (decode only, optional ``resident`` int32 [R, ceil(host_rows.shape[1] / 32)]):
+bit p of row r says "some history slot (< B) of request r holds position p". The kernel
+fetches the rows of selected positions whose bit is clear before its bookkeeping has proved
+them misses; outputs and state never depend on it. A long row updates it as
+``(old & ~evicted) | misses`` (the tokens that left and entered the slots), which keeps an
+exact hint exact. A wrong bit costs at most a wasted early fetch or a late copy per
+selection, and is put right when its position is evicted (cleared) or missed and loaded
+(set). :func:`resident_hint` builds an exact one.
 """
 
 from __future__ import annotations
@@ -41,13 +65,15 @@ from .contract import (
     check_plan_shapes,
     check_resident,
     check_resolve_shapes,
+    check_verify_shapes,
     validate_replay,
     validate_resolve,
+    validate_verify,
     validation_enabled,
 )
 
-__all__ = ["MissPlan", "ResolveMode", "resolve", "replay", "resident_hint", "position_bits",
-           "int32_bits"]
+__all__ = ["MissPlan", "ResolveMode", "resolve", "resolve_verify", "replay", "resident_hint",
+           "position_bits", "int32_bits"]
 
 
 def _pack_bits(pos: torch.Tensor, words: int) -> torch.Tensor:
@@ -90,37 +116,37 @@ def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
     return uniq[torch.argsort(first)]
 
 
-def _resolve_long(
-    *, b, r, n, sel_row, slot_tokens, slot_rows, lru, host_rows, host_cache, device_cache,
-    out_rows, plan, copy, resident=None,
-) -> None:
+def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None) -> torch.Tensor:
+    """Union resolve of one long request (``n0 + W - 1 > B``) over its flat top-k (int64
+    [W*k]); mutates the state in ``st`` and returns the device row of each flat entry."""
+    slot_tokens, slot_rows, lru = st["slot_tokens"], st["slot_rows"], st["lru"]
     B = lru.shape[1]
-    dev = sel_row.device
-    valid = sel_row >= 0
-    pos = sel_row.long()
+    base, N = n0 - 1, n0 + W - 1
+    dev = flat.device
+    hist = (flat >= 0) & (flat < base)
+    window = (flat >= base) & (flat < N)
     tokens = slot_tokens[r, :B].long()
-    # Dense position -> slot map over [0, n); only tokens that can be hits enter it.
-    lookup = torch.full((n,), -1, dtype=torch.long, device=dev)
-    live = (tokens >= 0) & (tokens < n - 1)
+    # Dense position -> slot map over [0, base); only history tokens can be hits.
+    lookup = torch.full((max(base, 1),), -1, dtype=torch.long, device=dev)
+    live = (tokens >= 0) & (tokens < base)
     lookup[tokens[live]] = torch.arange(B, device=dev)[live]
 
-    sel = _first_occurrence_order(pos[valid & (pos != n - 1)])
-    selected = torch.zeros(n, dtype=torch.bool, device=dev)
-    selected[sel] = True
-
+    union = _first_occurrence_order(flat[hist])
+    selected = torch.zeros(max(base, 1), dtype=torch.bool, device=dev)
+    selected[union] = True
     old_lru = lru[r].long()
-    tok_in_lru = tokens[old_lru]
-    is_hit = (tok_in_lru >= 0) & (tok_in_lru < n - 1)
-    is_hit &= selected[tok_in_lru.clamp(0, n - 1)]
+    tok = tokens[old_lru]
+    is_hit = (tok >= 0) & (tok < base) & selected[tok.clamp(0, max(base, 1) - 1)]
     evictable, hits = old_lru[~is_hit], old_lru[is_hit]
 
-    misses = sel[lookup[sel] < 0]
+    misses = union[lookup[union] < 0]
     m = misses.numel()
     victims = evictable[:m]
-    src = host_rows[r, misses]
+    src = st["host_rows"][r, misses]
     dst = slot_rows[r, victims].long()
     if copy and m:
-        device_cache[dst] = host_cache[src.to(host_cache.device)].to(device_cache.device)
+        dc, hc = st["device_cache"], st["host_cache"]
+        dc[dst] = hc[src.to(hc.device)].to(dc.device)
     if resident is not None:
         words = resident.shape[1]
         old = resident[r].long() & 0xFFFFFFFF
@@ -130,12 +156,40 @@ def _resolve_long(
     lookup[misses] = victims
     lru[r] = torch.cat([evictable[m:], victims, hits]).to(lru.dtype)
 
-    slot = torch.where(pos == n - 1, torch.full_like(pos, B), lookup[pos.clamp(0, n - 1)])
-    out_rows[b] = torch.where(valid, slot_rows[r, slot.clamp(0, B)], -1).to(out_rows.dtype)
+    slot = torch.where(window, B + flat - base, lookup[flat.clamp(0, max(base, 1) - 1)])
+    rows = slot_rows[r, slot.clamp(0, B + W - 1)]
     if plan is not None:
         plan.src[b, :m] = src
         plan.dst[b, :m] = dst.to(plan.dst.dtype)
         plan.count[b] = m
+    return torch.where(hist | window, rows, -1)
+
+
+def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, copy: bool,
+                    resident: torch.Tensor | None) -> None:
+    """The batch loop of both flavours; ``kw["top_k"]``/``kw["out_rows"]`` are [bs, W, k] views
+    and ``n0s`` the rows-0 lengths of the real rows."""
+    top_k, out_rows, lru, slot_rows = kw["top_k"], kw["out_rows"], kw["lru"], kw["slot_rows"]
+    bs, _, k = top_k.shape
+    B = lru.shape[1]
+    nr = int(kw["num_real_reqs"].reshape(-1)[0])
+    reqs = kw["req_index"].tolist()
+    out_rows[nr:] = -1
+    if plan is not None:
+        plan.count[:] = 0
+    st = {name: kw[name] for name in ("slot_tokens", "slot_rows", "lru", "host_rows",
+                                       "host_cache", "device_cache")}
+    for b in range(min(nr, bs)):
+        r, n0 = int(reqs[b]), int(n0s[b])
+        flat = top_k[b].reshape(-1).long()
+        N = n0 + W - 1
+        if N <= B:
+            valid = (flat >= 0) & (flat < N)
+            res = torch.where(valid, slot_rows[r, flat.clamp(0, B - 1)], -1)
+        else:
+            res = _resolve_long(b=b, r=r, n0=n0, W=W, flat=flat, st=st, plan=plan, copy=copy,
+                                resident=resident)
+        out_rows[b] = res.view(W, k).to(out_rows.dtype)
 
 
 @torch.no_grad()
@@ -145,7 +199,7 @@ def resolve(
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
     resident: torch.Tensor | None = None,
 ) -> None:
-    """Resolve one layer's top-k selections against the hot buffers (see module docstring).
+    """Resolve one layer's decode-step top-k (window W = 1; see the module docstring).
 
     Mutates ``slot_tokens`` [R, B+1] int32, ``lru`` [R, B] int16, ``device_cache`` [D, I]
     uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32, ``plan`` and ``resident``
@@ -160,29 +214,37 @@ def resolve(
     else:
         check_resolve_shapes(**kw)
     check_resident(resident, lru=lru, host_rows=host_rows)
-    bs = top_k.shape[0]
-    if bs == 0:
+    if top_k.shape[0] == 0:
         return
-    B = lru.shape[1]
-    nr = int(num_real_reqs.reshape(-1)[0])
-    reqs = req_index.tolist()
-    lens = seq_lens.tolist()
-    out_rows[nr:] = -1
-    if plan is not None:
-        plan.count[:] = 0
-    for b in range(min(nr, bs)):
-        r, n = int(reqs[b]), int(lens[b])
-        sel_row = top_k[b]
-        if n <= B:
-            p = sel_row.long()
-            rows = slot_rows[r, p.clamp(0, B)]
-            out_rows[b] = torch.where(p >= 0, rows, -1).to(out_rows.dtype)
-            continue
-        _resolve_long(
-            b=b, r=r, n=n, sel_row=sel_row, slot_tokens=slot_tokens, slot_rows=slot_rows,
-            lru=lru, host_rows=host_rows, host_cache=host_cache, device_cache=device_cache,
-            out_rows=out_rows, plan=plan, copy=mode is ResolveMode.COPY, resident=resident,
-        )
+    kw.update(top_k=top_k[:, None, :], out_rows=out_rows[:, None, :])
+    _resolve_window(kw, W=1, n0s=seq_lens.tolist(), plan=plan, copy=mode is ResolveMode.COPY,
+                    resident=resident)
+
+
+@torch.no_grad()
+def resolve_verify(
+    *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
+    host_cache, device_cache, out_rows, plan: MissPlan | None = None,
+    mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
+) -> None:
+    """Resolve one layer's verify-step selections, all W rows of a request at once (the module
+    docstring's window W = top_k.shape[1]; shapes in :func:`.contract.check_verify_shapes`).
+
+    Mutates ``slot_tokens`` [R, B+W] int32 (history slots only), ``lru`` [R, B] int16,
+    ``device_cache`` [D, I] uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, W, k] int32
+    and ``plan`` (src/dst [bs, >= W*k], count [bs]) if given.
+    """
+    kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+              slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+              host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
+    if validation_enabled(validate):
+        validate_verify(**kw)
+    else:
+        check_verify_shapes(**kw)
+    if top_k.shape[0] == 0:
+        return
+    _resolve_window(kw, W=top_k.shape[1], n0s=seq_lens[:, 0].tolist(), plan=plan,
+                    copy=mode is ResolveMode.COPY, resident=None)
 
 
 @torch.no_grad()

@@ -1,11 +1,13 @@
 """Synthetic hot-buffer states and top-k selections for kernel tests and benchmarks.
 
-A state is what the coordinator keeps for one layer: ``slot_tokens`` [R, B+1] int32,
-``slot_rows`` [R, B+1] int32, ``lru`` [R, B] int16, ``host_rows`` [R, max_ctx] int64, plus the
-host/device KV arrays. Long requests (n > B) start in a "steady state": B distinct older
-positions resident in a random LRU order, the newest in slot B. Short requests hold token p in
-slot p. Selections are drawn with a controlled churn: the fraction of the top-k that is not
-resident (the misses of the next resolve).
+A state is what the coordinator keeps for one layer: ``slot_tokens`` [R, B+W] int32,
+``slot_rows`` [R, B+W] int32, ``lru`` [R, B] int16, ``host_rows`` [R, max_ctx] int64, plus the
+host/device KV arrays, with W = 1 for decode (:func:`make_state`, :func:`make_topk`) and the
+verify window for a speculative verify step (:func:`make_verify_state`,
+:func:`make_verify_topk`). Long requests start in a "steady state": distinct older positions
+resident in a random LRU order, the window (decode: the newest token) in slots B.. . Short
+requests hold token p in slot p. Selections are drawn with a controlled churn: the fraction of
+the top-k that is not resident (the misses of the next resolve).
 """
 
 from __future__ import annotations
@@ -131,4 +133,78 @@ def make_topk(
         if pad_entries:
             row[k - pad_entries:] = -1
         out[b] = row[torch.randperm(k, generator=g)].to(torch.int32)
+    return out.to(state.slot_tokens.device)
+
+
+def make_verify_state(*, seq_lens: list[int], B: int, W: int, item: int, max_ctx: int | None = None,
+                      device: str | torch.device = "cpu", pin: bool = False, seed: int = 0):
+    """A :class:`~.synthetic.HotState` with ``[R, B+W]`` slots for rows-0 lengths ``seq_lens``.
+
+    Long requests (``n0 + W - 1 > B``): history slots hold distinct positions ``< n0 - 1`` in a
+    random LRU order (-1 when fewer exist), window slot ``B + j`` holds ``n0 - 1 + j``. Short
+    ones hold token p in slot p. Device row of slot s of request r: ``1 + r*(B+W) + s``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    R = len(seq_lens)
+    max_ctx = max_ctx or max(seq_lens) + W
+    st = torch.full((R, B + W), -1, dtype=torch.int32)
+    lru = torch.arange(B, dtype=torch.int16).repeat(R, 1)
+    for r, n0 in enumerate(seq_lens):
+        base, N = n0 - 1, n0 + W - 1
+        if N <= B:
+            st[r, :N] = torch.arange(N, dtype=torch.int32)
+            continue
+        h = min(base, B)
+        st[r, :h] = torch.randperm(base, generator=g)[:h].to(torch.int32)
+        st[r, B:] = torch.arange(base, N, dtype=torch.int32)
+        lru[r] = torch.randperm(B, generator=g).to(torch.int16)
+    rows = (1 + torch.arange(R * (B + W), dtype=torch.int32)).view(R, B + W)
+    H = R * max_ctx
+    host_rows = torch.randperm(H, generator=g).view(R, max_ctx)
+    host_cache = torch.randint(0, 256, (H, item), generator=g, dtype=torch.uint8)
+    device_cache = torch.randint(0, 256, (1 + R * (B + W), item), generator=g, dtype=torch.uint8)
+    if pin:
+        host_cache = host_cache.pin_memory()
+    dev = torch.device(device)
+    return HotState(st.to(dev), rows.to(dev), lru.to(dev), host_rows.to(dev), host_cache,
+                    device_cache.to(dev), torch.tensor(seq_lens, dtype=torch.int64))
+
+
+def make_verify_topk(state, req_index: list[int], *, W: int, k: int, churn: float,
+                     spread: float = 0.5, pad_entries: int = 0, seed: int = 0) -> torch.Tensor:
+    """int32 [bs, W, k] verify selections; ``state.seq_lens`` holds the rows-0 lengths.
+
+    Long request, row j: the window positions it can see (``base .. base+j``), ``churn*k``
+    misses drawn from a per-request pool of ``(1+spread)*churn*k`` cold positions (so rows
+    overlap: the union misses ~``(1+spread)*churn*k``), the rest resident history positions;
+    the last ``pad_entries`` are -1; then shuffled. Short request: random positions < length.
+    """
+    g = torch.Generator().manual_seed(seed)
+    B = state.lru.shape[1]
+    tokens = state.slot_tokens.cpu()
+    out = torch.full((len(req_index), W, k), -1, dtype=torch.int32)
+    for b, r in enumerate(req_index):
+        n0 = int(state.seq_lens[r])
+        base = n0 - 1
+        if n0 + W - 1 <= B:
+            for j in range(W):
+                out[b, j] = torch.randint(0, n0 + j, (k,), generator=g).to(torch.int32)
+            continue
+        hist = tokens[r, :B].long()
+        hist = hist[(hist >= 0) & (hist < base)]
+        is_res = torch.zeros(base, dtype=torch.bool)
+        is_res[hist] = True
+        cold = (~is_res).nonzero().flatten()
+        pool = cold[torch.randperm(cold.numel(), generator=g)[: round((1 + spread) * churn * k)]]
+        for j in range(W):
+            n_miss = min(round(churn * k), pool.numel(), k - 1 - j)
+            miss = pool[torch.randperm(pool.numel(), generator=g)[:n_miss]]
+            n_hot = k - 1 - j - n_miss
+            pick = (torch.randperm(hist.numel(), generator=g)[:n_hot] if hist.numel() >= n_hot
+                    else torch.randint(0, max(hist.numel(), 1), (n_hot,), generator=g))
+            hot = hist[pick] if hist.numel() else torch.full((n_hot,), base, dtype=torch.long)
+            row = torch.cat([torch.arange(base, base + j + 1), miss, hot])
+            if pad_entries:
+                row[k - pad_entries:] = -1
+            out[b, j] = row[torch.randperm(k, generator=g)].to(torch.int32)
     return out.to(state.slot_tokens.device)

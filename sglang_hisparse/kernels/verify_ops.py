@@ -1,33 +1,33 @@
 """Typed verify-step resolve op: CUDA tensors run ``jit_kernels/resolve_verify.cuh``, CPU
-tensors run :mod:`.verify_reference`.
+tensors run :func:`.reference.resolve_verify`.
 
 Speculative decoding gives every request W = n+1 query rows per layer; :func:`resolve_verify`
-resolves their union in one launch (semantics and shapes: :mod:`.verify_reference`). The miss
-plan it records has ``W*k`` columns and replays with the unchanged
-:func:`sglang_hisparse.kernels.replay`. The CUDA path is CUDA-graph capturable (no host sync,
-no allocation after the arrival workspace is reserved, ``num_real_reqs`` on the device).
+resolves their union in one launch (semantics and shapes: :mod:`.reference`, the window W of
+the decode resolve's W = 1). The miss plan it records has ``W*k`` columns and replays with the
+unchanged :func:`sglang_hisparse.kernels.replay`. The CUDA path is CUDA-graph capturable (no
+host sync, no allocation after the arrival workspace is reserved, ``num_real_reqs`` on the
+device).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from typing import Any
-
 import torch
 
-from . import _jit, verify_reference
+from . import reference
+from ._jit import verify_module
 from .contract import (
     DEFAULT_BLOCK_SIZE,
     MissPlan,
     ResolveMode,
     check_block_size,
+    check_verify_shapes,
+    validate_verify,
     validation_enabled,
 )
-from .verify_reference import check_verify_shapes, validate_verify
+from .ops import MAX_CTAS_PER_REQUEST, _check_pinned, _sms
 from .workspace import ArrivalCounters
 
-__all__ = ["reserve_verify_workspace", "resolve_verify", "verify_module"]
+__all__ = ["default_verify_ctas", "reserve_verify_workspace", "resolve_verify", "verify_module"]
 
 
 # NOTE: its own counters rather than ops.py's instance: a verify launch and a resolve launch
@@ -35,6 +35,9 @@ __all__ = ["reserve_verify_workspace", "resolve_verify", "verify_module"]
 _arrivals = ArrivalCounters(
     "resolve_verify", "sglang_hisparse.kernels.verify_ops.reserve_verify_workspace"
 )
+#: (device, k, B, W, item, block) -> CTAs of the verify kernel one SM holds; a host query, made
+#: once per key (the eager warm-up), so a graph capture finds it here.
+_ctas_per_sm: dict[tuple, int] = {}
 
 
 def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None:
@@ -46,49 +49,22 @@ def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None
     _arrivals.reserve(device, max_batch)
 
 
-def _check_launch(host_cache: torch.Tensor, block: int, ctas: int, validate: bool) -> None:
-    check_block_size(block)
-    if not 0 <= ctas <= 1024:
-        raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024] (None = automatic).")
-    if validate and not torch.cuda.is_current_stream_capturing() and not host_cache.is_pinned():
-        raise ValueError(
-            "host_cache is a pageable CPU tensor; the kernel reads it from the GPU, so it must be "
-            "pinned (allocate it with pin_memory=True or call .pin_memory())."
-        )
+def default_verify_ctas(bs: int, *, k: int, B: int, W: int, item: int, block: int,
+                        device: torch.device) -> int:
+    """CTAs per request when the caller leaves them open: the whole batch in one resident wave
+    (SMs x CTAs per SM, over the batch), at least 1, at most ``MAX_CTAS_PER_REQUEST``.
 
-_ARGS = (
-    "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
-    "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
-    "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
-    "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
-    "int64_t block, int64_t write_plan, int64_t copy"
-)
-_CALL = (
-    "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy"
-)
-
-
-def _source_digest() -> str:
-    # NOTE: _jit keys its cache on the wrapper text and its own sources; resolve_verify.cuh is not
-    # among them, so its digest goes into the wrapper (a comment) to invalidate stale builds.
-    h = hashlib.sha256()
-    for name in ("resolve_verify.cuh", "common.cuh"):
-        h.update((_jit.source_dir() / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
-@functools.cache
-def verify_module(k: int, B: int, W: int, item: int) -> Any:
-    """The compiled verify launcher for top-k ``k``, ``B`` history slots, ``W`` rows, ``item``-byte
-    rows (one build serves plan/no-plan, copy/no-IO, every block size and batch)."""
-    wrapper = (
-        f"// resolve_verify.cuh {_source_digest()}\n"
-        '#include "resolve_verify.cuh"\nusing tvm::ffi::TensorView;\n'
-        f"void resolve_verify({_ARGS}) {{\n"
-        f"  hisparse::resolve_verify_launch<{k}, {B}, {W}, {item}>({_CALL});\n}}\n"
-    )
-    return _jit._build(f"hisparse_verify_k{k}_b{B}_w{W}_i{item}", wrapper, ["resolve_verify"])
+    NOTE: each extra CTA repeats the bookkeeping, so a second wave would only add latency; the
+    verify kernel's shared memory (about ``8*pow2(2*W*k) + 6*W*k + 3*B`` bytes) decides how many
+    CTAs an SM holds, unlike the decode kernel, whose grid is sized from the SM count alone
+    (``ops.default_ctas_per_request``).
+    """
+    key = (device, k, B, W, item, block)
+    if key not in _ctas_per_sm:
+        with torch.cuda.device(device):
+            _ctas_per_sm[key] = int(verify_module(k, B, W, item).ctas_per_sm(block))
+    c = _sms(device) * _ctas_per_sm[key] // max(bs, 1)
+    return max(1, min(MAX_CTAS_PER_REQUEST, c))
 
 
 @torch.no_grad()
@@ -115,22 +91,29 @@ def resolve_verify(
         plan: optional MissPlan (src int64 [bs, >=W*k], dst int32 [bs, >=W*k], count int32 [bs]).
         mode: COPY, or NO_IO (bookkeeping only; timing oracle).
         block_size: CUDA threads per CTA (multiple of 32, <= 1024; default 512).
-        ctas_per_request: CTAs sharing one request's copies (default: one resident wave).
-        validate: run :func:`validate_verify` (default: SGLANG_HISPARSE_VALIDATE).
+        ctas_per_request: CTAs sharing one request's copies, in [1, 1024] (default:
+            :func:`default_verify_ctas`).
+        validate: run :func:`.contract.validate_verify` (default: SGLANG_HISPARSE_VALIDATE).
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
     if not top_k.is_cuda:
-        verify_reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate)
+        reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate)
         return
-    check = validation_enabled(validate)
-    if check:
+    if validation_enabled(validate):
         validate_verify(**kw, plan=plan)
+        _check_pinned(host_cache)
     bs, W, k, B, item = check_verify_shapes(**kw, plan=plan)
-    block = block_size or DEFAULT_BLOCK_SIZE
-    ctas = 0 if ctas_per_request is None else ctas_per_request
-    _check_launch(host_cache, block, ctas, check)
+    block = check_block_size(block_size or DEFAULT_BLOCK_SIZE)
+    if ctas_per_request is None:
+        ctas = default_verify_ctas(bs, k=k, B=B, W=W, item=item, block=block,
+                                   device=top_k.device)
+    elif 1 <= ctas_per_request <= 1024:
+        ctas = ctas_per_request
+    else:
+        raise ValueError(f"ctas_per_request = {ctas_per_request} must be in [1, 1024] "
+                         f"(None = one resident wave).")
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     verify_module(k, B, W, item).resolve_verify(

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from sglang_hisparse.kernels import ops
-from sglang_hisparse.kernels import verify_reference as vref
+from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
-from sglang_hisparse.kernels.synthetic import HotState
+from sglang_hisparse.kernels.synthetic import HotState, make_verify_state, make_verify_topk
 from sglang_hisparse.kernels.verify_ops import reserve_verify_workspace, resolve_verify
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -34,7 +34,7 @@ class Case:
         lens = [B + 2, 3 * B + 11, B // 2, B - 1, 2 * B + 7, 2 * B][:bs]  # rows-0 lengths
         g = torch.Generator().manual_seed(seed)
         self.req = torch.randperm(bs, generator=g)[:bs].tolist()
-        self.cpu = vref.make_verify_state(seq_lens=lens, B=B, W=W, item=item, pin=True, seed=seed)
+        self.cpu = make_verify_state(seq_lens=lens, B=B, W=W, item=item, pin=True, seed=seed)
         self.gpu = self._to_gpu(self.cpu)
         self.nr = torch.tensor([nr], dtype=torch.int32)
         self.seed = seed
@@ -49,8 +49,8 @@ class Case:
         return n0[:, None] + torch.arange(self.W)
 
     def topk(self, step: int, churn: float) -> torch.Tensor:
-        tk = vref.make_verify_topk(self.cpu, self.req, W=self.W, k=self.k, churn=churn,
-                                   pad_entries=min(3, self.k // 8), seed=self.seed * 10 + step)
+        tk = make_verify_topk(self.cpu, self.req, W=self.W, k=self.k, churn=churn,
+                              pad_entries=min(3, self.k // 8), seed=self.seed * 10 + step)
         d = self.k // 16
         tk[:, 1:, :d] = tk[:, :1, d:2 * d]  # positions shared across rows, within rows too
         tk[:, :, 2 * d:3 * d] = tk[:, :, 3 * d:4 * d]
@@ -71,7 +71,7 @@ def step(case: Case, tk, *, mode=ResolveMode.COPY, plan=True, **launch):
     for st, dev in ((case.cpu, "cpu"), (case.gpu, "cuda")):
         out = torch.full((bs, W, k), 777, dtype=torch.int32, device=dev)
         p = MissPlan.empty(bs, W * k, dev) if plan else None
-        fn = vref.resolve_verify if dev == "cpu" else resolve_verify
+        fn = ref.resolve_verify if dev == "cpu" else resolve_verify
         fn(**case.args(st, tk, dev), out_rows=out, plan=p, mode=mode, validate=True,
            **({} if dev == "cpu" else launch))
         outs.append(out)
@@ -105,6 +105,14 @@ def test_every_block_size_and_cta_split(block, ctas):
     case = Case(n=3, k=64, B=256, item=656, seed=block)
     for s in range(2):
         assert_same(case, *step(case, case.topk(s, 0.4), block_size=block, ctas_per_request=ctas))
+
+
+@pytest.mark.parametrize("ctas", [0, 1025])
+def test_cta_split_outside_the_range_is_refused(ctas):
+    """ctas_per_request must be in [1, 1024]; None (not 0) picks one resident wave."""
+    case = Case(n=3, k=64, B=256, item=656)
+    with pytest.raises(ValueError, match=r"ctas_per_request = -?\d+ must be in \[1, 1024\]"):
+        step(case, case.topk(0, 0.4), ctas_per_request=ctas)
 
 
 def test_no_io_does_bookkeeping_only():
@@ -151,6 +159,6 @@ def test_cuda_graph_capture_and_replay(n, k, B, item):
         graph.replay()
         out_c = torch.full((bs, W, k), 777, dtype=torch.int32)
         plan_c = MissPlan.empty(bs, W * k, "cpu")
-        vref.resolve_verify(**case.args(case.cpu, tk, "cpu"), out_rows=out_c, plan=plan_c)
+        ref.resolve_verify(**case.args(case.cpu, tk, "cpu"), out_rows=out_c, plan=plan_c)
         torch.cuda.synchronize()
         assert_same(case, out_c, out, plan_c, plan)

@@ -17,7 +17,7 @@ from sglang_hisparse.coordinator.lifecycle import Lifecycle
 from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.streams import Streams
-from sglang_hisparse.kernels import verify_reference as vref
+from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
@@ -111,7 +111,7 @@ class Rig:
         st = self.ctx.state
         for layer in range(L):
             out = torch.empty(bs, W, K, dtype=torch.int32)
-            vref.resolve_verify(
+            ref.resolve_verify(
                 top_k=tk, req_index=torch.tensor(rs), seq_lens=lens,
                 num_real_reqs=torch.tensor([bs], dtype=torch.int32), slot_tokens=st.slot_tokens[layer],
                 slot_rows=st.slot_rows, lru=st.lru[layer], host_rows=self.host.host_rows,

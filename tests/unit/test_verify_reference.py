@@ -8,16 +8,21 @@ import pytest
 import torch
 
 from sglang_hisparse.kernels import reference as ref
-from sglang_hisparse.kernels import verify_reference as vref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
-from sglang_hisparse.kernels.synthetic import HotState, make_state, make_topk
+from sglang_hisparse.kernels.synthetic import (
+    HotState,
+    make_state,
+    make_topk,
+    make_verify_state,
+    make_verify_topk,
+)
 
 ITEM = 32
 
 
 def hand_state(n0: int = 31, W: int = 3, B: int = 8):
     """B = 8 history slots s0..s7 hold t10..t17 (LRU s0 oldest); window t30.. in slots 8.."""
-    st = vref.make_verify_state(seq_lens=[n0], B=B, W=W, item=ITEM, max_ctx=64, seed=1)
+    st = make_verify_state(seq_lens=[n0], B=B, W=W, item=ITEM, max_ctx=64, seed=1)
     st.slot_tokens[0, :B] = torch.arange(10, 18, dtype=torch.int32)
     st.slot_tokens[0, B:] = torch.arange(n0 - 1, n0 - 1 + W, dtype=torch.int32)
     st.lru[0] = torch.arange(B, dtype=torch.int16)
@@ -31,7 +36,7 @@ def run(st, top_k, *, req=None, nr=None, mode=ResolveMode.COPY, plan=True, valid
     n0 = st.seq_lens[req] if req else torch.zeros(0, dtype=torch.int64)
     out = torch.full((bs, W, k), 12345, dtype=torch.int32)
     p = MissPlan.empty(bs, W * k, "cpu") if plan else None
-    vref.resolve_verify(
+    ref.resolve_verify(
         top_k=top_k, req_index=torch.tensor(req, dtype=torch.int64),
         seq_lens=n0[:, None] + torch.arange(W), num_real_reqs=torch.tensor(
             [bs if nr is None else nr], dtype=torch.int32),
@@ -87,7 +92,7 @@ def test_stale_window_content_in_history_is_never_a_hit():
 
 def test_identical_rows_agree_with_single_row_resolve():
     W, B, k = 3, 16, 4
-    vst = vref.make_verify_state(seq_lens=[40, 50], B=B, W=W, item=ITEM, seed=5)
+    vst = make_verify_state(seq_lens=[40, 50], B=B, W=W, item=ITEM, seed=5)
     # The single-row state: the same history slots, slot B = the newest (= window slot B).
     sst = HotState(vst.slot_tokens[:, : B + 1].clone(), vst.slot_rows[:, : B + 1].clone(),
                    vst.lru.clone(), vst.host_rows, vst.host_cache, vst.device_cache.clone(),
@@ -128,7 +133,7 @@ def test_w1_equals_single_row_resolve_bit_for_bit(seed):
                 slot_rows=a.slot_rows, lru=a.lru, host_rows=a.host_rows,
                 device_cache=a.device_cache, out_rows=out_s, plan=plan_s, validate=True, **kw)
     out_v, plan_v = torch.empty(5, 1, k, dtype=torch.int32), MissPlan.empty(5, k, "cpu")
-    vref.resolve_verify(top_k=tk[:, None], seq_lens=st.seq_lens[req][:, None],
+    ref.resolve_verify(top_k=tk[:, None], seq_lens=st.seq_lens[req][:, None],
                         slot_tokens=b.slot_tokens, slot_rows=b.slot_rows, lru=b.lru,
                         host_rows=b.host_rows, device_cache=b.device_cache, out_rows=out_v,
                         plan=plan_v, validate=True, **kw)
@@ -168,8 +173,8 @@ def test_random_long_requests_match_naive_model(W):
     rnd = random.Random(W)
     for it in range(25):
         lens = [rnd.randint(B - W + 2, 80) for _ in range(3)]
-        st = vref.make_verify_state(seq_lens=lens, B=B, W=W, item=ITEM, seed=it)
-        tk = vref.make_verify_topk(st, [0, 1, 2], W=W, k=k, churn=rnd.random(), seed=it,
+        st = make_verify_state(seq_lens=lens, B=B, W=W, item=ITEM, seed=it)
+        tk = make_verify_topk(st, [0, 1, 2], W=W, k=k, churn=rnd.random(), seed=it,
                                    pad_entries=it % 2)
         before = st.clone()
         out, plan = run(st, tk)
@@ -186,9 +191,9 @@ def test_random_long_requests_match_naive_model(W):
 def test_padding_rows_short_and_transition_requests():
     W, B, k = 3, 12, 4
     # rows-0 lengths: short (8+2 <= 12), transition (11+2 > 12 while n0 <= B), long
-    st = vref.make_verify_state(seq_lens=[8, 11, 40, 40], B=B, W=W, item=ITEM, seed=3)
+    st = make_verify_state(seq_lens=[8, 11, 40, 40], B=B, W=W, item=ITEM, seed=3)
     before = st.clone()
-    tk = vref.make_verify_topk(st, [0, 1, 2, 3], W=W, k=k, churn=0.5, seed=4)
+    tk = make_verify_topk(st, [0, 1, 2, 3], W=W, k=k, churn=0.5, seed=4)
     tk[1, 2, 3] = -1
     out, plan = run(st, tk, nr=3)
     rows = st.slot_rows
@@ -217,8 +222,8 @@ def test_empty_batch_and_no_io_mode():
 
 def test_plan_replays_for_a_shared_index_layer():
     W, B, k = 4, 24, 5
-    st = vref.make_verify_state(seq_lens=[30, 50, 70], B=B, W=W, item=ITEM, seed=8)
-    tk = vref.make_verify_topk(st, [2, 0, 1], W=W, k=k, churn=0.6, seed=9)
+    st = make_verify_state(seq_lens=[30, 50, 70], B=B, W=W, item=ITEM, seed=8)
+    tk = make_verify_topk(st, [2, 0, 1], W=W, k=k, churn=0.6, seed=9)
     other = st.clone()  # a layer sharing the index: same slots, different KV bytes
     other.host_cache = torch.randint(0, 256, st.host_cache.shape, dtype=torch.uint8)
     twin = other.clone()
@@ -254,7 +259,7 @@ def test_validation_names_the_problem(case, match):
     else:
         kw["slot_tokens"] = st.slot_tokens[:, :9]
     with pytest.raises(ValueError, match=match):
-        vref.resolve_verify(**kw)
+        ref.resolve_verify(**kw)
 
 
 def test_op_dispatches_cpu_tensors_to_the_reference():
@@ -270,3 +275,19 @@ def test_op_dispatches_cpu_tensors_to_the_reference():
         slot_rows=b.slot_rows, lru=b.lru, host_rows=b.host_rows, host_cache=b.host_cache,
         device_cache=b.device_cache, out_rows=out, validate=True)
     assert torch.equal(out, out_ref) and torch.equal(a.lru, b.lru)
+
+
+def test_default_verify_ctas_fill_one_resident_wave(monkeypatch):
+    """The verify grid (Python, like the decode op's): SMs x CTAs per SM over the batch, in
+    [1, MAX_CTAS_PER_REQUEST]; the occupancy is asked once per (device, shape, block)."""
+    from sglang_hisparse.kernels import ops, verify_ops
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(ops, "_sms", lambda device: 132)
+    monkeypatch.setattr(verify_ops, "_sms", lambda device: 132)
+    monkeypatch.setattr(verify_ops, "_ctas_per_sm", {(dev, 64, 256, 4, 656, 512): 2})
+    shape = dict(k=64, B=256, W=4, item=656, block=512, device=dev)
+    assert verify_ops.default_verify_ctas(1, **shape) == ops.MAX_CTAS_PER_REQUEST
+    assert verify_ops.default_verify_ctas(16, **shape) == 132 * 2 // 16
+    assert verify_ops.default_verify_ctas(300, **shape) == 1
+    assert verify_ops.default_verify_ctas(0, **shape) == ops.MAX_CTAS_PER_REQUEST
