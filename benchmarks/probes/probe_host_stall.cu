@@ -1,7 +1,7 @@
 // Probe: does a warp's work stall while host reads are in flight on its SM (its own, or other
 // warps')? What the resolve kernel's early fetch (jit_kernels/resolve.cuh) has to live with.
 //
-//   nvcc -arch=sm_90 -O3 -o probe_host_stall benchmarks/probe_host_stall.cu
+//   nvcc -arch=sm_90 -O3 -o probe_host_stall benchmarks/probes/probe_host_stall.cu
 //   ./probe_host_stall > probe_host_stall.json
 //
 // 128 CTAs x 1024 threads (one per SM); R random 1152-byte rows per CTA from a 4 GiB pinned

@@ -15,8 +15,8 @@ Three studies, each written to the JSON as records of its own ``kind``:
   and over pool slices of several sizes: if rows per second, not bytes, bound the gather, and
   the bound moves with the host page size, GPU address translation is the limit.
 
-    python benchmarks/probe_resolve.py --out probe.json [--skip-host] [--skip-phases]
-    python benchmarks/probe_resolve.py --skip-host --skip-phases --timeline --out timeline.json
+    python benchmarks/probes/probe_resolve.py --out probe.json [--skip-host] [--skip-phases]
+    python benchmarks/probes/probe_resolve.py --skip-host --skip-phases --timeline --out timeline.json
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_resolve
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_resolve import (  # noqa: E402
     DEV,
     batch_inputs,
@@ -94,7 +94,7 @@ def phase_inputs(mod, host, *, bs, ctas, churn, block, k, B, item, ctx, steps, h
         mod.resolve(tr["top_k"][t], io["req"], io["lens"], io["nr"], tr["slot_tokens"],
                     tr["slot_rows"], tr["lru"], tr["host_rows"], host, io["dev_cache"], io["out"],
                     e64, e32, c32, arrivals, tr["resident"] if hint else arrivals, ctas, block,
-                    0, copy, ops.default_early_rows(ctas) if hint else -1)
+                    0, copy, ops.FETCH_EARLY_ROWS if hint else -1)
 
     return tr, io["restore"], call
 
@@ -202,7 +202,7 @@ def study_timeline(add, *, gib=4.0, k=2048, B=4096, ctx=32768, steps=8):
         med = rel.median(dim=1).values.median(dim=0).values
         last = rel.max(dim=1).values.median(dim=0).values
         add(dict(kind="timeline", bs=bs, ctas=ctas, churn=churn, k=k, B=B, item=item, block=1024,
-                 early_rows=ops.default_early_rows(ctas),
+                 early_rows=ops.FETCH_EARLY_ROWS,
                  median_cta_us={n: round(float(v), 2) for n, v in zip(names, med, strict=True)},
                  last_cta_us={n: round(float(v), 2) for n, v in zip(names, last, strict=True)},
                  rows_vs_end=rows_vs_end))
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
                     help="pool slices (GiB) gathered from, besides the whole pool")
     args = ap.parse_args(argv)
     if args.early_rows is not None:
-        ops.DEFAULT_EARLY_ROWS = ops.FETCH_EARLY_ROWS = args.early_rows
+        ops.FETCH_EARLY_ROWS = args.early_rows
     recs = []
 
     def add(rec):

@@ -35,9 +35,9 @@ benchmarks (a CUDA graph of ``--steps`` launches, median of ``--reps`` replays):
   whose reading SMs never wait on global memory before their rows land;
   ``max_active_clusters``: how many such clusters the GPU runs at once.
 
-    python benchmarks/probe_gather_shape.py --out gather_shape.json
-    python benchmarks/probe_gather_shape.py --load-sweep --reps 9 --out gather_loads.json
-    python benchmarks/probe_gather_shape.py --handoff --reps 9 --out handoff.json
+    python benchmarks/probes/probe_gather_shape.py --out gather_shape.json
+    python benchmarks/probes/probe_gather_shape.py --load-sweep --reps 9 --out gather_loads.json
+    python benchmarks/probes/probe_gather_shape.py --handoff --reps 9 --out handoff.json
 
 NOTE: benchmark-only kernel (inline below, built through the package's cached tvm-ffi JIT).
 Results: benchmarks/RESOLVE.md.
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_resolve
 from bench_resolve import (  # noqa: E402
     DEV,
     Pool,
@@ -62,7 +62,7 @@ from bench_resolve import (  # noqa: E402
     write_probe,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
 
 _SOURCE = r'''

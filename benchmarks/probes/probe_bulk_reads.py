@@ -14,7 +14,7 @@ written to the JSON as records of its own ``kind``:
   5 launches. ``split``: only even CTAs issue rows (R each); the odd ones, on other SMs, only
   time their chain: whether a saturated link slows the loads of SMs that read nothing from host.
 
-    python benchmarks/probe_bulk_reads.py --out bulk_reads.json
+    python benchmarks/probes/probe_bulk_reads.py --out bulk_reads.json
 
 NOTE: benchmark-only kernels (inline below, built through the package's cached tvm-ffi JIT);
 the product kernels and their references live in jit_kernels/ and sglang_hisparse/kernels/.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_resolve
 from bench_resolve import (  # noqa: E402
     DEV,
     Pool,
@@ -41,7 +41,7 @@ from bench_resolve import (  # noqa: E402
     write_probe,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_hisparse.kernels import _jit  # noqa: E402
 
 MODES = ("none", "cp.async", "bulk", "ldg")

@@ -7,16 +7,16 @@ steps with each kernel **in its own process**, four processes in the order base,
 base, and keeps the faster of the two repeats per kernel and config.
 
     git show a475369:jit_kernels/resolve.cuh > /tmp/resolve_base.cuh
-    python benchmarks/ab_resolve.py --baseline /tmp/resolve_base.cuh --out ab.json
-    python benchmarks/ab_resolve.py --baseline /tmp/resolve_base.cuh --new-flags=-DHS_HASH_SLACK=4
-    python benchmarks/ab_resolve.py --baseline jit_kernels/resolve.cuh   # control: same code
+    python benchmarks/probes/ab_resolve.py --baseline /tmp/resolve_base.cuh --out ab.json
+    python benchmarks/probes/ab_resolve.py --baseline /tmp/resolve_base.cuh --new-flags=-DHS_HASH_SLACK=4
+    python benchmarks/probes/ab_resolve.py --baseline jit_kernels/resolve.cuh   # control: same code
 
 Both kernels are compiled the same way, each in its own namespace (``-Dhisparse=hisparse_base``
 / ``hisparse_new``), next to the ``common.cuh`` beside the given ``resolve.cuh`` if there is one,
 else the current one. So a whole older tree compares as it was:
 
     git archive 5ebabd5 jit_kernels | tar -x -C /tmp/base
-    python benchmarks/ab_resolve.py --baseline /tmp/base/jit_kernels/resolve.cuh --out ab.json
+    python benchmarks/probes/ab_resolve.py --baseline /tmp/base/jit_kernels/resolve.cuh --out ab.json
 
 NOTE (H200, 2026-11-30): with both modules loaded in one process, control runs (identical code
 on both sides) showed the module loaded second 1-2.6 us slower in NO_IO whatever the timing
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
@@ -62,7 +62,7 @@ CONFIGS = [  # (bs, ctas, churn, block)
 K, B, CTX, STEPS = 2048, 4096, 32768, 12
 #: pass the trace's resident hint to both kernels (--hint): the early fetch, as the coordinator
 HINT = False
-#: early rows per side (--base-early-rows / --new-early-rows; None: ops.default_early_rows)
+#: early rows per side (--base-early-rows / --new-early-rows; None: ops.FETCH_EARLY_ROWS)
 BASE_EARLY: int | None = None
 NEW_EARLY: int | None = None
 
@@ -70,7 +70,7 @@ NEW_EARLY: int | None = None
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
     """Compile ``path`` (a resolve.cuh) in namespace ``hisparse_<tag>`` with extra nvcc
     ``flags``, next to the ``common.cuh`` in its directory if there is one, else the current
-    one (session 16 changed common.cuh's staging loops, which every resolve build inlines)."""
+    one (every resolve build inlines common.cuh's staging loops and checks)."""
     import tvm_ffi.cpp
 
     common = path.parent / "common.cuh"
@@ -115,7 +115,7 @@ class Case:
                     tr["slot_rows"], tr["lru"], tr["host_rows"], self.host, io["dev_cache"],
                     io["out"], self.e64, self.e32, self.c32, self.arrivals,
                     tr["resident"] if HINT else self.arrivals, self.ctas, self.block, 0, copy,
-                    (ops.default_early_rows(self.ctas) if early is None else early) if HINT else -1)
+                    (ops.FETCH_EARLY_ROWS if early is None else early) if HINT else -1)
 
     def key(self):
         return f"{self.item}/{self.bs}/{self.ctas}/{self.churn}/{self.block}"
@@ -187,11 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hint", action="store_true",
                     help="give both kernels the resident hint (early fetch on, as in serving)")
     ap.add_argument("--base-early-rows", type=int, default=None,
-                    help="early rows per CTA for the baseline (default: ops.default_early_rows, "
-                         "as for the new kernel; e.g. 6 for a kernel without fetch warps)")
+                    help="early rows per CTA for the baseline (default: ops.FETCH_EARLY_ROWS, "
+                         "as for the new kernel)")
     ap.add_argument("--new-early-rows", type=int, default=None,
-                    help="early rows per CTA for the new kernel (default: ops.default_early_rows; "
-                         "e.g. 32 with -DHS_FETCH_MIN_CTAS=1 to force fetch warps everywhere)")
+                    help="early rows per CTA for the new kernel (default: ops.FETCH_EARLY_ROWS)")
     ap.add_argument("--worker", choices=("base", "new"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     global HINT, BASE_EARLY, NEW_EARLY

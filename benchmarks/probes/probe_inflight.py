@@ -7,7 +7,7 @@ loads in flight: about G * T * 4 / (SMs * item / 16) rows per SM. If the rate fa
 holds many rows at once, a kernel that issues every miss early (v9, v12) should lose to one
 that feeds the link a few rows per SM at a time (benchmarks/RESOLVE.md).
 
-    python benchmarks/probe_inflight.py --out inflight.json
+    python benchmarks/probes/probe_inflight.py --out inflight.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_resolve
 from bench_resolve import (  # noqa: E402
     DEV,
     Pool,
@@ -29,7 +29,7 @@ from bench_resolve import (  # noqa: E402
     write_probe,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 
 
