@@ -291,3 +291,15 @@ def test_default_verify_ctas_fill_one_resident_wave(monkeypatch):
     assert verify_ops.default_verify_ctas(16, **shape) == 132 * 2 // 16
     assert verify_ops.default_verify_ctas(300, **shape) == 1
     assert verify_ops.default_verify_ctas(0, **shape) == ops.MAX_CTAS_PER_REQUEST
+
+
+def test_every_kernel_source_keys_the_jit_cache():
+    """Each .cuh under jit_kernels/ is hashed into every build's cache key (so an edit to one
+    rebuilds), and the verify op builds through _jit like the others."""
+    from pathlib import Path
+
+    from sglang_hisparse.kernels import _jit, verify_ops
+
+    root = Path(__file__).resolve().parents[2] / "jit_kernels"
+    assert set(_jit._SOURCES) == {p.name for p in root.glob("*.cuh")}
+    assert verify_ops.verify_module is _jit.verify_module
