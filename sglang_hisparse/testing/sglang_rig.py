@@ -440,6 +440,7 @@ class FakePrefill:
         runner = self.rig.scheduler.tp_worker.model_runner
         logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
         runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)
+        runner.token_at[logical] = tokens
         self.receivers[rid] = decode_req.kv_receiver
         self.published[rid] = n
         if rid in self.held:  # in flight until released or failed
