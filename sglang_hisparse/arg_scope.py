@@ -134,6 +134,19 @@ def check_serving_paths(cfg: Any, view: Any, *, speculative: str | None) -> None
             f"verify windows are never closed and the second round fails. Use --pp-size 1 with "
             f"speculative decoding (scale with --tp-size), or drop --speculative-algorithm."
         )
+    if speculative and getattr(view, "disable_overlap_schedule", False):
+        # NOTE: found by the real-scheduler rig (docs/real-scheduler-rig.md). Only the overlap
+        # loop resolves the relayed draft input (resolve_forward_inputs ->
+        # FutureMap._resolve_spec_extras runs only with enable_overlap).
+        raise ValueError(
+            f"--enable-hisparse with --speculative-algorithm {speculative} needs SGLang's overlap "
+            f"scheduler, which is off (--disable-overlap-schedule, or turned off by another "
+            f"option): a request leaving HiSparse staging joins decode with a relayed draft "
+            f"input (_build_hisparse_decode_batch -> FutureMap.make_staged_spec_input) that only "
+            f"the overlap loop fills in, so without it the first verify round reads no bonus "
+            f"tokens and the scheduler crashes. Remove --disable-overlap-schedule (and whatever "
+            f"option turned it off), or drop --speculative-algorithm."
+        )
     if getattr(cfg, "disaggregation_decode_enable_offload_kvcache", False):
         raise ValueError(
             "--enable-hisparse does not support --disaggregation-decode-enable-offload-kvcache: "

@@ -78,7 +78,29 @@ def _expect_aborted(rig: Rig, rids: set[str] | dict[str, Any]) -> None:
 
 def _stats(rig: Rig) -> dict[str, Any]:
     t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
-    return {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
+    out = {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
+    draft = getattr(rig.scheduler.draft_worker, "draft_worker", None)
+    if draft is not None and hasattr(draft, "accept_lengths"):
+        out.update(accept_lengths=dict(sorted(draft.accept_lengths.items())),
+                   drafts=draft.proposed, drafts_corrupted=draft.corrupted)
+    return out
+
+
+# -- speculative decoding ----------------------------------------------------------------------
+def spec_mixed_lengths(rig: Rig) -> dict[str, Any]:
+    """EAGLE chain verify rounds over requests shorter and longer than B, chunked prefill, with
+    random accept lengths: every length 1 .. W must occur (all drafts rejected, some, all)."""
+    rnd = random.Random(5)
+    reqs = _random_requests(rnd, 10, (3, 200), (1, 30), "spec")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    stats = _stats(rig)
+    w = rig.config.draft_tokens
+    if set(stats.get("accept_lengths", {})) != set(range(1, w + 1)):
+        raise AssertionError(f"spec_mixed_lengths: accept lengths {stats.get('accept_lengths')}; "
+                             f"every length 1..{w} must occur")
+    return {"requests": _check_tokens(rig, reqs), **stats}
 
 
 # -- co-located --------------------------------------------------------------------------------
@@ -295,6 +317,17 @@ GROUP_ENV: dict[str, dict[str, str]] = {
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
+    # the longest group first: the test starts two groups at a time, in this order
+    "speculative": (
+        RigConfig(buffer_size=64, draft_tokens=3, overlap=True, chunked_prefill_size=64,
+                  max_running_requests=8, staging_polls=2),
+        [spec_mixed_lengths, abort_mid_decode],
+    ),
+    # SGLang's default scheduler loop (the other groups run the normal loop)
+    "overlap": (
+        RigConfig(overlap=True, chunked_prefill_size=64, pad_decode=True, staging_polls=3),
+        [mixed_lengths, abort_while_staging],
+    ),
     "colocated": (
         RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8, staging_polls=3),
         [mixed_lengths, abort_while_staging, abort_mid_decode, padded_batches],

@@ -55,6 +55,17 @@ def pretend_sm90() -> None:
     torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
 
 
+def keep_overlap_for_speculative() -> None:
+    """Stand in for the device the plugin runs on in SGLang's argument resolution: on a CPU
+    device it turns the overlap scheduler off for speculative decoding
+    (``speculative_hook._disable_overlap_schedule_for_cpu``: its CPU engine has no overlap
+    path). On CUDA overlap is the default, and HiSparse with speculative decoding needs it
+    (``arg_scope.check_serving_paths``). Call before ``prepare_server_args``."""
+    from sglang.srt.arg_groups import speculative_hook
+
+    speculative_hook._disable_overlap_schedule_for_cpu = lambda server_args: None
+
+
 def write_toy_model(root: Path, *, num_layers: int, top_k: int, **overrides: Any) -> Path:
     """A config-only model directory SGLang's ModelConfig accepts as a DSA model."""
     root.mkdir(parents=True, exist_ok=True)
@@ -114,8 +125,16 @@ class StandInRunner:
         self.weight_load_mem_usage = 0.0
         self._pending_elastic_scale_update = None
         self.prefill_aware_swa = False
+        # what ForwardBatch.init_new reads (speculative verify builds one on this runner)
+        self.is_draft_worker = False
+        self.watermark_state = None
+        self.prefill_attention_backend_str = server_args.prefill_attention_backend
+        self.kv_index_translator = None
+        self.decode_cuda_graph_runner = None
         #: int64 [logical ids + page]: the toy indexer's keys, addressed by logical location
         self.index_keys: torch.Tensor | None = None
+        #: int64 [logical ids + page]: the token whose KV was last written at each location
+        self.token_at: torch.Tensor | None = None
         #: pad decode batches to the next power of two, as the CUDA-graph runner pads to its
         #: captured sizes (padding rows: request slot 0, seq_len 1, top-k all -1)
         self.pad_decode = False
@@ -190,10 +209,12 @@ class StandInRunner:
             )
         logical = self.token_to_kv_pool_allocator.size
         self.index_keys = torch.zeros(logical + 2 * get_schedule().page_size, dtype=torch.int64)
+        self.token_at = torch.zeros_like(self.index_keys)
         # SGLang's own post-pool wiring (model_runner.py), unbound on us: the n-gram manager
-        # the scheduler consults every batch, and the coordinator, built through the
-        # plugin's REPLACE of HiSparseCoordinator
+        # the scheduler consults every batch, the KV index translator ForwardBatch binds,
+        # and the coordinator, built through the plugin's REPLACE of HiSparseCoordinator
         ModelRunner.init_ngram_embedding_manager(self)
+        ModelRunner.init_kv_index_translator(self)
         ModelRunner.maybe_init_hisparse_coordinator(self)
 
     # -- the forward ------------------------------------------------------------------------
@@ -226,6 +247,7 @@ class StandInRunner:
                 _Layer(layer), locs, kv[..., : toy.nope_dim].contiguous(), kv[..., toy.nope_dim:].contiguous()
             )
         self.index_keys[locs.to(torch.int64)] = self.toy.index_key(tokens, positions)
+        self.token_at[locs.to(torch.int64)] = tokens
 
     def _select(self, r: int, n: int, last_token: int, layer: int) -> torch.Tensor:
         locs = self.req_to_token_pool.req_to_token[r, :n].to(torch.int64)
@@ -290,7 +312,8 @@ class StandInRunner:
         tokens = torch.as_tensor(batch.input_ids).to(torch.int64).reshape(-1)
         self._write(locs, tokens, seq_lens - 1)
         gathered: list[list[torch.Tensor]] = [[] for _ in range(bs)]
-        req_tokens = [self._tokens_of(req) for req in batch.reqs]
+        # tokens by logical location (token_at): under the overlap scheduler output_ids lag
+        req_locs = self.req_to_token_pool.req_to_token[batch.req_pool_indices.to(torch.int64)].to(torch.int64)
         topk = None
         for layer in range(toy.num_layers):
             if not toy.shared[layer]:
@@ -310,9 +333,68 @@ class StandInRunner:
                 rows = torch.where(topk >= 0, torch.gather(rt, 1, topk.clamp(min=0).to(torch.int64)), -1)
             got = self._gather(layer, rows[:bs])
             for i, req in enumerate(batch.reqs):
-                self._check(req, req_tokens[i], topk[i], got[i], layer, "decode")
+                self._check_at(req_locs[i], topk[i], got[i], layer, f"decode: request {req.rid}")
                 gathered[i].append(got[i])
         return [toy.next_token(g) for g in gathered]
+
+    def verify(self, fb: Any) -> torch.Tensor:
+        """A speculative target-verify forward (``ForwardMode.TARGET_VERIFY``) of W tokens per
+        request (the bonus token and W-1 drafts at positions ``seq_len .. seq_len+W-1``):
+        ``num_real_reqs`` as ``ModelRunner`` sets it for an eager forward, the W tokens' KV
+        written through the pool, then per layer every row's top-k resolved at once by
+        ``swap_in_selected_pages`` with ``[bs, W, k]`` and the expanded lengths, as the DSA
+        backend does. Returns the greedy token of each of the ``bs * W`` rows.
+
+        The KV check reads tokens by logical location (:attr:`token_at`): under the overlap
+        scheduler a request's ``output_ids`` lag the device by one round."""
+        toy = self.toy
+        coord = self.hisparse_coordinator
+        bs = int(fb.req_pool_indices.shape[0])
+        tokens = fb.input_ids.to(torch.int64).reshape(-1)
+        w = tokens.numel() // bs
+        if coord is not None:
+            coord.num_real_reqs.fill_(bs)
+        seq = fb.seq_lens.to(torch.int64)
+        positions = (seq[:, None] + torch.arange(w)).reshape(-1)
+        self._write(fb.out_cache_loc.to(torch.int64), tokens, positions)
+        req = fb.req_pool_indices.to(torch.int64)
+        lens = (seq[:, None] + 1 + torch.arange(w))  # row j of a request sees s + 1 + j tokens
+        gathered: list[list[torch.Tensor]] = [[] for _ in range(bs * w)]
+        topk = None
+        for layer in range(toy.num_layers):
+            if not toy.shared[layer]:
+                topk = torch.stack([
+                    torch.stack([
+                        self._select(int(req[i]), int(lens[i, j]), int(tokens[i * w + j]), layer)
+                        for j in range(w)
+                    ]) for i in range(bs)
+                ])
+            if coord is not None:
+                rows = coord.swap_in_selected_pages(fb.req_pool_indices, lens.reshape(-1), topk, layer)
+            else:
+                rt = self.req_to_token_pool.req_to_token[req]
+                flat = topk.reshape(bs, -1).clamp(min=0).to(torch.int64)
+                rows = torch.where(topk >= 0, torch.gather(rt, 1, flat).view_as(topk), -1)
+            got = self._gather(layer, rows.reshape(bs, w, -1))
+            for i in range(bs):
+                locs = self.req_to_token_pool.req_to_token[int(req[i])].to(torch.int64)
+                for j in range(w):
+                    self._check_at(locs, topk[i, j], got[i, j], layer, f"verify row {j} of slot {int(req[i])}")
+                    gathered[i * w + j].append(got[i, j])
+        return torch.tensor([toy.next_token(g) for g in gathered], dtype=torch.int64)
+
+    def _check_at(self, locs: torch.Tensor, sel: torch.Tensor, got: torch.Tensor, layer: int, what: str) -> None:
+        """``got`` holds the toy's KV of the selected positions, whose tokens are those last
+        written at their logical locations."""
+        ok = sel >= 0
+        p = sel[ok].to(torch.int64)
+        want = self.toy.kv(self.token_at[locs[p]], p, layer)
+        if not torch.equal(got[ok].view(torch.int16), want.view(torch.int16)):
+            bad = (got[ok].view(torch.int16) != want.view(torch.int16)).any(1).nonzero()[:, 0]
+            raise AssertionError(
+                f"{what} layer {layer}: {bad.numel()} of {p.numel()} selected rows hold the wrong KV "
+                f"(first positions {p[bad[:8]].tolist()})"
+            )
 
 
 class StandInWorker:
@@ -408,10 +490,20 @@ class StandInWorker:
             r.token_to_kv_pool.size,
         )
 
-    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    def forward_batch_generation(self, batch: Any, *args: Any, forward_batch: Any = None,
+                                 is_verify: bool = False, **kwargs: Any) -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
+        if is_verify:  # run_eagle_verify: logits whose argmax is the toy's greedy token
+            tokens = self._runner.verify(forward_batch)
+            logits = torch.zeros(tokens.numel(), self.model_config.vocab_size)
+            logits[torch.arange(tokens.numel()), tokens] = 1.0
+            hidden = torch.zeros(tokens.numel(), self.model_config.hidden_size, dtype=torch.bfloat16)
+            return GenerationBatchResult(
+                logits_output=LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden),
+                can_run_cuda_graph=False,
+            )
         tokens = self._runner.forward(batch)
         return GenerationBatchResult(
             logits_output=LogitsProcessorOutput(next_token_logits=None),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,12 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.testing.rig_worker import StandInWorker, pretend_sm90, write_toy_model
+from sglang_hisparse.testing.rig_worker import (
+    StandInWorker,
+    keep_overlap_for_speculative,
+    pretend_sm90,
+    write_toy_model,
+)
 from sglang_hisparse.testing.token_model import TokenModel
 
 __all__ = ["FakePrefill", "Finished", "Rig", "RigConfig", "pretend_sm90"]
@@ -69,6 +75,13 @@ class RigConfig:
     #: staging copies report done only on their N-th poll, as a GPU copy finishes some steps
     #: after it was queued (on CPU they are done at once)
     staging_polls: int = 0
+    #: SGLang's default overlap scheduler (``event_loop_overlap``) instead of the normal loop
+    overlap: bool = False
+    #: speculative decoding: NEXTN chain with this many verify tokens W (W - 1 draft steps,
+    #: top-k 1) through SGLang's EAGLEWorkerV2 with the toy draft of ``testing.rig_spec``,
+    #: whose proposals are each wrong with probability ``draft_miss``; needs ``overlap``
+    draft_tokens: int = 0
+    draft_miss: float = 0.3
     extra_args: tuple[str, ...] = ()
 
     def model(self) -> TokenModel:
@@ -77,7 +90,7 @@ class RigConfig:
     def argv(self, model_dir: Path) -> list[str]:
         argv = [
             "--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu",
-            "--disable-radix-cache", "--disable-overlap-schedule",
+            "--disable-radix-cache",
             "--max-running-requests", str(self.max_running_requests),
             "--page-size", str(self.page_size),
             "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
@@ -89,6 +102,14 @@ class RigConfig:
             })]
         if self.chunked_prefill_size is not None:
             argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
+        if not self.overlap:
+            argv.append("--disable-overlap-schedule")
+        if self.draft_tokens:
+            argv += [
+                "--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1",
+                "--speculative-num-steps", str(self.draft_tokens - 1),
+                "--speculative-num-draft-tokens", str(self.draft_tokens),
+            ]
         return argv + list(self.extra_args)
 
 
@@ -114,6 +135,11 @@ class Rig:
         self.config = config
         self.toy = config.model()
         model_dir = write_toy_model(workdir / "model", num_layers=config.num_layers, top_k=config.top_k)
+        if config.draft_tokens and not config.overlap:
+            raise ValueError("RigConfig: draft_tokens needs overlap=True (HiSparse with speculative "
+                             "decoding runs on SGLang's overlap scheduler; arg_scope refuses it without)")
+        if config.overlap:  # NOTE: a patch of SGLang's argument resolution (see its docstring)
+            keep_overlap_for_speculative()
         self.server_args = prepare_server_args(config.argv(model_dir))
         self.server_args.resolve_once()
         self.server_args.check_server_args()
@@ -123,6 +149,17 @@ class Rig:
         # instantiates (Scheduler.init_tp_model_worker imports it from tp_worker at call time).
         StandInWorker.toy, StandInWorker.device_rows = self.toy, config.device_rows
         tp_worker.TpModelWorker = StandInWorker  # type: ignore[misc]
+        self.patches = ["tp_worker.TpModelWorker"]
+        if config.draft_tokens:
+            # NOTE: speculative decoding adds the draft model and five Triton-only kernels
+            # (testing/rig_spec.py says which and why)
+            from sglang.srt.speculative import eagle_worker_v2
+
+            from sglang_hisparse.testing.rig_spec import StandInDraftWorker, install_chain_kernels
+
+            StandInDraftWorker.toy, StandInDraftWorker.miss = self.toy, config.draft_miss
+            eagle_worker_v2.EagleDraftWorker = StandInDraftWorker  # type: ignore[misc]
+            self.patches += ["eagle_worker_v2.EagleDraftWorker", *install_chain_kernels()]
         # the tokenizer manager's ends of the two sockets: it binds, the scheduler connects
         ctx = zmq.Context.instance()
         self._out = ctx.socket(zmq.PULL)
@@ -137,6 +174,11 @@ class Rig:
             streams = self.coordinator.core.streams
             streams.new_event = lambda polls=config.staging_polls: SlowEvent(polls)
         self.results: dict[str, Finished] = {}
+        #: overlap loop: (batch, result) launched and not yet processed
+        self._results: deque = deque()
+        if config.overlap:  # what run_event_loop / event_loop_overlap set before looping
+            self.scheduler.enable_skip_finishing_decode = True
+            self.scheduler._war_barrier_enabled = False  # is_cuda() is False here
         self.steps = 0
         self.pd_decode = "--disaggregation-mode" in config.extra_args
         #: PD: bootstrap room -> prompt, for the stand-in prefill side (:class:`FakePrefill`)
@@ -220,7 +262,9 @@ class Rig:
             s.running_batch = plan.running_batch
             batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
-        if batch:
+        if self.config.overlap:
+            self._overlap_tail(batch)
+        elif batch:
             result = s.run_batch(batch)
             s.process_batch_result(batch, result)
         else:
@@ -230,6 +274,28 @@ class Rig:
         self._drain_outputs()
         self.steps += 1
         return bool(batch)
+
+    def _overlap_tail(self, batch: Any) -> None:
+        """The rest of one ``event_loop_overlap`` iteration: the previous batch's result is
+        processed after this batch is launched (or first, where the loop disables overlap)."""
+        s = self.scheduler
+        queue = self._results
+        no_overlap = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+        if no_overlap and queue:
+            s.process_batch_result(*queue.popleft())
+        result = None
+        if batch:
+            result = s.run_batch(batch)
+            s._apply_war_barrier()
+            queue.append((batch.copy(), result))
+        else:
+            s._sched_idled = True
+        if s.last_batch and not no_overlap:
+            s.process_batch_result(*queue.popleft())
+        elif not s.last_batch and batch is None:
+            s.on_idle()
+        if s.is_generation:
+            s.launch_batch_sample_if_needed(result, batch)
 
     def run_until_idle(self, max_steps: int = 10_000, on_step: Callable[[Rig], None] | None = None) -> None:
         """Step until every submitted request finished and the scheduler is idle."""
@@ -374,6 +440,7 @@ class FakePrefill:
         runner = self.rig.scheduler.tp_worker.model_runner
         logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
         runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)
+        runner.token_at[logical] = tokens
         self.receivers[rid] = decode_req.kv_receiver
         self.published[rid] = n
         if rid in self.held:  # in flight until released or failed

@@ -21,6 +21,10 @@ pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
 def check(model_dir, *extra: str):
     from sglang.srt.server_args import prepare_server_args
 
+    from sglang_hisparse.testing.rig_worker import keep_overlap_for_speculative
+
+    keep_overlap_for_speculative()  # resolve as on CUDA, where overlap stays on with spec
+
     args = prepare_server_args(
         ["--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu", "--enable-hisparse", *extra]
     )
@@ -140,6 +144,13 @@ def test_pipeline_parallel_speculative_decoding_is_refused(dsa_model_dir, monkey
     with pytest.raises(ValueError, match=r"--pp-size 2 and --speculative-algorithm EAGLE.*never call commit_spec_accept_tokens.*Use --pp-size 1"):
         check(dsa_model_dir, *OK, "--pp-size", "2", "--speculative-algorithm", "EAGLE")
     check(dsa_model_dir, *OK, "--pp-size", "2")  # PP alone is fine
+
+
+def test_rejects_speculative_decoding_without_the_overlap_scheduler(dsa_model_dir):
+    with pytest.raises(ValueError, match=r"--speculative-algorithm EAGLE needs SGLang's overlap scheduler.*"
+                                         r"_build_hisparse_decode_batch.*Remove --disable-overlap-schedule"):
+        check(dsa_model_dir, *OK, "--speculative-algorithm", "EAGLE", "--disable-overlap-schedule")
+    check(dsa_model_dir, *OK, "--disable-overlap-schedule")  # without speculative decoding it is fine
 
 
 PD_DECODE = ["--disaggregation-mode", "decode"]
