@@ -162,7 +162,8 @@ class PlanInputs:
         if share <= 0.01:
             raise ValueError(
                 f"--tp {self.tp}: {self.model.name} weights (~{per_gpu:.0f} GiB per GPU) leave no KV room "
-                f"in {MEM_FRACTION_STATIC:.2f} x {self.gpu_hbm_gib:g} GiB. Raise --tp or pass --kv-share.")
+                f"in {MEM_FRACTION_STATIC:.2f} x --gpu-hbm-gib {self.gpu_hbm_gib:g} GiB. Raise --tp or "
+                f"--gpu-hbm-gib, or pass --kv-share.")
         return int(share * hbm), share, f"{MEM_FRACTION_STATIC} static - weights {per_gpu:.1f} GiB/GPU"
 
 

@@ -220,7 +220,7 @@ def test_default_kv_share_comes_from_the_weights():
     p = _plan()
     assert p.kv_share == pytest.approx(0.85 - 700 / 8 / 140)
     assert p.kv_budget_bytes == int(p.kv_share * 140 * 2**30)
-    with pytest.raises(ValueError, match="--tp 1: .*leave no KV room.*Raise --tp or pass --kv-share"):
+    with pytest.raises(ValueError, match="--tp 1: .*leave no KV room.*Raise --tp or --gpu-hbm-gib, or pass --kv-share"):
         _plan(tp=1)
 
 
