@@ -125,6 +125,7 @@ class DecodeEngine:
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         self.new_token_ratio = new_token_ratio
+        self._prefetch_asked = prefetch
         # SGLang's page_size-1 decode takes ids with ``alloc(bs)``, which maps fresh device
         # rows; the coordinator's rebind must hand them back. Off: logical-only alloc_decode.
         self.decode_alloc_rows = decode_alloc_rows and sizes.page_size == 1
@@ -161,9 +162,14 @@ class DecodeEngine:
     def prefetch_coverage(self) -> str:
         """What this engine's runs cover of the shared-index prefetch: "replayed" only when it is
         on and a shared layer exists to replay the anchor's plan into; otherwise why not."""
-        if not self.core.prefetch_enabled:
-            return "off"
-        return "replayed" if any(self.model.shared) else "on, but no shared layer: nothing replayed"
+        if self.core.prefetch_enabled and any(self.model.shared):
+            return "replayed"
+        asked = self._prefetch_asked
+        if asked is None:  # the env switch decides
+            from sglang_hisparse import envs
+
+            asked = not envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH")
+        return "on, but no shared layer: nothing replayed" if asked and not any(self.model.shared) else "off"
 
     # -- admission ------------------------------------------------------------------------------
     def can_admit(self, req: ToyRequest) -> bool:
