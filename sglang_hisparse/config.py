@@ -286,6 +286,8 @@ def _is_int(value: Any) -> bool:
 
 def _shown(value: Any) -> str:
     """``value`` as the user wrote it: JSON where it is JSON, else a short repr."""
+    if _is_int(value) and abs(value) > 10**18:  # str() refuses ints past 4300 digits
+        return f"<an integer of {value.bit_length()} bits>"
     try:
         text = json.dumps(value)
     except (TypeError, ValueError, RecursionError):
@@ -296,17 +298,24 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: every integer is below this: sizes are int32 on the device, and larger products would not be
+MAX_INT = 2**31
+
+
 def _require_int(key: str, value: Any) -> None:
     if not _is_int(value):
         hint = f" Use {int(value)}." if isinstance(value, float) and value.is_integer() else ""
         raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} must be an integer.{hint}")
+    if abs(value) >= MAX_INT:
+        raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} is out of range: every value must be below "
+                         f"2**31 (sizes are int32 on the device); e.g. 'device_buffer_size': 4096.")
 
 
 def _check_model_top_k(value: Any) -> int | None:
     """The model's ``index_topk`` as the argument hook passes it: None (unknown) or an int >= 1."""
     if value is None:
         return None
-    if not _is_int(value) or value < 1:
+    if not _is_int(value) or not 1 <= value < MAX_INT:
         raise ValueError(
             f"the model's index_topk = {_shown(value)} must be a positive integer (HiSparse sizes the hot "
             f"buffer from it); fix index_topk in the model's config.json."
@@ -318,9 +327,9 @@ def _check_num_draft_tokens(value: Any) -> int:
     """W, the verify rows per request: an int >= 0 (None, SGLang's "not speculative", is 0)."""
     if value is None:
         return 0
-    if not _is_int(value) or value < 0:
+    if not _is_int(value) or not 0 <= value < MAX_INT:
         raise ValueError(
-            f"--speculative-num-draft-tokens {_shown(value)} must be an integer >= 0 (0 = no speculative "
+            f"--speculative-num-draft-tokens {_shown(value)} must be an integer in [0, 2**31) (0 = no speculative "
             f"decoding); pass a whole number of draft tokens, e.g. --speculative-num-draft-tokens 4."
         )
     return value
