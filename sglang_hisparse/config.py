@@ -75,15 +75,24 @@ class HiSparseConfig:
         wrong k). ``num_draft_tokens`` W (speculative decoding; 0 = off) is the number of
         verify rows per request: their union must fit, so ``device_buffer_size >= W * top_k``,
         and the default becomes ``max(2, W + 1) * top_k``.
+        Every rejection, of the text or of the two arguments, is a ``ValueError``.
         """
         raw = _parse_json(text)
         return cls.from_dict(raw, model_top_k=model_top_k, num_draft_tokens=num_draft_tokens)
 
     @classmethod
     def from_dict(
-        cls, raw: dict[str, Any], *, model_top_k: int | None = None, num_draft_tokens: int = 0
+        cls, raw: dict[str, Any], *, model_top_k: int | None = None, num_draft_tokens: int | None = 0
     ) -> HiSparseConfig:
-        unknown = sorted(set(raw) - set(cls.keys()))
+        """Validate a parsed ``--hisparse-config`` (see :meth:`from_json`; ``None`` W = 0)."""
+        if not isinstance(raw, dict):
+            raise ValueError(
+                f"{FLAG}: expected a JSON object, got {type(raw).__name__}. "
+                f"Example: {FLAG} '{{\"device_buffer_size\": 4096}}'."
+            )
+        model_top_k = _check_model_top_k(model_top_k)
+        W = _check_num_draft_tokens(num_draft_tokens)
+        unknown = sorted((k for k in raw if k not in cls.keys()), key=repr)
         if unknown:
             raise ValueError(
                 f"{FLAG}: unknown key(s) {', '.join(repr(k) for k in unknown)}. "
@@ -110,9 +119,6 @@ class HiSparseConfig:
         if top_k < 1:
             raise ValueError(f"{FLAG}: 'top_k' = {top_k} must be >= 1; use the model's index_topk (e.g. 2048).")
 
-        W = int(num_draft_tokens or 0)
-        if W < 0:
-            raise ValueError(f"speculative_num_draft_tokens = {W} must be >= 0 (0 = no speculative decoding).")
         if W * top_k > MAX_DEVICE_BUFFER_SIZE:
             raise ValueError(
                 f"speculative_num_draft_tokens * top_k = {W} * {top_k} = {W * top_k} exceeds "
@@ -242,8 +248,15 @@ def json_error_hint(e: json.JSONDecodeError) -> str:
 def _parse_json(text: str | None) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}
+    if not isinstance(text, str):
+        raise ValueError(f"{FLAG}: expected JSON text, got {type(text).__name__}; pass the config as a string.")
     try:
         raw = json.loads(text)
+    except RecursionError:
+        raise ValueError(
+            f"{FLAG}: the JSON is nested too deeply to parse; give one flat object, e.g. "
+            f"{FLAG} '{{\"device_buffer_size\": 4096}}'."
+        ) from None
     except json.JSONDecodeError as e:
         lo = max(0, e.pos - 20)
         snippet = text[lo : e.pos + 20]
@@ -253,6 +266,11 @@ def _parse_json(text: str | None) -> dict[str, Any]:
             f"    {snippet}\n    {caret}\n"
             f"Fix: {json_error_hint(e)}, e.g. {FLAG} '{{\"device_buffer_size\": 4096}}'."
         ) from None
+    except ValueError:  # json's only other refusal: an integer of more than 4300 digits
+        raise ValueError(
+            f"{FLAG}: a number has more digits than Python converts (4300); give sizes as "
+            f"ordinary integers, e.g. {FLAG} '{{\"device_buffer_size\": 4096}}'."
+        ) from None
     if not isinstance(raw, dict):
         raise ValueError(
             f"{FLAG}: expected a JSON object, got {type(raw).__name__} ({text.strip()[:40]!r}). "
@@ -261,10 +279,57 @@ def _parse_json(text: str | None) -> dict[str, Any]:
     return raw
 
 
-def _require_int(key: str, value: Any) -> None:
+def _is_int(value: Any) -> bool:
     # NOTE: bool is an int subclass in Python; `true` for a size is a typo, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the user wrote it: JSON where it is JSON, else a short repr."""
+    if _is_int(value) and abs(value) > 10**18:  # str() refuses ints past 4300 digits
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = repr(value)
+        except RecursionError:  # a deeply nested container
+            text = f"<nested {type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: every integer is below this: sizes are int32 on the device, and larger products would not be
+MAX_INT = 2**31
+
+
+def _require_int(key: str, value: Any) -> None:
+    if not _is_int(value):
         hint = f" Use {int(value)}." if isinstance(value, float) and value.is_integer() else ""
+        raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} must be an integer.{hint}")
+    if abs(value) >= MAX_INT:
+        raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} is out of range: every value must be below "
+                         f"2**31 (sizes are int32 on the device); e.g. 'device_buffer_size': 4096.")
+
+
+def _check_model_top_k(value: Any) -> int | None:
+    """The model's ``index_topk`` as the argument hook passes it: None (unknown) or an int >= 1."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 1 <= value < MAX_INT:
         raise ValueError(
-            f"{FLAG}: {key!r} = {json.dumps(value)} must be an integer.{hint}"
+            f"the model's index_topk = {_shown(value)} must be a positive integer (HiSparse sizes the hot "
+            f"buffer from it); fix index_topk in the model's config.json."
         )
+    return value
+
+
+def _check_num_draft_tokens(value: Any) -> int:
+    """W, the verify rows per request: an int >= 0 (None, SGLang's "not speculative", is 0)."""
+    if value is None:
+        return 0
+    if not _is_int(value) or not 0 <= value < MAX_INT:
+        raise ValueError(
+            f"--speculative-num-draft-tokens {_shown(value)} must be an integer in [0, 2**31) (0 = no speculative "
+            f"decoding); pass a whole number of draft tokens, e.g. --speculative-num-draft-tokens 4."
+        )
+    return value

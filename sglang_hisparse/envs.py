@@ -3,7 +3,10 @@
 One registry so that ``doctor`` can print the effective values, the docs table is generated
 from the same source, and a typo in a value fails loudly instead of silently meaning "off".
 Some switches also honour the name SGLang's in-tree HiSparse reads, so existing A/B scripts
-keep working; :func:`source` tells which name supplied a value so the log can say so.
+keep working; :func:`source` tells which name supplied a value so the log can say so. A
+variable set to an empty string counts as unset (its default). Numbers are checked against
+their rule (finite, in range) whenever they are read, so ``doctor`` reports a bad value even
+while the feature it tunes is off.
 
 Usage::
 
@@ -15,23 +18,48 @@ Usage::
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class UnknownEnvVarError(KeyError, ValueError):
+    """A name that is not in the registry (a ``KeyError`` for lookups, a ``ValueError`` like
+    every other bad input; ``str()`` is the message itself, not its repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _seconds(value: float) -> str | None:
+    if not math.isfinite(value) or value < 0:
+        return "must be a finite number of seconds >= 0 (0 disables reporting), e.g. 30"
+    return None
+
+
+def _fraction(value: float) -> str | None:
+    if not 0.0 <= value <= 1.0:  # false for nan too
+        return "must be a fraction in [0, 1] of requests to record, e.g. 0.01"
+    return None
 
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One environment variable. ``legacy`` lists older names read when ``name`` is unset."""
+    """One environment variable. ``legacy`` lists older names read when ``name`` is unset;
+    ``check`` returns the broken rule for a parsed value (None when it is fine)."""
 
     name: str
     kind: type
     default: Any
     meaning: str
     legacy: tuple[str, ...] = ()
+    check: Callable[[Any], str | None] | None = None
 
 
 _REGISTRY: dict[str, EnvVar] = {
@@ -80,7 +108,8 @@ _REGISTRY: dict[str, EnvVar] = {
             30.0,
             "Seconds between HiSparse reports: the summary log line (hit rate, misses/step, "
             "GB moved) and, with --enable-metrics, the sglang:hisparse_* Prometheus series. "
-            "0 disables both.",
+            "0 disables both; a negative, nan or inf value is an error.",
+            check=_seconds,
         ),
         EnvVar(
             "SGLANG_HISPARSE_RECORD_TRACE",
@@ -94,7 +123,8 @@ _REGISTRY: dict[str, EnvVar] = {
             float,
             0.01,
             "Fraction of requests recorded, each at every decode step and resolved layer, "
-            "when SGLANG_HISPARSE_RECORD_TRACE is set.",
+            "when SGLANG_HISPARSE_RECORD_TRACE is set; in [0, 1] (checked even when recording is off).",
+            check=_fraction,
         ),
     )
 }
@@ -106,11 +136,25 @@ def registry() -> dict[str, EnvVar]:
 
 
 def _raw(var: EnvVar) -> tuple[str | None, str | None]:
+    # NOTE: a set-but-empty variable (``VAR= cmd``) counts as unset, for every kind: it means
+    # the default, never a silent "off" (the alternative, an error, would break launchers that
+    # blank variables they do not use).
     for name in (var.name, *var.legacy):
         value = os.environ.get(name)
-        if value is not None:
+        if value is not None and value.strip():
             return name, value
     return None, None
+
+
+def _lookup(name: str) -> EnvVar:
+    var = _REGISTRY.get(name) if isinstance(name, str) else None
+    if var is None:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UnknownEnvVarError(
+            f"unknown sglang_hisparse environment variable {name!r}; {hint}known: {', '.join(sorted(_REGISTRY))}"
+        )
+    return var
 
 
 def _parse(var: EnvVar, name: str, value: str) -> Any:
@@ -125,17 +169,23 @@ def _parse(var: EnvVar, name: str, value: str) -> Any:
         )
     if var.kind is float:
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            raise ValueError(f"{name}={value!r} is not a number; give seconds, e.g. {name}=30") from None
+            example = "0.01" if var.check is _fraction else "30"
+            raise ValueError(f"{name}={value!r} is not a number; e.g. {name}={example}") from None
+        if var.check is not None and (rule := var.check(number)) is not None:
+            raise ValueError(f"{name}={value!r} {rule}")
+        return number
     return value
 
 
 def get(name: str) -> Any:
-    """Effective value of ``name`` (its own name first, then legacy names, then the default)."""
-    var = _REGISTRY.get(name)
-    if var is None:
-        raise KeyError(f"unknown sglang_hisparse environment variable {name!r}; known: {sorted(_REGISTRY)}")
+    """Effective value of ``name`` (its own name first, then legacy names, then the default).
+
+    Raises ``ValueError`` naming the variable, its value and the rule for a bad value, and
+    :class:`UnknownEnvVarError` (a ``KeyError`` and a ``ValueError``) for an unknown name.
+    """
+    var = _lookup(name)
     used, value = _raw(var)
     if used is None:
         return var.default
@@ -144,7 +194,7 @@ def get(name: str) -> Any:
 
 def source(name: str) -> str | None:
     """Which environment name supplied ``name``'s value (the name itself, a legacy one, or None)."""
-    used, _ = _raw(_REGISTRY[name])
+    used, _ = _raw(_lookup(name))
     return used
 
 

@@ -54,6 +54,14 @@ FALLBACK_KV_SHARE = 0.25
 #: the per-step host IO and the resolve kernel eat most of the gain (the blog notes a net loss
 #: at low concurrency).
 DEFAULT_MIN_GAIN = 1.5
+#: Upper bounds of the inputs (``PlanInputs.validate``): far past any machine, low enough
+#: that every byte count stays an exact integer and every float finite.
+MAX_GIB = float(2**20)
+MAX_LINK_GBPS = 1e6
+MAX_STEP_MS = 1e7
+MAX_MIN_GAIN = 1e3
+MAX_TP = 2**16
+MAX_CONTEXT = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -98,20 +106,25 @@ class PlanInputs:
         from sglang_hisparse.config import MAX_DEVICE_BUFFER_SIZE
 
         k = self.top_k
-        positive = {"--gpu-hbm-gib": self.gpu_hbm_gib, "--host-dram-gib": self.host_dram_gib,
-                    "--link-gbps": self.link_gbps, "--target-step-ms": self.target_step_ms}
-        for flag, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"{flag} {value} must be > 0.")
-        for n in self.contexts:
-            if n <= 0:
-                raise ValueError(f"--context {n} must be > 0 tokens; e.g. --context 128K.")
+        # NOTE: every float is bounded above as well as checked finite: an inf, nan or 1e300
+        # would reach int() of a byte count (OverflowError, "cannot convert NaN") instead of a
+        # message naming its flag. The bounds are far beyond any machine.
+        bounded = {"--gpu-hbm-gib": (self.gpu_hbm_gib, MAX_GIB, 140), "--host-dram-gib": (self.host_dram_gib, MAX_GIB, 2048),
+                   "--link-gbps": (self.link_gbps, MAX_LINK_GBPS, 50),
+                   "--target-step-ms": (self.target_step_ms, MAX_STEP_MS, 50)}
+        for flag, (value, most, example) in bounded.items():
+            if not 0 < value <= most:  # false for nan
+                raise ValueError(f"{flag} {value} must be a number in (0, {most:.12g}]; e.g. {flag} {example}.")
         if not self.contexts:
             raise ValueError("--context: give at least one context length, e.g. --context 128K.")
+        for n in self.contexts:
+            if not 0 < n <= MAX_CONTEXT:
+                raise ValueError(f"--context {n} must be in [1, {MAX_CONTEXT}] tokens (positions are int32); "
+                                 f"e.g. --context 128K.")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
-        if self.tp < 1:
-            raise ValueError(f"--tp {self.tp} must be >= 1 (GPUs in the tensor-parallel group).")
+        if not 1 <= self.tp <= MAX_TP:
+            raise ValueError(f"--tp {self.tp} must be in [1, {MAX_TP}] (GPUs in the tensor-parallel group).")
         if self.hot_slots < k:
             raise ValueError(
                 f"--buffer {self.hot_slots} must be >= the model's top-k {k}: every selected position "
@@ -131,8 +144,9 @@ class PlanInputs:
                              f"missing per step; 0.134 = 13.4 %).")
         if self.hisparse_index_layers not in ("all", "anchors"):
             raise ValueError(f"--hisparse-index-layers {self.hisparse_index_layers!r} must be all or anchors.")
-        if self.min_gain < 1:
-            raise ValueError(f"--min-gain {self.min_gain} must be >= 1 (batch ratio HiSparse/full).")
+        if not 1 <= self.min_gain <= MAX_MIN_GAIN:  # false for nan
+            raise ValueError(f"--min-gain {self.min_gain} must be in [1, {MAX_MIN_GAIN:.12g}] (batch ratio "
+                             f"HiSparse/full); e.g. --min-gain {DEFAULT_MIN_GAIN}.")
 
     def kv_budget(self) -> tuple[int, float, str]:
         """(KV bytes per GPU, share of HBM, where the share came from)."""
@@ -148,7 +162,8 @@ class PlanInputs:
         if share <= 0.01:
             raise ValueError(
                 f"--tp {self.tp}: {self.model.name} weights (~{per_gpu:.0f} GiB per GPU) leave no KV room "
-                f"in {MEM_FRACTION_STATIC:.2f} x {self.gpu_hbm_gib:g} GiB. Raise --tp or pass --kv-share.")
+                f"in {MEM_FRACTION_STATIC:.2f} x --gpu-hbm-gib {self.gpu_hbm_gib:g} GiB. Raise --tp or "
+                f"--gpu-hbm-gib, or pass --kv-share.")
         return int(share * hbm), share, f"{MEM_FRACTION_STATIC} static - weights {per_gpu:.1f} GiB/GPU"
 
 

@@ -54,9 +54,15 @@ def read_model_config(path: str, flag: str = "--model-config") -> dict[str, Any]
         raise ValueError(f"{flag} {p}: cannot read it ({e.strerror})") from None
     try:
         config = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{flag} {p}: the JSON is nested too deeply to parse; pass the model's "
+                         "config.json") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{flag} {p}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
                          f"{json_error_hint(e)}") from None
+    except ValueError:  # json's other refusal: an integer of more than 4300 digits
+        raise ValueError(f"{flag} {p}: a number has more digits than Python converts (4300); "
+                         "pass the model's config.json") from None
     if not isinstance(config, dict):
         raise ValueError(f"{flag} {p}: expected a JSON object (a model's config.json), got {type(config).__name__}")
     return config

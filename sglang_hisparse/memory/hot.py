@@ -137,6 +137,23 @@ class HotBufferMixin:
         self._adopt(req_slot, pages.tolist(), rows[need:].tolist())
         return slot_rows
 
+    def hot_rows_to_grow(self, req_slots: list[int], hot_size: int) -> int:
+        """Device rows the next decode step's hot-buffer growth takes (a query; nothing changes).
+
+        A request whose buffer holds fewer than ``hot_size + 1`` slot rows and has no spare row
+        left takes one fresh page (``page_size`` rows) when its next token needs a slot; slots
+        are filled one per step, so one page per request is the most one step can take.
+        Request slots without a hot buffer (still staging) take none.
+        """
+        need = 0
+        for r in req_slots:
+            buf = self._hot.get(r)
+            if buf is None or buf.spare:
+                continue
+            if len(buf.pages) * self.page_size < hot_size + 1:
+                need += self.page_size
+        return need
+
     def grow_hot_buffer(self, req_slot: int, count: int = 1) -> torch.Tensor | None:
         """``count`` more rows for a request's hot buffer (a short request filling its next slot,
         or slot B when it first grows past B).

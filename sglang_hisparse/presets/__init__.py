@@ -38,13 +38,48 @@ def index_row_bytes(index_head_dim: int) -> int:
     return index_head_dim + math.ceil(index_head_dim / FP8_SCALE_BLOCK) * 4
 
 
-def anchor_layers(config: Mapping[str, Any], layers: int) -> tuple[int, ...]:
+def _is_int(value: Any) -> bool:
+    # NOTE: bool is an int subclass; `true` for a layer count or a period is a typo, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_sharing_keys(config: Mapping[str, Any], where: str) -> None:
+    """The index-sharing keys' JSON types (SGLang 0.5.23's): each wrong one names itself."""
+    kinds = config.get("indexer_types")
+    if kinds is not None and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise ValueError(f"{where}: indexer_types = {_short(kinds)} must be a list of strings "
+                         f"(\"shared\" marks a layer that reuses an anchor's selection), e.g. [\"full\", \"shared\"].")
+    pattern = config.get("index_topk_pattern")
+    if pattern is not None and not (isinstance(pattern, str) or (
+            isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))):
+        raise ValueError(f"{where}: index_topk_pattern = {_short(pattern)} must be a string (or list of "
+                         f"strings) with one letter per layer, \"S\" for shared, e.g. \"FSSF\".")
+    for key, least in (("cli_factor", 0), ("index_topk_freq", 0), ("index_skip_topk_offset", None)):
+        value = config.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or (least is not None and value < least):
+            rule = "an integer" if least is None else f"an integer >= {max(least, 1)} (or 0 / null: every layer)"
+            raise ValueError(f"{where}: {key} = {_short(value)} must be {rule}.")
+
+
+def _short(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def anchor_layers(config: Mapping[str, Any], layers: int, *, where: str = "--model-config") -> tuple[int, ...]:
     """Layers that run their own indexer, read from HF ``config.json`` keys.
 
     Precedence (as SGLang 0.5.23 reads them): ``indexer_types`` (``"shared"`` marks a shared
     layer) > ``cli_factor`` (fresh every k-th layer) > ``index_topk_pattern`` (``"S"`` =
-    shared) > ``index_topk_freq`` with optional ``index_skip_topk_offset``.
+    shared) > ``index_topk_freq`` with optional ``index_skip_topk_offset``. A key of the wrong
+    JSON type is a ``ValueError`` naming it (``where`` is the flag the config came from).
     """
+    _check_sharing_keys(config, where)
     kinds = config.get("indexer_types")
     if kinds is not None:
         return tuple(i for i in range(layers) if i >= len(kinds) or kinds[i] != "shared")
@@ -55,8 +90,6 @@ def anchor_layers(config: Mapping[str, Any], layers: int) -> tuple[int, ...]:
     if pattern is not None:
         return tuple(i for i in range(layers) if i >= len(pattern) or pattern[i] != "S")
     freq = config.get("index_topk_freq") or 1
-    if freq < 1:
-        raise ValueError(f"config: index_topk_freq = {freq} must be >= 1.")
     offset = config.get("index_skip_topk_offset")
     # Without an explicit offset layer 0 and 1 both run the indexer, then every freq-th layer.
     shift = 1 if offset is None else offset - 1
@@ -85,10 +118,19 @@ class ModelSpec:
 
 
 _REQUIRED = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "index_topk")
+#: largest value of each shape key: far past any model, small enough that every byte count the
+#: planner forms stays exact and every loop over layers short
+_LARGEST = {"num_hidden_layers": 4096, "kv_lora_rank": 2**16, "qk_rope_head_dim": 2**16,
+            "index_head_dim": 2**16, "index_topk": 2**20}
 
 
 def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: float | None = None) -> ModelSpec:
-    """Build a :class:`ModelSpec` from an HF ``config.json`` dict (``text_config`` is looked into)."""
+    """Build a :class:`ModelSpec` from an HF ``config.json`` dict (``text_config`` is looked into).
+
+    Every key of the wrong JSON type or out of range is a ``ValueError`` naming it."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"--model-config {name}: expected a JSON object (a model's config.json), "
+                         f"got {type(config).__name__}")
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), Mapping):
         config = config["text_config"]
     missing = [key for key in _REQUIRED if config.get(key) is None]
@@ -99,8 +141,10 @@ def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: floa
             f"Check the file, or use --model with one of: {', '.join(preset_names())}."
         )
     for key in _REQUIRED:
-        if not isinstance(config[key], int) or config[key] < 1:
-            raise ValueError(f"--model-config {name}: {key} = {config[key]!r} must be a positive integer.")
+        value = config[key]
+        if not _is_int(value) or not 1 <= value <= _LARGEST[key]:
+            raise ValueError(f"--model-config {name}: {key} = {_short(value)} must be an integer in "
+                             f"[1, {_LARGEST[key]}]; check the file (a DSA model's config.json).")
     layers = config["num_hidden_layers"]
     return ModelSpec(
         name=name,
@@ -109,7 +153,7 @@ def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: floa
         qk_rope_head_dim=config["qk_rope_head_dim"],
         index_head_dim=config["index_head_dim"],
         index_topk=config["index_topk"],
-        anchors=anchor_layers(config, layers),
+        anchors=anchor_layers(config, layers, where=f"--model-config {name}"),
         weights_gib=weights_gib,
     )
 

@@ -157,6 +157,10 @@ class SGLangHiSparseCoordinator:
         self.mem_pool_host = self.host_pool
         self.req_to_host_pool = self.host_pool.host_rows
         self.padded_buffer_size = self.dual.max_hot_pages(device_buffer_size) * self.dual.page_size
+        if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
+            # check_decode_mem then counts hot-buffer growth, so SGLang retracts before a step
+            # would find no device row (docs/memory.md, "Decode memory pressure")
+            token_to_kv_pool_allocator.configure_hot_buffer(device_buffer_size)
         W, page = self.core.num_draft_tokens, self.dual.page_size
         self.spec_swap = SimpleNamespace(scratch_capacity=-(-W // page) * page)
         if W and hasattr(token_to_kv_pool_allocator, "configure_spec_scratch"):

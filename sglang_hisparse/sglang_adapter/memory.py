@@ -153,6 +153,7 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         )
         self._spec_scratch = 0
         self._spec_buffer = 0
+        self._hot_size = 0  # B, set by the coordinator (configure_hot_buffer); 0 = not yet built
         kvcache.register_mapping(self.core.mapping)
 
     # ---- what SGLang's scheduler / PD decode read ----------------------------------------
@@ -253,6 +254,28 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         raise NotImplementedError(
             "HiSparse: resizing the KV pool at runtime is unsupported (the mapping and host pool are sized once)."
         )
+
+    # ---- decode memory check: SGLang's retraction converges on it -----------------------
+    def configure_hot_buffer(self, hot_size: int) -> None:
+        """B, so that :meth:`check_decode_capacity` can count the hot-buffer growth of a step."""
+        self._hot_size = int(hot_size)
+
+    def check_decode_capacity(self, *, num_tokens: int, tree_cache, requests=None, spec_algorithm=None) -> bool:
+        """Whether the next decode step fits: ``num_tokens`` logical ids, and device rows for the
+        rows page-size-1 ``alloc()`` maps to the new ids (rebound the same step) plus the fresh
+        pages short requests' hot buffers take as they fill their next slot.
+
+        NOTE: SGLang's base check compares ``available_size()`` (here the smaller of the two
+        spaces) with ``num_tokens`` only, so a batch of short requests could pass it and then
+        find no device row to grow into (``map_last_loc`` raises); counting the growth here
+        makes SGLang's ``retract_decode`` loop retract a request instead.
+        """
+        self.evict_to_free_tokens(tree_cache, num_tokens)
+        rows = num_tokens if self.page_size == 1 else 0
+        if requests and self._hot_size:
+            slots = [int(r.req_pool_idx) for r in requests if getattr(r, "req_pool_idx", None) is not None]
+            rows += self.core.hot_rows_to_grow(slots, self._hot_size)
+        return self.core.logical.available_size() >= num_tokens and self.core.rows.available_size() >= rows
 
     # ---- speculative decoding reserve ----------------------------------------------------
     def configure_spec_scratch(self, capacity: int, *, device_buffer_size: int = 0) -> None:

@@ -8,6 +8,10 @@ prefill(req)      req slot; allocator.alloc_extend (logical ids + device rows, m
 admit_direct(req) PD: req slot; logical ids only; KV written straight into host rows;
                   core.admit_direct
 collect()         core.collect_ready -> those requests join the running batch
+retract_decode()  SGLang's check_decode_mem / retract_decode: while the next step's logical
+                  ids or device rows (temporary alloc() rows + hot-buffer growth pages) do not
+                  fit, retract the request SGLang would (fewest outputs, then longest prompt);
+                  the last one left is aborted
 step()            alloc_decode (one logical id each), seq_lens += 1, core.map_last_loc,
                   core.wait_for_pending_backup, num_real_reqs.fill_(bs); per layer: the new
                   token's KV written through the mapping, indexer top-k (anchors) or the
@@ -16,6 +20,13 @@ step()            alloc_decode (one logical id each), seq_lens += 1, core.map_la
 finish/abort/retract(req)   core.finish, then allocator.free(logical ids) (release_kv_cache);
                   a retracted request re-queues with its generated tokens as prompt
 ```
+
+Admission (``can_admit``) is SGLang's PrefillAdder reservation: the prompt's ids and rows
+now, plus ``new_token_ratio`` x what the running requests and this one may still grow (logical
+ids for the remaining tokens, device rows for the hot-buffer slots not yet held). At ratio 1
+no step can run short, so ``retract_decode`` retracts nothing; below 1 it models SGLang's
+decode retraction under memory pressure. ``check_integrity`` runs after every step in the
+scenarios.
 
 Device-agnostic and SGLang-free, so ``benchmarks/`` can run it on CUDA at realistic sizes
 (``check=False`` skips the oracle when only timing matters).
@@ -110,8 +121,11 @@ class DecodeEngine:
         max_batch: int = 16,
         decode_alloc_rows: bool = False,
         num_draft_tokens: int = 0,
+        new_token_ratio: float = 1.0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
+        self.new_token_ratio = new_token_ratio
+        self._prefetch_asked = prefetch
         # SGLang's page_size-1 decode takes ids with ``alloc(bs)``, which maps fresh device
         # rows; the coordinator's rebind must hand them back. Off: logical-only alloc_decode.
         self.decode_alloc_rows = decode_alloc_rows and sizes.page_size == 1
@@ -141,17 +155,81 @@ class DecodeEngine:
         self.staging: list[ToyRequest] = []
         self.steps = 0
         self.checked_outputs = 0
+        self.pressure_retracts = 0  # requests retract_decode retracted
+        self.pressure_aborts = 0  # the last request, aborted when even it did not fit
+
+    @property
+    def prefetch_coverage(self) -> str:
+        """What this engine's runs cover of the shared-index prefetch: "replayed" only when it is
+        on and a shared layer exists to replay the anchor's plan into; otherwise why not."""
+        if self.core.prefetch_enabled and any(self.model.shared):
+            return "replayed"
+        asked = self._prefetch_asked
+        if asked is None:  # the env switch decides
+            from sglang_hisparse import envs
+
+            asked = not envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH")
+        return "on, but no shared layer: nothing replayed" if asked and not any(self.model.shared) else "off"
 
     # -- admission ------------------------------------------------------------------------------
     def can_admit(self, req: ToyRequest) -> bool:
-        n = req.prompt_len
+        """SGLang's admission: the prompt now plus ``new_token_ratio`` x the decode growth still
+        ahead of every running or staging request and of this one (module docstring)."""
+        n, ps = req.prompt_len, self.sizes.page_size
         if not self.free_slots or n + req.max_new - req.generated > self.sizes.max_ctx:
             return False
-        need_rows = min(n, self.sizes.buffer_size) + 1 if req.direct else n
+        B = self.sizes.buffer_size
+        prompt_rows = _pages(min(n, B) + (n > B), ps) if req.direct else _pages(n, ps)
+        alive = self.running + self.staging
+        grow_ids = sum(q.max_new - q.generated for q in alive) + req.max_new - req.generated
+        grow_rows = sum(self._rows_ahead(q) for q in alive) + self._rows_ahead(req, prompt=True)
+        ratio = self.new_token_ratio
         return (
-            self.allocator.logical.available_size() >= n + 1
-            and self.allocator.rows.available_size() >= need_rows + self.sizes.num_reqs
+            self.allocator.logical.available_size() >= _pages(n, ps) + ps + int(ratio * grow_ids + 0.999)
+            and self.allocator.rows.available_size() >= prompt_rows + int(ratio * grow_rows + 0.999)
         )
+
+    def _rows_ahead(self, req: ToyRequest, *, prompt: bool = False) -> int:
+        """Device rows a request's hot buffer still has to grow by (pages), plus, with
+        ``decode_alloc_rows``, the temporary row its next decode step takes."""
+        B, ps = self.sizes.buffer_size, self.sizes.page_size
+        final = min(req.prompt_len + req.max_new - req.generated if prompt else req.seq_len + req.max_new - req.generated,
+                    B + 1)
+        held = min(req.prompt_len if prompt else req.seq_len, B + 1)
+        return max(_pages(final, ps) - _pages(held, ps), 0) + (1 if self.decode_alloc_rows else 0)
+
+    # -- memory pressure: SGLang's check_decode_mem / retract_decode -----------------------------
+    def decode_demand(self, batch: list[ToyRequest]) -> tuple[int, int]:
+        """(logical ids, device rows) the next decode step of ``batch`` takes."""
+        ps = self.sizes.page_size
+        ids = sum(ps for q in batch if q.seq_len % ps == 0)  # a new page where the last one is full
+        rows = len(batch) if self.decode_alloc_rows else 0  # alloc(bs): prefill-style rows, rebound
+        rows += self.allocator.hot_rows_to_grow([q.req_pool_idx for q in batch], self.sizes.buffer_size)
+        return ids, rows
+
+    def check_decode_mem(self, batch: list[ToyRequest]) -> bool:
+        ids, rows = self.decode_demand(batch)
+        return self.allocator.logical.available_size() >= ids and self.allocator.rows.available_size() >= rows
+
+    def retract_decode(self) -> tuple[list[ToyRequest], list[ToyRequest]]:
+        """SGLang 0.5.23's ``retract_decode``: (retracted, aborted). Keeps the requests with the
+        most output (then the shortest prompt); retracts from the other end while the next step
+        does not fit; aborts the last one if even it does not fit."""
+        if self.check_decode_mem(self.running):
+            return [], []
+        keep = sorted(self.running, key=lambda q: (q.generated, -q.prompt_len), reverse=True)
+        retracted: list[ToyRequest] = []
+        while len(keep) > 1 and not self.check_decode_mem(keep):
+            victim = keep.pop()
+            self.release(victim, "retract")
+            retracted.append(victim)
+        aborted = []
+        if not self.check_decode_mem(keep):
+            self.release(keep[0], "abort")
+            aborted.append(keep[0])
+        self.pressure_retracts += len(retracted)
+        self.pressure_aborts += len(aborted)
+        return retracted, aborted
 
     def prefill(self, req: ToyRequest) -> None:
         """Co-located prefill: full device rows for the prompt, then staging."""
@@ -245,7 +323,7 @@ class DecodeEngine:
         else:
             new_ids = self.allocator.alloc_decode(seq_cpu, last)
         if new_ids is None:
-            raise RuntimeError("step: logical ids exhausted")
+            raise RuntimeError("step: logical ids exhausted (retract_decode should have made room)")
         for q, nid in zip(batch, new_ids.tolist(), strict=True):
             q.seq_len += 1
             q.generated += 1
@@ -303,6 +381,15 @@ class DecodeEngine:
         self.core.destroy()
         self.host.destroy()
 
+    # -- integrity ------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every allocator and pool balances now (run after every step by the scenarios)."""
+        self.allocator.check_integrity()
+        self.host.check_integrity()
+        held = sum(len(self.allocator.hot_pages(q.req_pool_idx)) for q in self.running)
+        if held * self.sizes.page_size > self.allocator.rows.used_size():
+            raise AssertionError(f"hot buffers hold {held} pages, more than the {self.allocator.rows.used_size()} rows in use")
+
     # -- leak check -----------------------------------------------------------------------------
     def check_no_leaks(self) -> None:
         """With no request alive: every allocator and pool is back to empty and consistent."""
@@ -324,3 +411,8 @@ class DecodeEngine:
             problems.append("staging queue not empty")
         if problems:
             raise AssertionError("leaks after all requests ended: " + "; ".join(problems))
+
+
+def _pages(n: int, page_size: int) -> int:
+    """Rows of the whole pages ``n`` rows occupy."""
+    return -(-n // page_size) * page_size

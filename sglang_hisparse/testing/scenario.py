@@ -13,6 +13,7 @@ a retracted request re-enters the queue and counts again when readmitted.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -43,12 +44,15 @@ class ScenarioStats:
     retracts: int = 0
     directs: int = 0
     long_requests: int = 0
+    pressure_retracts: int = 0  # retracted by retract_decode (no memory for the next step)
+    pressure_aborts: int = 0
+    prefetch: str = "off"  # engine.prefetch_coverage: "replayed" only with a shared layer
 
 
 def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -> ScenarioStats:
     """Drive ``engine`` through one random scenario; raises ``Mismatch`` or ``AssertionError``."""
     B = engine.sizes.buffer_size
-    stats = ScenarioStats()
+    stats = ScenarioStats(prefetch=engine.prefetch_coverage)
     waiting = []
     for i in range(spec.num_requests):
         prompt = rng.randint(1, spec.max_prompt)
@@ -85,10 +89,15 @@ def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -
             engine.release(victim, "retract")
             waiting.append(victim)
             stats.retracts += 1
+        retracted, aborted = engine.retract_decode()
+        waiting.extend(retracted)
+        stats.pressure_retracts += len(retracted)
+        stats.pressure_aborts += len(aborted)
         if engine.running:
             pad = len(engine.running) + rng.randint(0, 2) if spec.pad_batches else None
             engine.step(pad_to=pad)
             stats.steps += 1
+            engine.check_integrity()
         for req in list(engine.running):
             if req.generated >= req.max_new:
                 engine.release(req, "finish")
@@ -98,3 +107,18 @@ def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -
     assert all(r.status is not ReqStatus.RUNNING for r in waiting)
     engine.check_no_leaks()
     return stats
+
+
+SEED_ENV = "HISPARSE_TEST_SEED"
+
+
+def ci_seed() -> int:
+    """The base seed of a randomized test: ``$HISPARSE_TEST_SEED`` to replay, else a fresh one,
+    so every CI run draws new scenarios. Tests print it and name it in their failures."""
+    value = os.environ.get(SEED_ENV, "").strip()
+    return int(value) if value else random.SystemRandom().randrange(2**32)
+
+
+def replay_note(seed: int, test: str) -> str:
+    """The line a failure carries so it can be run again with the same scenarios."""
+    return f"replay: {SEED_ENV}={seed} python -m pytest -p no:cacheprovider '{test}'"

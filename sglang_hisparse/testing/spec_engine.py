@@ -34,12 +34,15 @@ from sglang_hisparse.testing.engine import DecodeEngine, Mismatch, ToyRequest
 
 class SpecDecodeEngine(DecodeEngine):
     """A :class:`DecodeEngine` whose :meth:`step` is a speculative verify round (see the module
-    docstring). ``num_draft_tokens`` W >= 2; page size 1 (rejected ids are freed one by one)."""
+    docstring). ``num_draft_tokens`` W >= 1 (W = 1: one verify row, the MTP chain of one draft).
+    Any page size: with pages > 1 a rejected draft's id in the page of the last accepted token
+    stays the request's (SGLang keeps the partly used page; the next round's alloc_extend
+    continues in it) and only pages past it are freed."""
 
     def __init__(self, *args, num_draft_tokens: int, accept_seed: int = 0, **kwargs) -> None:
         super().__init__(*args, num_draft_tokens=num_draft_tokens, **kwargs)
-        if self.sizes.page_size != 1:
-            raise ValueError(f"SpecDecodeEngine: page_size = {self.sizes.page_size}; only 1 is modelled.")
+        if num_draft_tokens < 1:
+            raise ValueError(f"SpecDecodeEngine: num_draft_tokens = {num_draft_tokens} must be >= 1.")
         self.W = num_draft_tokens
         self.salts: dict[int, list[int]] = {}
         self.rounds = 0  # verify steps
@@ -49,14 +52,23 @@ class SpecDecodeEngine(DecodeEngine):
 
     # -- admission: margins for the window, salts reset -----------------------------------------
     def can_admit(self, req: ToyRequest) -> bool:
-        W, n = self.W, req.prompt_len
+        W, n, ps = self.W, req.prompt_len, self.sizes.page_size
         if not self.free_slots or n + req.max_new - req.generated + W > self.sizes.max_ctx:
             return False
-        need = (min(n, self.sizes.buffer_size) + 1 if req.direct else n) + W
+        window = -(-W // ps) * ps + ps  # a window's ids/rows, page-rounded, crossing one more page
+        need = (min(n, self.sizes.buffer_size) + 1 if req.direct else n) + window
         return (
-            self.allocator.logical.available_size() >= n + 1 + W * self.sizes.num_reqs
-            and self.allocator.rows.available_size() >= need + self.sizes.num_reqs * (2 * W + 1)
+            self.allocator.logical.available_size() >= n + ps + window * self.sizes.num_reqs
+            and self.allocator.rows.available_size() >= need + self.sizes.num_reqs * (2 * window + ps)
         )
+
+    def decode_demand(self, batch: list[ToyRequest]) -> tuple[int, int]:
+        """A verify round: the window's new pages of logical ids; rows as ``can_admit`` reserves
+        them per request (the temporary ``alloc()`` rows and the window's hot-buffer rows)."""
+        W, ps = self.W, self.sizes.page_size
+        ids = sum(-(-(q.seq_len + W) // ps) * ps - -(-q.seq_len // ps) * ps for q in batch)
+        window = -(-W // ps) * ps + ps
+        return ids, len(batch) * (2 * window + ps)
 
     def prefill(self, req: ToyRequest) -> None:
         self.core.reserve_spec([self.free_slots[0]])  # allocate_spec_scratch
@@ -105,9 +117,12 @@ class SpecDecodeEngine(DecodeEngine):
         for b, a in enumerate(accept):
             acc[b, : a + 1] = torch.arange(b * W, b * W + a + 1, dtype=torch.int32)
         self.core.commit_spec(acc.to(dev), validate=True)
+        ps = self.sizes.page_size
         for b, (q, a) in enumerate(zip(batch, accept, strict=True)):
             r, s = q.req_pool_idx, q.seq_len
             rejected = ids[b * W + a + 1 : (b + 1) * W]
+            kept_page = int(ids[b * W + a]) // ps
+            rejected = rejected[rejected // ps != kept_page]  # whole pages past the accepted token
             if rejected.numel():
                 self.allocator.free(rejected)
             self.req_to_token[r, s + a + 1 : s + W] = 0

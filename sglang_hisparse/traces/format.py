@@ -156,7 +156,14 @@ def make_header(*, top_k: int, sorted_by_score: bool, source: dict[str, Any] | N
     }
 
 
-def _check_header(header: dict[str, Any], where: str) -> dict[str, Any]:
+def _check_header(header: Any, where: str) -> dict[str, Any]:
+    """The header's rules: a JSON object of this format and version whose ``top_k`` is an
+    integer >= 0 (0: nothing recorded yet) and ``sorted_by_score`` a boolean, where present."""
+    if not isinstance(header, dict):
+        raise ValueError(
+            f"{where}: the header is a JSON {type(header).__name__}, expected an object with 'format', "
+            "'version' and 'top_k'; this is not a sglang-hisparse trace (record it again)"
+        )
     if header.get("format") != FORMAT_NAME:
         raise ValueError(f"{where}: header 'format' is {header.get('format')!r}, expected {FORMAT_NAME!r}")
     if header.get("version") != FORMAT_VERSION:
@@ -164,7 +171,29 @@ def _check_header(header: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: trace version {header.get('version')!r} is not supported (this reader: {FORMAT_VERSION}); "
             "re-record the trace or use the matching sglang-hisparse version"
         )
+    top_k = header.get("top_k")
+    # NOTE: bool is an int subclass; `true` as a width is damage, not 1.
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise ValueError(
+            f"{where}: header 'top_k' = {top_k!r} must be an integer >= 0 (the widest selection recorded); "
+            "the header is damaged: record the trace again"
+        )
+    sorted_by_score = header.get("sorted_by_score")
+    if sorted_by_score is not None and not isinstance(sorted_by_score, bool):
+        raise ValueError(
+            f"{where}: header 'sorted_by_score' = {sorted_by_score!r} must be true or false; "
+            "the header is damaged: record the trace again"
+        )
     return header
+
+
+def _parse_header(text: str, where: str) -> dict[str, Any]:
+    try:
+        return _check_header(json.loads(text), where)
+    except RecursionError:
+        raise ValueError(f"{where}: the header JSON is nested too deeply; record the trace again") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: the header is not valid JSON ({e.msg}); record the trace again") from None
 
 
 class TraceWriter:
@@ -271,16 +300,33 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             missing = [a for a in _ARRAYS if a not in z.files]
             if missing:
-                raise ValueError(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
+                raise _NotATrace(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
             out = {a: z[a] for a in _ARRAYS}
             if "header" in z.files:
                 out["header"] = z["header"]
-            return out
-    except (zipfile.BadZipFile, EOFError, zlib.error, OSError) as e:
+    except _NotATrace as e:
+        raise ValueError(str(e)) from None
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError) as e:
+        # ValueError: numpy's refusals of a damaged member (bad .npy header, object arrays);
+        # its own advice (allow_pickle=True) is wrong for a trace, so it is not repeated.
         raise ValueError(
             f"trace file {path!r} is a damaged .npz archive ({type(e).__name__}); it is probably "
             "truncated: copy or record it again"
         ) from None
+    for name in _ARRAYS:
+        arr = out[name]
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(
+                f"trace file {path!r}: array {name!r} is {arr.dtype} of shape {arr.shape}, expected 1-D "
+                "integers; it was not written by TraceWriter"
+            )
+    if out["offsets"].size == 0:
+        raise ValueError(f"trace file {path!r}: 'offsets' is empty (it has one entry more than rows); the file is damaged")
+    return out
+
+
+class _NotATrace(Exception):
+    """A readable archive that is not a trace (kept apart from numpy's own ValueErrors)."""
 
 
 def load_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
@@ -293,15 +339,19 @@ def load_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
                 f"trace directory {path!r} has no header.json; the recording was not closed "
                 "(the recorder writes it on close/flush) or this is not a trace directory"
             )
-        with open(hdr_path) as f:
-            header = _check_header(json.load(f), path)
+        try:
+            with open(hdr_path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise ValueError(f"{hdr_path}: not a text file; the header must be UTF-8 JSON (record the trace again)") from None
+        header = _parse_header(text, path)
         names = sorted(n for n in os.listdir(path) if n.startswith("part-") and n.endswith(".npz"))
         parts = [_load_npz(os.path.join(path, n)) for n in names]
     elif os.path.isfile(path):
         part = _load_npz(path)
         if "header" not in part:
             raise ValueError(f"trace file {path!r} has no 'header' array; write it with TraceWriter")
-        header = _check_header(json.loads(str(part["header"])), path)
+        header = _parse_header(str(part["header"]), path)
         parts = [part]
     else:
         raise ValueError(f"trace path {path!r} does not exist; pass a .npz trace file or a trace directory")

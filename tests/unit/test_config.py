@@ -70,7 +70,7 @@ def test_speculative_default_buffer_holds_w_plus_one_selections():
         ('{"device_buffer_size": 4096}', 4, r"'device_buffer_size' = 4096 must be >= speculative_num_draft_tokens \* top_k = 4 \* 2048 = 8192.*at least 8192 \(10240"),
         ('{"device_buffer_size": 8191}', 4, r"at least 8192"),
         (None, 16, r"16 \* 2048 = 32768 exceeds 32767.*--speculative-num-draft-tokens 15 or fewer"),
-        (None, -1, r"speculative_num_draft_tokens = -1 must be >= 0"),
+        (None, -1, r"--speculative-num-draft-tokens -1 must be an integer in \[0, 2\*\*31\)"),
     ],
 )
 def test_speculative_buffer_rejections_give_the_number(text, W, match):

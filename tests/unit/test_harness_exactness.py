@@ -3,19 +3,31 @@
 Each scenario runs requests through staging or PD direct admission, decode steps (padded
 like CUDA-graph batches), aborts (while staging and while decoding), retractions and
 finishes; every step's attention output is compared bit for bit with the all-resident
-model, and afterwards every allocator/pool must be empty and consistent. In total the
-configurations below run well over 200 request lifecycles.
+model, every allocator/pool is checked for integrity after every step, and afterwards they
+must be empty. In total the configurations below run well over 200 request lifecycles.
+
+Seeds are fresh on every run (``ci_seed``): the base seed is printed and every failure names
+it; ``HISPARSE_TEST_SEED=<seed>`` replays the same scenarios. Memory pressure: admission
+reserves ``new_token_ratio`` x the decode growth ahead (SGLang's PrefillAdder); at ratio 1 no
+step runs short, below 1 the engine retracts like SGLang's ``retract_decode``.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
 import sglang_hisparse.coordinator.step as step_module
 from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, Mismatch, ToyRequest
-from sglang_hisparse.testing.scenario import ScenarioSpec, ScenarioStats, run_scenario
+from sglang_hisparse.testing.scenario import (
+    ScenarioSpec,
+    ScenarioStats,
+    ci_seed,
+    replay_note,
+    run_scenario,
+)
 from sglang_hisparse.testing.toy_model import ToyModel
 
 # (model, sizes): small B/k/I, 3-4 layers with index sharing, page sizes 1 and 4
@@ -34,6 +46,25 @@ CONFIGS = {
     ),
 }
 SEEDS = 6
+BASE_SEED = ci_seed()
+LIFECYCLES: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    print(f"\nharness base seed {BASE_SEED} (replay: HISPARSE_TEST_SEED={BASE_SEED})")
+    yield
+    print(f"\nharness lifecycles: {sum(LIFECYCLES.values())} ({dict(LIFECYCLES)})")
+
+
+def _run(engine: DecodeEngine, seed: int, spec: ScenarioSpec, test: str) -> ScenarioStats:
+    try:
+        stats = run_scenario(engine, random.Random(seed), spec)
+    except AssertionError as e:  # Mismatch included
+        e.add_note(replay_note(BASE_SEED, test))
+        raise
+    LIFECYCLES[test.split("::")[-1].split("[")[0]] += stats.lifecycles
+    return stats
 
 
 def _total(stats: list[ScenarioStats], name: str) -> int:
@@ -48,10 +79,13 @@ def test_random_lifecycles_are_exact_and_leak_free(config: str, prefetch: bool) 
     stats = []
     for seed in range(SEEDS):
         engine = DecodeEngine(
-            model, sizes, prefetch=prefetch, skip_io=False, max_batch=8, decode_alloc_rows=seed % 2 == 1
+            model, sizes, prefetch=prefetch, skip_io=False, max_batch=8, decode_alloc_rows=seed % 2 == 1,
+            new_token_ratio=(1.0, 0.5)[seed % 2],
         )
         assert engine.core.prefetch_enabled is prefetch
-        stats.append(run_scenario(engine, random.Random(1000 * seed + len(config)), spec))
+        assert engine.prefetch_coverage == ("replayed" if prefetch else "off")
+        stats.append(_run(engine, BASE_SEED + 1000 * seed + len(config), spec,
+                          f"tests/unit/test_harness_exactness.py::test_random_lifecycles_are_exact_and_leak_free[{config}]"))
     # 3 configs x 2 modes x this >= 200 lifecycles in total
     assert _total(stats, "lifecycles") >= 34
     assert _total(stats, "checked_outputs") > 0
@@ -65,11 +99,60 @@ def test_every_path_is_exercised() -> None:
     model, sizes = CONFIGS["L4-k4-B8-I32-p1"]
     spec = ScenarioSpec(num_requests=24, p_abort_staging=0.3, p_abort=0.15, p_retract=0.2, max_new=20)
     engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False)
-    stats = run_scenario(engine, random.Random(7), spec)
+    stats = _run(engine, BASE_SEED + 7, spec, "tests/unit/test_harness_exactness.py::test_every_path_is_exercised")
     assert stats.staging_aborts and stats.aborts and stats.retracts and stats.directs
     snap = engine.core.telemetry.snapshot()
     assert snap.misses > 0 and 0.0 < snap.hit_rate < 1.0
     assert snap.backup_tokens > 0 and snap.staged_requests > 0
+
+
+# tight device rows: a few requests' hot buffers fill them, so growth pages run short
+TIGHT = {
+    f"p{page}": (ToyModel(num_layers=2, top_k=4, item_bytes=16, shared=(False, True)),
+                 EngineSizes(num_reqs=8, buffer_size=8, device_rows=rows, max_ctx=48, page_size=page))
+    for page, rows in ((1, 16), (2, 24), (4, 32), (8, 40))
+}
+TIGHT_SPEC = ScenarioSpec(num_requests=8, max_prompt=5, max_new=12, p_retract=0.0, p_abort=0.0)
+
+
+@pytest.mark.parametrize("page", sorted(TIGHT))
+def test_memory_pressure_retracts_instead_of_running_out(page: str) -> None:
+    """Short requests growing their hot buffers in few device rows (used to end in
+    'map_last_loc: no free device row'): admission at ratio 0.1 over-admits, retract_decode
+    makes room the way SGLang does, and every output stays exact."""
+    model, sizes = TIGHT[page]
+    retracts = 0
+    for seed in range(2):
+        engine = DecodeEngine(model, sizes, prefetch=seed % 2 == 0, skip_io=False, max_batch=8,
+                              new_token_ratio=0.1, decode_alloc_rows=seed % 2 == 1)
+        stats = _run(engine, BASE_SEED + 31 * seed, TIGHT_SPEC,
+                     f"tests/unit/test_harness_exactness.py::test_memory_pressure_retracts_instead_of_running_out[{page}]")
+        retracts += stats.pressure_retracts
+        assert stats.checked_outputs > 0
+    assert retracts > 0
+
+
+@pytest.mark.parametrize("page", sorted(TIGHT))
+def test_full_reservation_never_runs_short(page: str) -> None:
+    """At new_token_ratio 1 admission reserves all growth ahead: no step needs a retraction."""
+    model, sizes = TIGHT[page]
+    for seed in range(1):
+        engine = DecodeEngine(model, sizes, prefetch=False, skip_io=False, max_batch=8, new_token_ratio=1.0,
+                              decode_alloc_rows=page == "p1")
+        stats = _run(engine, BASE_SEED + 17 * seed, TIGHT_SPEC,
+                     f"tests/unit/test_harness_exactness.py::test_full_reservation_never_runs_short[{page}]")
+        assert stats.pressure_retracts == stats.pressure_aborts == 0
+
+
+def test_prefetch_without_a_shared_layer_says_so() -> None:
+    """Prefetch on, but every layer runs its own indexer: nothing is replayed, and the stats
+    say so instead of counting the run as prefetch coverage."""
+    model = ToyModel(num_layers=2, top_k=4, item_bytes=16, shared=(False, False))
+    sizes = EngineSizes(num_reqs=4, buffer_size=8, device_rows=256, max_ctx=48)
+    engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False)
+    stats = _run(engine, BASE_SEED, ScenarioSpec(num_requests=3),
+                 "tests/unit/test_harness_exactness.py::test_prefetch_without_a_shared_layer_says_so")
+    assert stats.prefetch == "on, but no shared layer: nothing replayed"
 
 
 def _long_run(engine: DecodeEngine, steps: int = 12) -> None:

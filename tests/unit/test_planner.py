@@ -220,7 +220,7 @@ def test_default_kv_share_comes_from_the_weights():
     p = _plan()
     assert p.kv_share == pytest.approx(0.85 - 700 / 8 / 140)
     assert p.kv_budget_bytes == int(p.kv_share * 140 * 2**30)
-    with pytest.raises(ValueError, match="--tp 1: .*leave no KV room.*Raise --tp or pass --kv-share"):
+    with pytest.raises(ValueError, match="--tp 1: .*leave no KV room.*Raise --tp or --gpu-hbm-gib, or pass --kv-share"):
         _plan(tp=1)
 
 
@@ -267,11 +267,11 @@ def test_json_output(capsys):
     [
         (["--buffer", "1024"], r"--buffer 1024 must be >= the model's top-k 2048.*--buffer 4096"),
         (["--model", "llama-3"], r"--model 'llama-3' is not a preset\. Valid presets: DeepSeek-V3\.2, GLM-5\.1, GLM-5\.2"),
-        (["--context", "0"], r"--context 0 must be > 0 tokens"),
+        (["--context", "0"], r"--context 0 must be in \[1, 2147483647\] tokens"),
         (["--kv-share", "1.5"], r"--kv-share 1\.5 must be in \(0, 1\]"),
         (["--miss-rate", "13.4"], r"--miss-rate 13\.4 must be in \[0, 1\]"),
-        (["--tp", "0"], r"--tp 0 must be >= 1"),
-        (["--link-gbps", "0"], r"--link-gbps 0\.0 must be > 0"),
+        (["--tp", "0"], r"--tp 0 must be in \[1, 65536\]"),
+        (["--link-gbps", "0"], r"--link-gbps 0\.0 must be a number in \(0, 1000000\]"),
         (["--model-config", "/nonexistent/config.json"], r"--model-config /nonexistent/config.json: cannot read"),
     ],
 )

@@ -16,7 +16,13 @@ import pytest
 
 import sglang_hisparse.coordinator.spec as spec_module
 from sglang_hisparse.testing.engine import EngineSizes, Mismatch
-from sglang_hisparse.testing.scenario import ScenarioSpec, ScenarioStats, run_scenario
+from sglang_hisparse.testing.scenario import (
+    ScenarioSpec,
+    ScenarioStats,
+    ci_seed,
+    replay_note,
+    run_scenario,
+)
 from sglang_hisparse.testing.spec_engine import SpecDecodeEngine
 from sglang_hisparse.testing.toy_model import ToyModel
 
@@ -36,6 +42,25 @@ CONFIGS = {
     ),
 }
 SEEDS = 10
+BASE_SEED = ci_seed()
+# W = 1 (one verify row) and pages > 1 (a rejected draft in the accepted token's page stays the
+# request's; later pages are freed), each at a couple of seeds
+EDGE = {
+    "W1-p1": (ToyModel(num_layers=3, top_k=4, item_bytes=16, shared=(False, True, False)),
+              EngineSizes(num_reqs=5, buffer_size=8, device_rows=320, max_ctx=80), 1),
+    "W1-p4": (ToyModel(num_layers=3, top_k=4, item_bytes=16, shared=(False, True, False)),
+              EngineSizes(num_reqs=5, buffer_size=8, device_rows=320, max_ctx=80, page_size=4), 1),
+    "W2-p2": (ToyModel(num_layers=3, top_k=4, item_bytes=16, shared=(False, True, False)),
+              EngineSizes(num_reqs=5, buffer_size=8, device_rows=384, max_ctx=80, page_size=2), 2),
+    "W3-p8": (ToyModel(num_layers=2, top_k=4, item_bytes=16, shared=(False, True)),
+              EngineSizes(num_reqs=5, buffer_size=12, device_rows=512, max_ctx=96, page_size=8), 3),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    print(f"\nspec harness base seed {BASE_SEED} (replay: HISPARSE_TEST_SEED={BASE_SEED})")
+    yield
 SPEC = ScenarioSpec(num_requests=6, p_abort_staging=0.08, p_abort=0.06, p_retract=0.08)
 
 
@@ -60,7 +85,11 @@ def test_random_spec_lifecycles_are_exact_and_leak_free(config: str, prefetch: b
     for seed in range(SEEDS):
         engine = _engine(config, seed, prefetch)
         assert engine.core.prefetch_enabled is prefetch
-        stats.append(run_scenario(engine, random.Random(7000 * seed + len(config)), spec))
+        try:
+            stats.append(run_scenario(engine, random.Random(BASE_SEED + 7000 * seed + len(config)), spec))
+        except AssertionError as e:
+            e.add_note(replay_note(BASE_SEED, f"tests/unit/test_spec_harness.py::test_random_spec_lifecycles_are_exact_and_leak_free[{config}]"))
+            raise
         accepted, rounds = accepted + engine.accepted, rounds + engine.verified
     # 3 configs x 2 modes x this >= 100 lifecycles in total
     assert _total(stats, "lifecycles") >= 34
@@ -68,6 +97,29 @@ def test_random_spec_lifecycles_are_exact_and_leak_free(config: str, prefetch: b
     assert _total(stats, "long_requests") > 0 and _total(stats, "directs") > 0
     assert _total(stats, "retracts") > 0 and _total(stats, "aborts") + _total(stats, "staging_aborts") > 0
     assert rounds < accepted < rounds * CONFIGS[config][2]  # partial acceptance happened
+
+
+@pytest.mark.parametrize("config", sorted(EDGE))
+def test_spec_edges_w1_and_paged(config: str) -> None:
+    model, sizes, W = EDGE[config]
+    spec = ScenarioSpec(**{**SPEC.__dict__, "max_prompt": sizes.max_ctx // 2, "max_new": sizes.buffer_size + 8})
+    lifecycles = accepted = rounds = 0
+    for seed in range(2):
+        engine = SpecDecodeEngine(model, sizes, num_draft_tokens=W, prefetch=seed == 0, skip_io=False, max_batch=8,
+                                  decode_alloc_rows=seed == 1, accept_seed=BASE_SEED + seed)
+        try:
+            stats = run_scenario(engine, random.Random(BASE_SEED + 300 * seed), spec)
+        except AssertionError as e:
+            e.add_note(replay_note(BASE_SEED, f"tests/unit/test_spec_harness.py::test_spec_edges_w1_and_paged[{config}]"))
+            raise
+        lifecycles += stats.lifecycles
+        accepted, rounds = accepted + engine.accepted, rounds + engine.verified
+        assert stats.checked_outputs > 0
+    assert lifecycles >= 8 and rounds > 0
+    if W == 1:
+        assert accepted == rounds  # one row: every round commits exactly one token
+    else:
+        assert rounds < accepted < rounds * W
 
 
 def test_harness_detects_a_lost_write_through(monkeypatch: pytest.MonkeyPatch) -> None:
