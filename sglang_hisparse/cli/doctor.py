@@ -124,8 +124,9 @@ def _import_hooks(targets) -> tuple[list[Check], list[warnings.WarningMessage]]:
     from sglang_hisparse.plugin import load_replacement
 
     out = []
+    # NOTE: the filters stay as they are, so what is recorded is what Python would have printed
+    # (not the DeprecationWarnings of SWIG types that "always" would add).
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
         for t in targets:
             try:
                 pkgutil.resolve_name(t.target)
@@ -147,7 +148,7 @@ def summarise_warnings(caught: list[warnings.WarningMessage], seconds: float, cu
     warnings (AWQ, GGUF, Triton "not supported") are expected, so they only warn with one."""
     distinct: dict[str, str] = {}
     for w in caught:
-        module = os.path.splitext(os.path.basename(w.filename))[0]
+        module = w.filename.strip("<>") if w.filename.startswith("<") else os.path.splitext(os.path.basename(w.filename))[0]
         distinct.setdefault(str(w.message).splitlines()[0].strip(), module)
     if not distinct:
         return Check("sglang import", OK, f"{seconds:.1f} s, no warnings")
@@ -184,7 +185,6 @@ def check_kernel_build(require: bool, torch_cuda: str | None) -> Check:
 
 def check_gpu(require: bool) -> Check:
     with warnings.catch_warnings(record=True) as caught:  # e.g. a driver too old for torch's CUDA
-        warnings.simplefilter("always")
         try:
             import torch
         except Exception as e:
