@@ -20,9 +20,14 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from sglang_hisparse import SUPPORTED_SGLANG, __version__, envs
+
+if TYPE_CHECKING:
+    from sglang_hisparse.plugin import HookTarget
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -88,7 +93,7 @@ def check_entry_point() -> Check:
     return Check("entry point", OK, f"hisparse -> {eps[0].value}")
 
 
-def _hook_name(t) -> str:
+def _hook_name(t: HookTarget) -> str:
     return f"hook {t.target.rsplit('.', 1)[-1]}"
 
 
@@ -116,7 +121,7 @@ def check_hooks() -> list[Check]:
     return out
 
 
-def _import_hooks(targets) -> tuple[list[Check], list[warnings.WarningMessage]]:
+def _import_hooks(targets: Sequence[HookTarget]) -> tuple[list[Check], list[warnings.WarningMessage]]:
     """Resolve ``targets`` in SGLang and load our replacements by importing them; the warnings
     the imports raise are returned, not printed."""
     import pkgutil
@@ -125,7 +130,7 @@ def _import_hooks(targets) -> tuple[list[Check], list[warnings.WarningMessage]]:
 
     out = []
     # NOTE: the filters stay as they are, so what is recorded is what Python would have printed
-    # (not the DeprecationWarnings of SWIG types that "always" would add).
+    # (not the SWIG and cutlass DeprecationWarnings that "always" would add).
     with warnings.catch_warnings(record=True) as caught:
         for t in targets:
             try:
