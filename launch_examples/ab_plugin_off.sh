@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B: run any launch example with the sglang-hisparse plugin NOT loaded.
 #
-# Usage: ./ab_plugin_off.sh ./glm51_colocated.sh [same env as that script]
+# Usage: ./ab_plugin_off.sh glm51_colocated.sh [same env as that script]
 #
 # SGLang loads every installed `sglang.srt.plugins` entry point unless SGLANG_PLUGINS holds a
 # comma-separated whitelist of entry-point names. An EMPTY value means "load all", so the
@@ -16,8 +16,11 @@
 # SGLANG_PLUGINS)" line instead, and no periodic "HiSparse: hit rate" line.
 # For the full-KV baseline use HISPARSE=off instead.
 set -euo pipefail
-if [[ $# -lt 1 || ! -f "$1" ]]; then
-    echo "usage: $0 ./<launch example>.sh   (e.g. $0 ./glm51_colocated.sh)" >&2
+# The example is a path, or the name of one beside this wrapper (so any working directory works).
+script=${1:-}
+if [[ -n "$script" && ! -f "$script" ]]; then script="$(dirname "${BASH_SOURCE[0]}")/$script"; fi
+if [[ ! -f "$script" ]]; then
+    echo "usage: $0 <launch example>.sh   (e.g. $0 glm51_colocated.sh)" >&2
     exit 2
 fi
 export SGLANG_PLUGINS=${SGLANG_PLUGINS:-none}
@@ -25,6 +28,5 @@ if [[ ",${SGLANG_PLUGINS// /}," == *,hisparse,* ]]; then
     echo "SGLANG_PLUGINS=$SGLANG_PLUGINS still names hisparse; remove it (or unset it to get 'none')." >&2
     exit 2
 fi
-script=$1
 shift
 exec bash "$script" "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B: run a launch example with the shared-index prefetch turned off.
 #
-# Usage: ./ab_prefetch_off.sh ./glm52_colocated.sh [same env as that script]
+# Usage: ./ab_prefetch_off.sh glm52_colocated.sh [same env as that script]
 #
 # Sets SGLANG_HISPARSE_DISABLE_PREFETCH=1 (read by sglang-hisparse) and its in-tree name
 # SGLANG_DISABLE_HISPARSE_PREFETCH=1 (read by SGLang's own HiSparse, and by us as a legacy
@@ -15,12 +15,14 @@
 # minus "on the critical path"). On GLM-5.1 and DeepSeek-V3.2 it changes nothing.
 # Expect: the "HiSparse: hit rate" line's hit rate and GB moved unchanged between the arms.
 set -euo pipefail
-if [[ $# -lt 1 || ! -f "$1" ]]; then
-    echo "usage: $0 ./<launch example>.sh   (e.g. $0 ./glm52_colocated.sh)" >&2
+# The example is a path, or the name of one beside this wrapper (so any working directory works).
+script=${1:-}
+if [[ -n "$script" && ! -f "$script" ]]; then script="$(dirname "${BASH_SOURCE[0]}")/$script"; fi
+if [[ ! -f "$script" ]]; then
+    echo "usage: $0 <launch example>.sh   (e.g. $0 glm52_colocated.sh)" >&2
     exit 2
 fi
 export SGLANG_HISPARSE_DISABLE_PREFETCH=1
 export SGLANG_DISABLE_HISPARSE_PREFETCH=1
-script=$1
 shift
 exec bash "$script" "$@"

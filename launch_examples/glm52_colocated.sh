@@ -13,12 +13,13 @@
 #                                                  same outputs, higher time per output token
 #        ./ab_plugin_off.sh ./glm52_colocated.sh   SGLang's in-tree HiSparse
 #        HISPARSE=off ./glm52_colocated.sh         full KV on the GPU
-# Env:   MODEL_PATH PORT(30000) CONTEXT_LENGTH HISPARSE HISPARSE_CONFIG EXTRA_ARGS PYTHON, see _common.sh
+# Env:   MODEL_PATH PORT(30000) CONTEXT_LENGTH HISPARSE PLAN HISPARSE_CONFIG MAX_RUNNING_REQUESTS
+#        EXTRA_ARGS PYTHON, see _common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 MODEL_PATH=${MODEL_PATH:-zai-org/GLM-5.2-FP8}
 PORT=${PORT:-30000}
-hisparse_args '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}'
+hisparse_args GLM-5.2 '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}' 152
 
 args=(
     --model-path "$MODEL_PATH" --trust-remote-code
@@ -27,7 +28,7 @@ args=(
     --context-length "$CONTEXT_LENGTH"
     --mem-fraction-static 0.85 --chunked-prefill-size 65536
     --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-    --disable-radix-cache
+    --disable-radix-cache "${MRR_ARGS[@]}"
     --watchdog-timeout 3600
     "${HS_ARGS[@]}"
 )

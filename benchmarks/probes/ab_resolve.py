@@ -70,7 +70,8 @@ NEW_EARLY: int | None = None
 def build_variant(path: Path, tag: str, item: int, flags: list[str]):
     """Compile ``path`` (a resolve.cuh) in namespace ``hisparse_<tag>`` with extra nvcc
     ``flags``, next to the ``common.cuh`` in its directory if there is one, else the current
-    one (every resolve build inlines common.cuh's staging loops and checks)."""
+    one (every resolve build inlines common.cuh's staging loops, so an older resolve.cuh is
+    measured with the common.cuh it was written against)."""
     import tvm_ffi.cpp
 
     common = path.parent / "common.cuh"

@@ -2,9 +2,15 @@
 
 Checks, each reported as ok / warn / FAIL with the reason and the fix:
 SGLang installed and supported; our entry point discoverable and allowed by SGLANG_PLUGINS;
-every hook target resolvable; apache-tvm-ffi, nvcc and a GPU for the kernels; the effective
+every hook target and every replacement of ours present; apache-tvm-ffi, what the kernels' JIT
+build needs (CUDA home, nvcc, libcudart, ninja, a C++ compiler) and a GPU; the effective
 environment switches; and, given ``--hisparse-config``, the effective config or its exact
-error. Exits 1 when any check FAILs (a missing GPU is a warning unless ``--require-gpu``).
+error. Exits 1 when any check FAILs (a missing GPU or an incomplete kernel toolchain is a
+warning unless ``--require-gpu``).
+
+The hook check reads SGLang's sources (milliseconds) instead of importing SGLang (~20 s and a
+screen of platform warnings); ``--import-hooks`` imports as a server does, to catch
+import-time failures too, and summarises SGLang's import warnings in one line.
 """
 
 from __future__ import annotations
@@ -12,11 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
+import time
+import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from sglang_hisparse import SUPPORTED_SGLANG, __version__, envs
+
+if TYPE_CHECKING:
+    from sglang_hisparse.plugin import HookTarget
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -31,14 +42,18 @@ class Check:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "doctor",
-        help="check SGLang, the plugin hooks, tvm-ffi/nvcc/GPU, and a --hisparse-config",
+        help="check SGLang, the plugin hooks, tvm-ffi, the kernel toolchain, the GPU and a --hisparse-config",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--hisparse-config", metavar="JSON", help="validate this --hisparse-config and print the effective values")
     p.add_argument("--model-config", metavar="PATH", help="a model config.json (or its directory): its index_topk is the top-k used")
-    p.add_argument("--require-gpu", action="store_true", help="treat a missing CUDA GPU as a failure (use on serving hosts)")
-    p.add_argument("--skip-hooks", action="store_true", help="do not import SGLang to resolve hook targets (faster; less thorough)")
+    p.add_argument("--require-gpu", action="store_true", help="treat a missing CUDA GPU or an incomplete kernel toolchain as a failure (use on serving hosts)")
+    hooks = p.add_mutually_exclusive_group()
+    hooks.add_argument("--skip-hooks", action="store_true", help="do not check the hook targets at all")
+    hooks.add_argument("--import-hooks", action="store_true",
+                       help="import SGLang and our replacements as a server does (~20 s) instead of reading their "
+                            "sources: also catches import-time failures")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     return p
 
@@ -78,22 +93,74 @@ def check_entry_point() -> Check:
     return Check("entry point", OK, f"hisparse -> {eps[0].value}")
 
 
+def _hook_name(t: HookTarget) -> str:
+    return f"hook {t.target.rsplit('.', 1)[-1]}"
+
+
 def check_hooks() -> list[Check]:
-    from sglang_hisparse.plugin import check_targets, load_replacement
+    """Every hook target in SGLang's sources and every replacement in ours, read, not imported.
+
+    A name the source reading cannot confirm (made at run time, inherited) is resolved by
+    importing it before it is called missing, so this is never stricter than the import.
+    """
+    from sglang_hisparse.cli.source_names import find
+    from sglang_hisparse.plugin import TARGETS
 
     out = []
-    for t, err in check_targets():
-        name = f"hook {t.target.rsplit('.', 1)[-1]}"
-        if err:
-            out.append(Check(name, FAIL, f"{t.target} does not resolve in this SGLang: {err}"))
+    for t in TARGETS:
+        missing = find(t.target)
+        if missing is None:
+            missing = find(t.replacement)
+            if missing is not None:
+                missing = f"our {t.replacement} is not there: {missing}"
+        if missing is not None:
+            imported, _ = _import_hooks([t])
+            out.append(imported[0] if imported[0].status == OK else Check(_hook_name(t), FAIL, missing))
             continue
-        try:
-            load_replacement(t)
-        except Exception as e:
-            out.append(Check(name, FAIL, f"our {t.replacement} does not load: {type(e).__name__}: {e}"))
-            continue
-        out.append(Check(name, OK, f"{t.target} -> {t.hook} by {t.replacement}"))
+        out.append(Check(_hook_name(t), OK, f"{t.target} -> {t.hook} by {t.replacement}"))
     return out
+
+
+def _import_hooks(targets: Sequence[HookTarget]) -> tuple[list[Check], list[warnings.WarningMessage]]:
+    """Resolve ``targets`` in SGLang and load our replacements by importing them; the warnings
+    the imports raise are returned, not printed."""
+    import pkgutil
+
+    from sglang_hisparse.plugin import load_replacement
+
+    out = []
+    # NOTE: the filters stay as they are, so what is recorded is what Python would have printed
+    # (not the SWIG and cutlass DeprecationWarnings that "always" would add).
+    with warnings.catch_warnings(record=True) as caught:
+        for t in targets:
+            try:
+                pkgutil.resolve_name(t.target)
+            except Exception as e:  # ImportError, AttributeError, or an import-time failure
+                out.append(Check(_hook_name(t), FAIL, f"{t.target} does not resolve in this SGLang: {type(e).__name__}: {e}"))
+                continue
+            try:
+                load_replacement(t)
+            except Exception as e:
+                out.append(Check(_hook_name(t), FAIL, f"our {t.replacement} does not load: {type(e).__name__}: {e}"))
+                continue
+            out.append(Check(_hook_name(t), OK, f"{t.target} -> {t.hook} by {t.replacement} (imported)"))
+    return out, list(caught)
+
+
+def summarise_warnings(caught: list[warnings.WarningMessage], seconds: float, cuda: bool) -> Check:
+    """One line for the warnings importing SGLang raised: count, then each distinct message's
+    first line with the module that raised it. Without a CUDA device SGLang's platform
+    warnings (AWQ, GGUF, Triton "not supported") are expected, so they only warn with one."""
+    distinct: dict[str, str] = {}
+    for w in caught:
+        module = w.filename.strip("<>") if w.filename.startswith("<") else os.path.splitext(os.path.basename(w.filename))[0]
+        distinct.setdefault(str(w.message).splitlines()[0].strip(), module)
+    if not distinct:
+        return Check("sglang import", OK, f"{seconds:.1f} s, no warnings")
+    listed = "; ".join(f"{module}: {msg}" for msg, module in distinct.items())
+    status = WARN if cuda else OK
+    note = "" if cuda else " (expected without a CUDA device)"
+    return Check("sglang import", status, f"{seconds:.1f} s, {len(caught)} warning(s){note}: {listed}")
 
 
 def check_tvm_ffi() -> Check:
@@ -107,36 +174,47 @@ def check_tvm_ffi() -> Check:
         return Check("apache-tvm-ffi", FAIL, f"not importable ({e}); pip install apache-tvm-ffi==0.1.11")
 
 
-def check_nvcc() -> Check:
-    candidates = [shutil.which("nvcc")]
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(env):
-            candidates.append(os.path.join(os.environ[env], "bin", "nvcc"))
-    candidates.append("/usr/local/cuda/bin/nvcc")
-    for c in candidates:
-        if c and os.path.exists(c):
-            try:
-                out = subprocess.run([c, "--version"], capture_output=True, text=True, timeout=20).stdout
-                release = next((line.strip() for line in out.splitlines() if "release" in line), out.strip()[-60:])
-            except Exception as e:
-                release = f"found but not runnable: {e}"
-            return Check("nvcc", OK, f"{c}: {release}")
-    return Check("nvcc", WARN, "not found (kernels compile at first use; set CUDA_HOME on serving hosts)")
+def check_kernel_build(require: bool, torch_cuda: str | None) -> Check:
+    """What the kernels' JIT build needs (``cli/kernel_build.py``): a problem FAILs with
+    ``--require-gpu`` (serving hosts build at first use), else warns."""
+    from sglang_hisparse.cli.kernel_build import inspect
+
+    r = inspect(torch_cuda=torch_cuda)
+    nvcc = f"{r.home}/bin/nvcc, CUDA {r.nvcc_release}" if r.nvcc_release else "no nvcc"
+    if r.ok:
+        return Check("kernel build", OK, f"CUDA home {r.home} (from {r.home_from}): {nvcc}, libcudart, ninja, c++")
+    fix = f"; fix: {r.fix}" if r.fix else ""
+    return Check("kernel build", FAIL if require else WARN,
+                 f"python -m sglang_hisparse.kernels would fail: {'; '.join(r.problems)}{fix}")
 
 
 def check_gpu(require: bool) -> Check:
-    try:
-        import torch
-    except Exception as e:
-        return Check("gpu", FAIL, f"torch not importable: {e}")
-    if not torch.cuda.is_available():
+    with warnings.catch_warnings(record=True) as caught:  # e.g. a driver too old for torch's CUDA
+        try:
+            import torch
+        except Exception as e:
+            return Check("gpu", FAIL, f"torch not importable: {e}")
+        available = torch.cuda.is_available()
+    said = "; ".join(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
+    if not available:
         status = FAIL if require else WARN
-        return Check("gpu", status, "no CUDA device: serving needs one; plan/simulate/doctor work without")
+        why = f" ({said})" if said else ""
+        return Check("gpu", status, f"no CUDA device{why}: serving needs one; plan/simulate/doctor work without")
     name = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
     status = OK if major >= 9 else WARN
     note = "" if major >= 9 else " (kernels are built and measured for sm_90; older GPUs are untested)"
     return Check("gpu", status, f"{torch.cuda.device_count()} x {name}, sm_{major}{minor}{note}")
+
+
+def _torch_cuda() -> tuple[str | None, bool]:
+    """torch's CUDA version and whether a device is usable, once ``check_gpu`` imported it."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, False
+    return torch.version.cuda, bool(torch.cuda.is_available())
 
 
 def _model_top_k(path: str | None) -> int | None:
@@ -178,9 +256,22 @@ def check_envs() -> Check:
 
 def run(args: argparse.Namespace) -> int:
     checks = [Check("sglang-hisparse", OK, __version__), check_sglang(), check_entry_point()]
+    caught, import_s = None, 0.0
     if not args.skip_hooks and checks[1].status == OK:
-        checks += check_hooks()
-    checks += [check_tvm_ffi(), check_nvcc(), check_gpu(args.require_gpu), check_envs()]
+        if args.import_hooks:
+            from sglang_hisparse.plugin import TARGETS
+
+            t0 = time.perf_counter()
+            hooks, caught = _import_hooks(TARGETS)
+            import_s = time.perf_counter() - t0
+            checks += hooks
+        else:
+            checks += check_hooks()
+    gpu = check_gpu(args.require_gpu)
+    torch_cuda, cuda = _torch_cuda()
+    if caught is not None:
+        checks.append(summarise_warnings(caught, import_s, cuda=cuda))
+    checks += [check_tvm_ffi(), check_kernel_build(args.require_gpu, torch_cuda), gpu, check_envs()]
     if args.hisparse_config is not None or args.model_config:
         checks.append(check_config(args.hisparse_config, args.model_config))
     failed = [c for c in checks if c.status == FAIL]

@@ -15,7 +15,7 @@ import sys
 #: (command, module, one-line summary) in the order --help shows them.
 COMMANDS = (
     ("plan", "sglang_hisparse.cli.plan", "capacity planner: batch, HBM, host DRAM and link time with and without HiSparse"),
-    ("doctor", "sglang_hisparse.cli.doctor", "check SGLang, the plugin hooks, tvm-ffi/nvcc/GPU, and a --hisparse-config"),
+    ("doctor", "sglang_hisparse.cli.doctor", "check SGLang, the plugin hooks, tvm-ffi, the kernel toolchain, the GPU and a --hisparse-config"),
     ("simulate", "sglang_hisparse.cli.simulate", "replay a selection trace under replacement policies and buffer sizes"),
     ("record-trace", "sglang_hisparse.cli.record_trace", "record oracle top-k selections of a Hugging Face model on a text"),
 )

@@ -3,7 +3,8 @@
 Checks the JSON's shape (every mode x context, config, environment, notes) and the
 exactness flags (HiSparse sync/prefetch == oracle == full KV on the sampled outputs), plus
 that the batched content helpers equal the toy model's bytes (the oracle depends on it).
-No timing is asserted.
+No timing is asserted. The two tests that read the whole smoke's JSON are marked slow (the
+smoke runs every mode at two contexts, ~15 s); the content and refusal checks run by default.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def report(bench, tmp_path_factory):
     return json.loads((out / "bench_e2e.json").read_text())
 
 
+@pytest.mark.slow
 def test_json_has_every_mode_and_context(report):
     assert report["complete"] is True
     assert [c["context"] for c in report["contexts"]] == [256, 512]
@@ -47,6 +49,7 @@ def test_json_has_every_mode_and_context(report):
         assert c["modes"]["prefetch"]["batch"] > c["modes"]["full"]["batch"]
 
 
+@pytest.mark.slow
 def test_exactness_flags(report):
     assert report["exact"] is True
     for c in report["contexts"]:

@@ -56,4 +56,4 @@ def test_readme_serving_recipe_is_the_planners():
     for flag in flags.split():
         assert flag in command, flag
     script = (REPO / "launch_examples" / "glm51_colocated.sh").read_text()
-    assert f"hisparse_args '{config}'" in script
+    assert f"hisparse_args GLM-5.1 '{config}' " in script
