@@ -8,7 +8,8 @@ token, then the drafts). Per request the slot tables are ``B + W`` wide::
     long  (s + W >  B)   window position s+j -> slot B+j, outside the LRU
     short (s + W <= B)   token p in slot p for every p < s+W (window too), no LRU
 
-Call protocol (SGLang 0.5.23 seams §2.2 -> this class)::
+Call protocol (SGLang 0.5.23: ``mem_cache/allocation.py``, ``speculative/eagle_utils.py``,
+``speculative/eagle_worker_common.py`` call the adapter, which calls this class)::
 
     allocate_spec_scratch(slots)    reserve(slots)     capacity check: W rows per request
     collect_ready / admit_direct    admit(r)           window rows = W more hot-buffer rows

@@ -30,8 +30,8 @@ import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 from sglang_hisparse.testing.toy_model import ToyModel
 
 

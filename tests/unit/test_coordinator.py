@@ -20,8 +20,8 @@ from sglang_hisparse.coordinator.state import Phase
 from sglang_hisparse.coordinator.streams import NullEvent
 from sglang_hisparse.kernels import ResolveMode
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, K, ITEM = 2, 4, 4, 2, 16
 

@@ -4,7 +4,8 @@ Built with the kwargs ``ModelRunner.maybe_init_hisparse_coordinator`` passes
 (model_runner.py:1042-1058) over our SGLang-facing allocator/pool (built as
 ``kv_cache_configurator`` builds them) and SGLang's own ``ReqToTokenPool`` and ``Req``, then
 driven through the calls the scheduler, ``prepare_for_decode``, the DSA backend and the PD
-decode path make (seams §2.2).
+decode path make (``schedule_batch.py``, ``batch_result_processor.py``, ``dsa_backend.py``,
+``disaggregation/decode.py`` in SGLang 0.5.23).
 """
 
 from __future__ import annotations
@@ -216,6 +217,11 @@ def test_unsupported_paths_say_so() -> None:
         SGLangHiSparseCoordinator(
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
             top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=5,
+        )
+    with pytest.raises(ValueError, match="DualSpaceAllocator.*not sglang-hisparse's HiSparseTokenAllocator"):
+        SGLangHiSparseCoordinator(  # SGLang's own allocator would land here without the plugin
+            req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc.core,
+            top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None,
         )
     with pytest.raises(NotImplementedError, match="MiniMax"):
         srv.coord.swap_in_selected_blocks()

@@ -19,9 +19,9 @@ from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.streams import Streams
 from sglang_hisparse.kernels import verify_reference as vref
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.telemetry import Telemetry
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, W, K, ITEM, CTX = 2, 6, 16, 3, 4, 16, 160
 
