@@ -254,10 +254,15 @@ class SGLangHiSparseCoordinator:
         seq_lens_cpu: torch.Tensor,
         req_pool_indices_cpu: torch.Tensor,
     ) -> None:
+        """``ScheduleBatch.prepare_for_decode`` (schedule_batch.py), after ``alloc_for_decode``
+        and ``seq_lens += 1``. With page_size 1 ``out_cache_loc`` is what ``allocator.alloc(bs)``
+        just returned, whose CPU copy the allocator kept: the rows ``alloc`` mapped go back
+        without reading the ids from the GPU. No host sync."""
         self.core.map_last_loc(
             req_index=req_pool_indices, seq_lens=seq_lens, new_logical=out_cache_loc,
             req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
             seq_lens_cpu=[int(x) for x in seq_lens_cpu.tolist()],
+            new_logical_cpu=self.dual.cpu_ids_of(out_cache_loc),
         )
 
     def wait_for_pending_backup(self) -> None:
@@ -306,11 +311,18 @@ class SGLangHiSparseCoordinator:
         req_cpu = getattr(batch, "req_pool_indices_cpu", None)
         if req_cpu is None or len(req_cpu) != len(seq_cpu):
             req_cpu = [req.kv.req_pool_idx for req in batch.reqs]
+        # NOTE: the verify ids' CPU copy is passed when they are the latest alloc() result.
+        # SGLang's verify gathers them from req_to_token (assign_extend_cache_locs, eagle_utils.py)
+        # after an earlier alloc reserved them, so with page_size 1 rebind reads them back once
+        # a round. On CUDA SGLang gives DSA models 64-token pages (model_overrides/deepseek_v2.py)
+        # and the spec reserve takes logical-only ids (alloc_logical_only, allocation.py): there
+        # rebind frees nothing and reads nothing.
         self.core.prepare_spec(
             req_index=batch.req_pool_indices,
             req_index_cpu=[int(x) for x in (req_cpu.tolist() if torch.is_tensor(req_cpu) else req_cpu)],
             seq_lens_cpu=[int(x) for x in seq_cpu.tolist()],
             out_cache_loc=batch.out_cache_loc,
+            out_cache_loc_cpu=self.dual.cpu_ids_of(batch.out_cache_loc),
         )
 
     def commit_spec_accept_tokens(self, batch: Any, accept_indices: torch.Tensor) -> None:
