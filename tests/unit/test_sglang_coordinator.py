@@ -223,7 +223,7 @@ def test_retract_while_staging_and_finish_before_staging_release_everything() ->
 
 def test_unsupported_paths_say_so() -> None:
     srv = Server()
-    with pytest.raises(ValueError, match=r"device_buffer_size = 64 < speculative_num_draft_tokens \* top_k = 5 \* 16.*>= 80"):
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 64 must be >= speculative_num_draft_tokens \* top_k = 5 \* 16 = 80.*at least 80"):
         SGLangHiSparseCoordinator(
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
             top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=5,

@@ -197,5 +197,5 @@ def test_protocol_errors_name_the_problem():
     ctx = CoreContext(**{**rig.ctx.__dict__, "state": st})
     with pytest.raises(ValueError, match="build SlotState with the verify window"):
         SpecWindow(ctx, num_draft_tokens=W)
-    with pytest.raises(ValueError, match="device_buffer_size >= 20"):
+    with pytest.raises(ValueError, match="'device_buffer_size' = 16 must be >= speculative_num_draft_tokens.*at least 20"):
         SpecWindow(CoreContext(**{**rig.ctx.__dict__, "top_k": 5}), num_draft_tokens=4)
