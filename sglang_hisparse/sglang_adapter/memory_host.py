@@ -47,7 +47,7 @@ def _agreed_budget(per_rank_bytes: int) -> tuple[int, int]:
     avail = available_host_bytes()
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return per_rank_bytes, avail
-    from sglang.srt.distributed import get_world_group
+    from sglang.srt.distributed.parallel_state import get_world_group
 
     group = get_world_group().cpu_group
     figures = torch.tensor([-per_rank_bytes, avail], dtype=torch.int64)

@@ -238,3 +238,24 @@ def test_host_pool_budget_counts_every_rank_on_the_machine(pool, monkeypatch):
         assert memory_host.server_ranks_per_host() == 4
         with pytest.raises(AssertionError, match="allocated before"):  # passes the check
             build_host_pool(pool, **args)
+
+
+def test_ranks_check_figures_agreed_across_the_world_group(monkeypatch):
+    """Every rank checks the largest pool and the least free memory any rank measured (one
+    all_reduce MIN over [-pool, free] on SGLang's world group, before anyone allocates)."""
+    import sglang.srt.distributed.parallel_state as sgl_dist
+
+    dist = memory_host.dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(sgl_dist, "get_world_group", lambda: SimpleNamespace(cpu_group="world-cpu"))
+    monkeypatch.setattr(memory_host, "available_host_bytes", lambda: 900)
+    seen = {}
+
+    def all_reduce(t, op, group):  # the other rank: a 150-byte pool, 700 bytes free
+        seen.update(op=op, group=group)
+        t.copy_(torch.minimum(t, torch.tensor([-150, 700])))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert memory_host._agreed_budget(100) == (150, 700)
+    assert seen == {"op": dist.ReduceOp.MIN, "group": "world-cpu"}
