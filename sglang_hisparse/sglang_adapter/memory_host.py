@@ -37,12 +37,12 @@ def _agreed_budget(per_rank_bytes: int) -> tuple[int, int]:
     """(largest pool of any rank, smallest free host memory any rank measured), agreed over
     SGLang's world group before any rank allocates.
 
-    NOTE: without the agreement a rank that checks after a neighbour pinned its pool sees the
-    neighbour's pool gone from MemAvailable and refuses a machine that fits; ranks measuring
-    before any of them continues makes every rank check the same figures and reach the same
-    verdict. The rejected alternative, dividing free memory by the ranks per host on each
-    rank, has the same race and refuses too late for the first ranks. The world group's
-    gloo (CPU) side is used: no GPU work at construction.
+    NOTE: an all_reduce rather than each rank measuring on its own: a rank that measured
+    after a neighbour pinned would find that pool missing from MemAvailable and refuse a
+    machine that fits (or, comparing its own pool alone, the machine would be overcommitted).
+    The all_reduce returns only once every rank has measured, and nobody allocates before it,
+    so all ranks check the same figures and refuse together. It runs on the world group's
+    gloo (CPU) side: no GPU work at construction.
     """
     avail = available_host_bytes()
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
