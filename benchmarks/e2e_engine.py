@@ -28,9 +28,9 @@ from e2e_model import BenchModel, ComputeStandIn
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.memory.paged import ceil_div
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 
 def _sync(device: torch.device) -> None:

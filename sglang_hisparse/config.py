@@ -128,20 +128,7 @@ class HiSparseConfig:
             )
         default = min(max(2, W + 1) * top_k, MAX_DEVICE_BUFFER_SIZE) if W else 2 * top_k
         buffer = raw.get("device_buffer_size", default)
-        if W and buffer < W * top_k:
-            raise ValueError(
-                f"{FLAG}: 'device_buffer_size' = {buffer} must be >= speculative_num_draft_tokens "
-                f"* top_k = {W} * {top_k} = {W * top_k}: a verify step resolves the union of its "
-                f"{W} rows' selections at once. Set it to at least {W * top_k} "
-                f"({max(2, W + 1) * top_k}, i.e. (W+1)*top_k, is the default), or lower "
-                f"--speculative-num-draft-tokens."
-            )
-        if buffer < top_k:
-            raise ValueError(
-                f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "
-                f"selected position needs a hot slot in the same step. Set it to at least "
-                f"{top_k} ({2 * top_k}, i.e. 2*top_k, is the usual choice)."
-            )
+        check_buffer_holds_selection(buffer, top_k, W)
         if buffer > MAX_DEVICE_BUFFER_SIZE:
             raise ValueError(
                 f"{FLAG}: 'device_buffer_size' = {buffer} exceeds {MAX_DEVICE_BUFFER_SIZE}: the "
@@ -175,6 +162,28 @@ class HiSparseConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int = 0) -> None:
+    """The hot-buffer rule, wherever a buffer size B meets a top-k (this config, the coordinator,
+    the verify window): every position one step selects needs a hot slot in that step, so
+    B >= top_k, and a verify step resolves its W rows' selections at once, so B >= W * top_k.
+    Raises ValueError naming the flag and the fix."""
+    W = int(num_draft_tokens or 0)
+    if W and buffer < W * top_k:
+        raise ValueError(
+            f"{FLAG}: 'device_buffer_size' = {buffer} must be >= speculative_num_draft_tokens "
+            f"* top_k = {W} * {top_k} = {W * top_k}: a verify step resolves the union of its "
+            f"{W} rows' selections at once. Set it to at least {W * top_k} "
+            f"({max(2, W + 1) * top_k}, i.e. (W+1)*top_k, is the default), or lower "
+            f"--speculative-num-draft-tokens."
+        )
+    if buffer < top_k:
+        raise ValueError(
+            f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "
+            f"selected position needs a hot slot in the same step. Set it to at least "
+            f"{top_k} ({2 * top_k}, i.e. 2*top_k, is the usual choice)."
+        )
 
 
 def _check_kernel_fits(top_k: int, buffer: int, rows: int) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from sglang_hisparse.config import check_buffer_holds_selection
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext, HostTable
 from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
@@ -134,18 +135,7 @@ class HiSparseCore:
             raise ValueError(
                 f"num_draft_tokens = {num_draft_tokens} must be >= 0 (0 = no speculative decoding)."
             )
-        if num_draft_tokens and buffer_size < num_draft_tokens * top_k:
-            raise ValueError(
-                f"device_buffer_size = {buffer_size} < speculative_num_draft_tokens * top_k = "
-                f"{num_draft_tokens} * {top_k}: a verify step's union of selections must fit the "
-                f"hot buffer. Set device_buffer_size >= {num_draft_tokens * top_k} "
-                f"(default {max(2, num_draft_tokens + 1) * top_k})."
-            )
-        if buffer_size < top_k:
-            raise ValueError(
-                f"device_buffer_size = {buffer_size} < top_k = {top_k}: every selected position "
-                f"needs a hot slot. Set device_buffer_size >= {top_k} (default 2 * top_k)."
-            )
+        check_buffer_holds_selection(buffer_size, top_k, num_draft_tokens)
         check_resolve_fits(top_k, buffer_size, int(host.host_rows.shape[1]))
         if len(device_kv) != len(host_kv) or len(device_kv) == 0:
             raise ValueError(

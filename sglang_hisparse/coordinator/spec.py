@@ -8,7 +8,8 @@ token, then the drafts). Per request the slot tables are ``B + W`` wide::
     long  (s + W >  B)   window position s+j -> slot B+j, outside the LRU
     short (s + W <= B)   token p in slot p for every p < s+W (window too), no LRU
 
-Call protocol (SGLang 0.5.23 seams §2.2 -> this class)::
+Call protocol (SGLang 0.5.23: ``mem_cache/allocation.py``, ``speculative/eagle_utils.py``,
+``speculative/eagle_worker_common.py`` call the adapter, which calls this class)::
 
     allocate_spec_scratch(slots)    reserve(slots)     capacity check: W rows per request
     collect_ready / admit_direct    admit(r)           window rows = W more hot-buffer rows
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_hisparse.config import check_buffer_holds_selection
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.kernels.contract import validation_enabled
@@ -57,12 +59,7 @@ class SpecWindow:
         W, B, st = num_draft_tokens, ctx.buffer_size, ctx.state
         if W < 1:
             raise ValueError(f"speculative_num_draft_tokens = {W} must be >= 1.")
-        if B < W * ctx.top_k:
-            raise ValueError(
-                f"device_buffer_size = {B} < speculative_num_draft_tokens * top_k = {W} * "
-                f"{ctx.top_k}: a verify step's union must fit the hot buffer. Set "
-                f"device_buffer_size >= {W * ctx.top_k}."
-            )
+        check_buffer_holds_selection(B, ctx.top_k, W)
         for name, t, want in (("slot_tokens", st.slot_tokens, (st.num_layers, st.num_reqs, B + W)),
                               ("slot_rows", st.slot_rows, (st.num_reqs, B + W))):
             if tuple(t.shape) != want:

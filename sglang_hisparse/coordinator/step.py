@@ -57,8 +57,9 @@ class StepMapper:
     ) -> None:
         """``req_index``/``seq_lens``/``new_logical`` int [bs] on the device (lengths already
         include the new token); the ``_cpu`` lists carry the same values on the host.
-        ``new_logical_cpu`` (optional) lets the allocator free device rows a page_size-1
-        ``alloc()`` gave the new ids without reading them back (see ``allocator.rebind``)."""
+        ``new_logical_cpu`` (optional; the adapter passes ``allocator.cpu_ids_of(new_logical)``)
+        lets the allocator free device rows a page_size-1 ``alloc()`` gave the new ids without
+        reading them back (see ``allocator.rebind``)."""
         ctx, st, B = self.ctx, self.ctx.state, self.ctx.buffer_size
         if len(req_index_cpu) != len(seq_lens_cpu):
             raise ValueError(

@@ -72,8 +72,9 @@ class DualSpaceAllocator(HotBufferMixin):
         self.mapping = torch.zeros(
             self.logical.total_ids + 1, dtype=torch.int64, device=self.device
         )
-        #: CPU ids returned by the latest ``alloc()`` (lets the coordinator ``rebind`` without a sync)
+        #: the latest ``alloc()``'s ids on the CPU, and the tensor it returned (``cpu_ids_of``)
         self.last_alloc_cpu: torch.Tensor | None = None
+        self._last_alloc_out: torch.Tensor | None = None
         self.clear()
 
     # ---- capacity ------------------------------------------------------------------------
@@ -96,6 +97,7 @@ class DualSpaceAllocator(HotBufferMixin):
         self.rows.clear()
         self.mapping.zero_()
         self.mapping[-1] = -1
+        self.last_alloc_cpu = self._last_alloc_out = None
         #: int64 [logical.total_ids] (CPU): prefill row owned through each logical id, 0 if none
         self._prefill_row = torch.zeros(self.logical.total_ids, dtype=torch.int64)
         self._hot: dict[int, HotBuffer] = {}
@@ -120,8 +122,25 @@ class DualSpaceAllocator(HotBufferMixin):
         ids = self.logical.page_ids_to_ids(self.logical.alloc_pages(n // self.page_size))
         rows = self.rows.page_ids_to_ids(self.rows.alloc_pages(n // self.page_size))
         self._bind_prefill(ids, rows)
-        self.last_alloc_cpu = ids
-        return ids.to(self.device, non_blocking=True)
+        out = ids.to(self.device, non_blocking=True)
+        self.last_alloc_cpu, self._last_alloc_out = ids, out
+        return out
+
+    def cpu_ids_of(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """``last_alloc_cpu`` when ``ids`` is the latest ``alloc()``'s result, else None.
+
+        SGLang's page_size-1 decode hands the tensor ``alloc(bs)`` returned straight to
+        ``map_last_loc_to_buffer`` as ``out_cache_loc``; with its CPU copy, ``rebind`` frees the
+        rows ``alloc`` took without reading the ids back. "The result" means the same memory
+        (same device, address, shape and dtype; a view SGLang took of it counts): the allocator
+        holds that tensor, so its address cannot be reused by another one meanwhile. No host sync.
+        """
+        out = self._last_alloc_out
+        if out is None or ids.device != out.device or ids.dtype != out.dtype:
+            return None
+        if ids.shape != out.shape or ids.data_ptr() != out.data_ptr():
+            return None
+        return self.last_alloc_cpu
 
     def alloc_extend(
         self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
@@ -211,8 +230,10 @@ class DualSpaceAllocator(HotBufferMixin):
     ) -> None:
         """Move decode tokens onto hot-buffer rows, freeing prefill rows ``alloc()`` gave them.
 
-        ``logical_ids_cpu`` (e.g. ``last_alloc_cpu``) avoids reading ``logical_ids`` back
-        from the device; without it, and with page_size 1, this syncs once.
+        ``logical_ids_cpu`` (``cpu_ids_of(logical_ids)``) avoids reading ``logical_ids`` back
+        from the device; without it, and with page_size 1, this syncs once. With larger pages
+        decode and speculative ids come from ``alloc_decode`` / ``alloc_logical_extend``, hold
+        no prefill row, and nothing is read.
         """
         if logical_ids_cpu is None and self.page_size == 1:
             logical_ids_cpu = logical_ids.cpu()

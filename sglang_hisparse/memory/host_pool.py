@@ -10,7 +10,7 @@ Host rows come from a ``PagedIdAllocator`` (row 0 / page 0 is the padding page, 
 out). A request's pages are taken lazily by ``ensure(req_slot, length)`` as it grows; its
 positions ``p`` live at ``page[p // P] * P + p % P``. ``free_request`` returns them all.
 
-The pool is sized, then checked against available host memory (``memory_budget``), and only
+The pool is sized, then checked against available host memory (``budget``), and only
 then allocated and pinned, so a too-large ratio fails with both figures in GiB instead of an
 OOM kill half-way through pinning. On CUDA the whole buffer is pinned with one
 ``cudaHostRegister``; with unified addressing the host pointer is then directly readable by GPU
@@ -55,8 +55,9 @@ class HostKVPool:
     max_context:     columns of ``host_rows`` (longest request, in tokens)
     device:          where ``host_rows`` lives (the GPU the kernels run on)
     pin:             pin with cudaHostRegister; default: when CUDA is available
-    available_bytes: override the measured free host memory (tests); ``ranks_per_host``
-                     splits it between ranks that each build this pool
+    available_bytes: override the measured free host memory (tests)
+    ranks_per_host:  processes on this machine that each build this pool (the budget check
+                     counts all of them; ``budget.ranks_per_host``)
     storage:         an existing uint8 [L, host_rows_total, I] buffer to use instead of
                      allocating (already budget-checked and pinned by its owner)
     """

@@ -24,8 +24,15 @@ from sglang_hisparse.arg_scope import (
     hf_attr,
     model_label,
 )
-from sglang_hisparse.config import FLAG, IN_TREE_HINT, HiSparseConfig
-from sglang_hisparse.memory.budget import GIB, available_host_bytes
+from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
+from sglang_hisparse.memory.budget import (
+    GIB,
+    available_host_bytes,
+    check_host_budget,
+    ranks_per_host,
+)
+from sglang_hisparse.memory.host_pool import host_pool_bytes
+from sglang_hisparse.presets import kv_row_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +45,6 @@ BACKENDS_BY_DTYPE = {
 #: With ``auto`` the stored dtype follows the checkpoint, so any of the above may be right.
 BACKENDS_AUTO = frozenset().union(*BACKENDS_BY_DTYPE.values())
 A_B_HINT = IN_TREE_HINT
-
-
-def kv_row_bytes(kv_lora_rank: int, rope_dim: int, kv_dtype: str) -> int:
-    """Bytes of one token's MLA KV row in one layer.
-
-    fp8_e4m3 (DSA layout): ``kv_lora_rank`` fp8 values + one fp32 scale per 128 of them +
-    the rope part in bf16 (656 B for 512/64); bf16: ``(kv_lora_rank + rope_dim) * 2`` (1152 B).
-    """
-    if kv_dtype == "fp8_e4m3":
-        return kv_lora_rank + (kv_lora_rank // 128) * 4 + rope_dim * 2
-    return (kv_lora_rank + rope_dim) * 2
 
 
 def validate_hisparse(server_args: Any) -> None:
@@ -150,12 +146,10 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def host_pool_bytes(*, device_rows: int, ratio: int, layers: int, row_bytes: int) -> int:
-    """Pinned host bytes for one rank: every logical id (ratio x device rows) in every layer."""
-    return device_rows * ratio * layers * row_bytes
-
-
 def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dtype: str) -> None:
+    """The host pools' budget at validation, when ``--max-total-tokens`` fixes the device KV
+    rows: the same row bytes (``presets.kv_row_bytes``), pool bytes (``host_pool_bytes``) and
+    policy (``check_host_budget`` over ``ranks_per_host``) the pool applies before pinning."""
     device_rows = getattr(view, "max_total_tokens", None)
     if not device_rows:
         # NOTE: device KV rows are known only after SGLang profiles GPU memory in each
@@ -165,27 +159,33 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
             "are known after GPU memory profiling); pass --max-total-tokens to check it now."
         )
         return
-    layers = int(hf_attr(hf_config, "num_hidden_layers", 0))
+    pp = max(1, int(getattr(view, "pp_size", 1) or 1))
+    # a pipeline stage holds its share of the layers; the largest share is the one to fit
+    layers = -(-int(hf_attr(hf_config, "num_hidden_layers", 0)) // pp)
     row = kv_row_bytes(
         int(hf_attr(hf_config, "kv_lora_rank", 512)),
         int(hf_attr(hf_config, "qk_rope_head_dim", 64)),
-        "fp8_e4m3" if kv_dtype == "fp8_e4m3" else "bfloat16",
+        "fp8" if kv_dtype == "fp8_e4m3" else "bf16",  # auto: the larger bf16 row
     )
-    per_rank = host_pool_bytes(device_rows=device_rows, ratio=config.host_to_device_ratio, layers=layers, row_bytes=row)
-    nnodes = max(1, int(getattr(view, "nnodes", 1) or 1))
-    ranks = max(1, int(getattr(view, "tp_size", 1) or 1) * int(getattr(view, "pp_size", 1) or 1) // nnodes)
-    need = per_rank * ranks
+    ratio = config.host_to_device_ratio
+    per_rank = host_pool_bytes(
+        num_layers=layers, item_bytes=row, capacity_tokens=device_rows * ratio,
+        page_size=int(getattr(view, "page_size", None) or 1),
+    )
+    replicas = 1 if getattr(view, "enable_dp_attention", False) else int(getattr(view, "dp_size", 1) or 1)
+    ranks = ranks_per_host(
+        tp_size=int(getattr(view, "tp_size", 1) or 1), pp_size=pp,
+        nnodes=int(getattr(view, "nnodes", 1) or 1), dp_replicas=max(replicas, 1),
+    )
     have = available_host_bytes()
-    if need > have:
-        fit = max(1, int(config.host_to_device_ratio * have / need))
-        raise ValueError(
-            f"--enable-hisparse: the pinned host KV pool needs {gib(need)} ({ranks} rank(s) x "
-            f"{gib(per_rank)}: {device_rows} device rows x host_to_device_ratio "
-            f"{config.host_to_device_ratio} x {layers} layers x {row} B) but only {gib(have)} "
-            f"of host memory is available. Lower 'host_to_device_ratio' in {FLAG} (at most "
-            f"{fit} fits), lower --max-total-tokens, or add host memory."
-        )
-    logger.info("sglang-hisparse: host KV pool %s of %s available.", gib(need), gib(have))
+    check_host_budget(
+        per_rank,
+        what=(f"--enable-hisparse: the pinned host KV pool ({device_rows} device rows x "
+              f"host_to_device_ratio {ratio} x {layers} layers x {row} B)"),
+        ranks_per_host=ranks, available_bytes=have, ratio=ratio,
+    )
+    logger.info("sglang-hisparse: host KV pools %s (%d rank(s)) of %s available.",
+                gib(per_rank * ranks), ranks, gib(have))
 
 
 def parse_hisparse_config() -> HiSparseConfig:
@@ -230,4 +230,4 @@ def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: 
     return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
 
 
-__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "kv_row_bytes", "SUPPORTED_SGLANG"]
+__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "SUPPORTED_SGLANG"]

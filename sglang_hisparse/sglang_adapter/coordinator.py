@@ -1,9 +1,10 @@
 """``SGLangHiSparseCoordinator``: what SGLang 0.5.23 constructs as its HiSparse coordinator.
 
 The plugin registers this class as a REPLACE of
-``sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator``; ``ModelRunner`` builds it
-with the kwargs of seams §2.1 and the scheduler, batch, DSA backend and PD paths call the
-§2.3 interface. Every call is translated into :class:`HiSparseCore` terms:
+``sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator``; ``ModelRunner.maybe_init_hisparse_coordinator`` (``sglang/srt/model_executor/model_runner.py``)
+builds it with the keyword arguments of the native constructor, and the scheduler, batch, DSA
+backend and PD paths call the methods below (the SGLang call site is named at each). Every
+call is translated into :class:`HiSparseCore` terms:
 
 ```
 SGLang                                      HiSparseCore
@@ -20,11 +21,11 @@ prepare_spec_verify(batch)              ->  prepare_spec(...)          num_draft
 commit_spec_accept_tokens(batch, ai)    ->  commit_spec(ai)            see coordinator.spec)
 ```
 
-Memory comes from the allocator SGLang passes: its ``DualSpaceAllocator`` (found by type;
-``HiSparseTokenAllocator.core``) and the per-layer KV of its pool (``get_kvcache()``). The
-pinned host pool is built here, sized to the logical capacity so every admitted token fits:
-over SGLang's HiCache host buffer (``sglang_adapter.memory.build_host_pool``, which also
-serves PD's RDMA registration) when the pool is SGLang's, else a core ``HostKVPool``.
+Memory comes from the allocator SGLang passes, our ``HiSparseTokenAllocator`` (its
+``DualSpaceAllocator`` is ``.core``), and the per-layer KV of its pool (``get_kvcache()``, our
+``HiSparseDSAPool``). The pinned host pool is built here over SGLang's HiCache host buffer
+(``sglang_adapter.memory_host.build_host_pool``, which also serves PD's RDMA registration),
+sized to the logical capacity so every admitted token fits.
 """
 
 from __future__ import annotations
@@ -37,33 +38,29 @@ import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
-from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
 from sglang_hisparse.sglang_adapter.budget import log_coordinator_state
+from sglang_hisparse.sglang_adapter.memory_host import build_host_pool
 
 logger = logging.getLogger("sglang_hisparse")
 
 
-def _find(obj: Any, cls: type, what: str, depth: int = 2) -> Any:
-    """``obj`` itself or the first attribute (searched ``depth`` levels deep) of type ``cls``."""
-    if isinstance(obj, cls):
-        return obj
-    frontier = [obj]
-    for _ in range(depth):
-        nxt = []
-        for o in frontier:
-            for value in list(getattr(o, "__dict__", {}).values()):
-                if isinstance(value, cls):
-                    return value
-                if hasattr(value, "__dict__") and not isinstance(value, torch.Tensor | type):
-                    nxt.append(value)
-        frontier = nxt
-    raise ValueError(
-        f"SGLangHiSparseCoordinator: {what} ({type(obj).__name__}) holds no {cls.__name__}. "
-        f"Launch with the sglang-hisparse plugin installed so SGLang builds our allocator and pools."
-    )
+def _dual_allocator(allocator: Any) -> DualSpaceAllocator:
+    """The ``DualSpaceAllocator`` behind SGLang's ``token_to_kv_pool_allocator``.
+
+    Under the plugin, ``kv_cache_configurator._build_token_to_kv_pool_allocator`` builds our
+    ``HiSparseTokenAllocator``, whose core is ``.core``; anything else means SGLang built its
+    own allocator (the plugin's hooks did not run).
+    """
+    core = getattr(allocator, "core", None)
+    if not isinstance(core, DualSpaceAllocator):
+        raise ValueError(
+            f"SGLangHiSparseCoordinator: token_to_kv_pool_allocator ({type(allocator).__name__}) "
+            f"is not sglang-hisparse's HiSparseTokenAllocator. Launch with the sglang-hisparse "
+            f"plugin installed so SGLang builds our allocator and pools."
+        )
+    return core
 
 
 def _seq_len_of(req: Any) -> int:
@@ -75,11 +72,9 @@ def _seq_len_of(req: Any) -> int:
 def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
     """Per-layer device KV as uint8 [rows, I] views, and the first layer id on this rank.
 
-    ``kvcache`` is SGLang's DSA pool (our ``HiSparseDSAPool``: ``kv_buffer[l]`` [rows, 1,
-    kv_cache_dim] of its store dtype) or a core ``DeviceKVPool`` (tests, benchmarks).
+    ``kvcache`` is SGLang's DSA pool, our ``HiSparseDSAPool``: ``kv_buffer[l]`` [rows, 1,
+    kv_cache_dim] of its store dtype.
     """
-    if isinstance(kvcache, DeviceKVPool):
-        return list(kvcache.kv), 0
     bufs = getattr(kvcache, "kv_buffer", None)
     if bufs is None:
         raise ValueError(
@@ -101,7 +96,8 @@ def _rank_in(group: Any) -> int:
 
 
 class SGLangHiSparseCoordinator:
-    """Drop-in for SGLang's ``HiSparseCoordinator`` (constructor kwargs: seams §2.1)."""
+    """Drop-in for SGLang's ``HiSparseCoordinator``: the constructor takes the keyword
+    arguments ``ModelRunner.maybe_init_hisparse_coordinator`` passes."""
 
     def __init__(
         self,
@@ -132,13 +128,16 @@ class SGLangHiSparseCoordinator:
         self.host_to_device_ratio = host_to_device_ratio
         self.compress_ratio = 1
 
-        self.dual: DualSpaceAllocator = _find(token_to_kv_pool_allocator, DualSpaceAllocator, "token_to_kv_pool_allocator")
+        self.dual = _dual_allocator(token_to_kv_pool_allocator)
         kvcache = token_to_kv_pool_allocator.get_kvcache()
         self.mem_pool_device = kvcache
         device_kv, start_layer = _device_layers(kvcache)
         req_to_token = req_to_token_pool.req_to_token
         num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
-        self.host_pool = self._build_host_pool(kvcache, device_kv, num_reqs, max_ctx)
+        self.host_pool = build_host_pool(
+            kvcache, ratio=host_to_device_ratio, page_size=self.dual.page_size,
+            max_requests=num_reqs, max_context=max_ctx, device=device,
+        )
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
@@ -163,7 +162,7 @@ class SGLangHiSparseCoordinator:
             token_to_kv_pool_allocator.configure_hot_buffer(device_buffer_size)
         W, page = self.core.num_draft_tokens, self.dual.page_size
         self.spec_swap = SimpleNamespace(scratch_capacity=-(-W // page) * page)
-        if W and hasattr(token_to_kv_pool_allocator, "configure_spec_scratch"):
+        if W:
             # the scheduler's admission then charges every new request its window rows
             token_to_kv_pool_allocator.configure_spec_scratch(
                 self.spec_swap.scratch_capacity, device_buffer_size=self.padded_buffer_size
@@ -182,22 +181,6 @@ class SGLangHiSparseCoordinator:
             top_k, device_buffer_size, len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
-        )
-
-    def _build_host_pool(
-        self, kvcache: Any, device_kv: list[torch.Tensor], num_reqs: int, max_ctx: int
-    ) -> HostKVPool:
-        if hasattr(kvcache, "get_device_pool_infos"):
-            from sglang_hisparse.sglang_adapter.memory import build_host_pool
-
-            return build_host_pool(
-                kvcache, ratio=self.host_to_device_ratio, page_size=self.dual.page_size,
-                max_requests=num_reqs, max_context=max_ctx, device=self.device,
-            )
-        return HostKVPool(
-            num_layers=len(device_kv), item_bytes=int(device_kv[0].shape[1]),
-            capacity_tokens=self.dual.size_full, page_size=self.dual.page_size,
-            max_requests=num_reqs, max_context=max_ctx, device=self.device,
         )
 
     # -- attributes SGLang reads ------------------------------------------------------------
@@ -275,10 +258,15 @@ class SGLangHiSparseCoordinator:
         seq_lens_cpu: torch.Tensor,
         req_pool_indices_cpu: torch.Tensor,
     ) -> None:
+        """``ScheduleBatch.prepare_for_decode`` (schedule_batch.py), after ``alloc_for_decode``
+        and ``seq_lens += 1``. With page_size 1 ``out_cache_loc`` is what ``allocator.alloc(bs)``
+        just returned, whose CPU copy the allocator kept: the rows ``alloc`` mapped go back
+        without reading the ids from the GPU. No host sync."""
         self.core.map_last_loc(
             req_index=req_pool_indices, seq_lens=seq_lens, new_logical=out_cache_loc,
             req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
             seq_lens_cpu=[int(x) for x in seq_lens_cpu.tolist()],
+            new_logical_cpu=self.dual.cpu_ids_of(out_cache_loc),
         )
 
     def wait_for_pending_backup(self) -> None:
@@ -327,11 +315,18 @@ class SGLangHiSparseCoordinator:
         req_cpu = getattr(batch, "req_pool_indices_cpu", None)
         if req_cpu is None or len(req_cpu) != len(seq_cpu):
             req_cpu = [req.kv.req_pool_idx for req in batch.reqs]
+        # NOTE: the verify ids' CPU copy is passed when they are the latest alloc() result.
+        # SGLang's verify gathers them from req_to_token (assign_extend_cache_locs, eagle_utils.py)
+        # after an earlier alloc reserved them, so with page_size 1 rebind reads them back once
+        # a round. On CUDA SGLang gives DSA models 64-token pages (model_overrides/deepseek_v2.py)
+        # and the spec reserve takes logical-only ids (alloc_logical_only, allocation.py): there
+        # rebind frees nothing and reads nothing.
         self.core.prepare_spec(
             req_index=batch.req_pool_indices,
             req_index_cpu=[int(x) for x in (req_cpu.tolist() if torch.is_tensor(req_cpu) else req_cpu)],
             seq_lens_cpu=[int(x) for x in seq_cpu.tolist()],
             out_cache_loc=batch.out_cache_loc,
+            out_cache_loc_cpu=self.dual.cpu_ids_of(batch.out_cache_loc),
         )
 
     def commit_spec_accept_tokens(self, batch: Any, accept_indices: torch.Tensor) -> None:

@@ -10,11 +10,49 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from sglang_hisparse.memory.budget import check_host_budget
+from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
-__all__ = ["HiCacheHostPool", "build_host_pool"]
+__all__ = ["HiCacheHostPool", "build_host_pool", "server_ranks_per_host"]
+
+
+def server_ranks_per_host() -> int:
+    """Ranks of this server on this machine (``budget.ranks_per_host``), from the parallel
+    config SGLang publishes in every scheduler process (``runtime_context.get_parallel()``:
+    ``dp_size`` counts replicas, attention DP lives inside ``tp_size``). 1 when nothing is
+    published, i.e. outside a server (unit tests build the coordinator directly)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    p = get_parallel()
+    try:
+        tp, pp, nnodes, dp = int(p.tp_size), int(p.pp_size), int(p.nnodes), int(p.dp_size)
+    except ValueError:  # SGLang: "config namespace 'parallel' not published"
+        return 1
+    return ranks_per_host(tp_size=tp, pp_size=pp, nnodes=nnodes, dp_replicas=dp)
+
+
+def _agreed_budget(per_rank_bytes: int) -> tuple[int, int]:
+    """(largest pool of any rank, smallest free host memory any rank measured), agreed over
+    SGLang's world group before any rank allocates.
+
+    NOTE: an all_reduce rather than each rank measuring on its own: a rank that measured
+    after a neighbour pinned would find that pool missing from MemAvailable and refuse a
+    machine that fits (or, comparing its own pool alone, the machine would be overcommitted).
+    The all_reduce returns only once every rank has measured, and nobody allocates before it,
+    so all ranks check the same figures and refuse together. It runs on the world group's
+    gloo (CPU) side: no GPU work at construction.
+    """
+    avail = available_host_bytes()
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return per_rank_bytes, avail
+    from sglang.srt.distributed.parallel_state import get_world_group
+
+    group = get_world_group().cpu_group
+    figures = torch.tensor([-per_rank_bytes, avail], dtype=torch.int64)
+    dist.all_reduce(figures, op=dist.ReduceOp.MIN, group=group)
+    return -int(figures[0]), int(figures[1])
 
 
 class HiCacheHostPool(HostKVPool):
@@ -99,25 +137,32 @@ def build_host_pool(
     max_context: int,
     device: str | torch.device,
     pin_memory: bool | None = None,
-    ranks_per_host: int = 1,
+    ranks_per_host: int | None = None,
 ) -> HiCacheHostPool:
     """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
 
-    Our budget check (both figures in GiB and the fix) runs before HiCache allocates and pins.
+    Our budget check runs before HiCache allocates and pins: the pools of all
+    ``ranks_per_host`` ranks on this machine (default: ``server_ranks_per_host()``) against its
+    free host memory, with figures agreed across ranks (``_agreed_budget``); the error gives
+    both in GiB and the fixes.
     """
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
     capacity = device_pool.size * ratio
     item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
+    per_rank = host_pool_bytes(
+        num_layers=device_pool.layer_num,
+        item_bytes=item_bytes,
+        capacity_tokens=capacity,
+        page_size=page_size,
+    )
+    need, avail = _agreed_budget(per_rank)
     check_host_budget(
-        host_pool_bytes(
-            num_layers=device_pool.layer_num,
-            item_bytes=item_bytes,
-            capacity_tokens=capacity,
-            page_size=page_size,
-        ),
-        what=f"HiSparse host KV pool ({device_pool.layer_num} layers x {capacity} rows x {item_bytes} B)",
-        ranks_per_host=ranks_per_host,
+        need,
+        what=f"The HiSparse host KV pool ({device_pool.layer_num} layers x {capacity} rows x {item_bytes} B)",
+        ranks_per_host=server_ranks_per_host() if ranks_per_host is None else ranks_per_host,
+        available_bytes=avail,
+        ratio=ratio,
     )
     hicache = MLATokenToKVPoolHost(
         buffer_info=device_pool.get_device_pool_infos()[0].buffer_info,

@@ -29,11 +29,16 @@ decode retraction under memory pressure. ``check_integrity`` runs after every st
 scenarios.
 
 Device-agnostic and SGLang-free, so ``benchmarks/`` can run it on CUDA at realistic sizes
-(``check=False`` skips the oracle when only timing matters).
+(``check=False`` skips the oracle when only timing matters). ``guard_device_reads`` marks the
+core's device state and the per-step device arguments device-side (``testing.sync_guard``), so
+a ``map_last_loc`` / ``wait_for_pending_backup`` that reads one back raises even on CPU; on CUDA
+those calls and ``swap_in`` also run under ``torch.cuda.set_sync_debug_mode("error")`` (on CPU
+``swap_in`` runs the pure-torch reference, which reads its inputs by design).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass, field
 
@@ -41,8 +46,9 @@ import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.testing.device_pool import DeviceKVPool
+from sglang_hisparse.testing.sync_guard import device_side, forbid_device_reads, mark_device_state
 from sglang_hisparse.testing.toy_model import ToyModel
 
 
@@ -122,6 +128,7 @@ class DecodeEngine:
         decode_alloc_rows: bool = False,
         num_draft_tokens: int = 0,
         new_token_ratio: float = 1.0,
+        guard_device_reads: bool = False,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         self.new_token_ratio = new_token_ratio
@@ -149,6 +156,9 @@ class DecodeEngine:
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
         )
+        self.guard = guard_device_reads
+        if self.guard:
+            mark_device_state(self.core)
         self.req_to_token = torch.zeros(sizes.num_reqs, sizes.max_ctx, dtype=torch.int64, device=self.device)
         self.free_slots = list(range(sizes.num_reqs))
         self.running: list[ToyRequest] = []
@@ -329,11 +339,15 @@ class DecodeEngine:
             q.generated += 1
             self.req_to_token[q.req_pool_idx, q.seq_len - 1] = nid
         req_index, seq_lens = req_cpu.to(dev), seq_cpu.to(dev)
-        self.core.map_last_loc(
-            req_index=req_index, seq_lens=seq_lens, new_logical=new_ids,
-            req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(), new_logical_cpu=new_ids.cpu(),
-        )
-        self.core.wait_for_pending_backup()
+        mark = device_side if self.guard else (lambda x: x)
+        with self._no_sync():
+            # as the SGLang adapter: the CPU copy alloc() kept, None for alloc_decode's ids
+            self.core.map_last_loc(
+                req_index=mark(req_index), seq_lens=mark(seq_lens), new_logical=mark(new_ids),
+                req_index_cpu=req_cpu.tolist(), seq_lens_cpu=seq_cpu.tolist(),
+                new_logical_cpu=self.allocator.cpu_ids_of(new_ids),
+            )
+            self.core.wait_for_pending_backup()
         self.core.num_real_reqs.fill_(bs)
         width = max(pad_to or bs, bs)
         if width > bs:  # CUDA-graph padding: inert rows (slot 0, length 1), like SGLang's fill values
@@ -358,7 +372,8 @@ class DecodeEngine:
                     ids = self.req_to_token[q.req_pool_idx, : q.seq_len]
                     keys = self.pool.read_index(layer, ids).view(torch.float32)
                     top_k[b] = m.select(keys, q.seed, layer)
-            rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
+            with self._no_sync() if dev.type == "cuda" else contextlib.nullcontext():
+                rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
             if not self.check:
                 continue
             if bool((rows[bs:] != -1).any()):
@@ -375,6 +390,12 @@ class DecodeEngine:
                 bad = [q.rid for b, q in enumerate(batch) if not torch.equal(got[b], want[b])]
                 raise Mismatch(f"step {self.steps} layer {layer}: attention differs for requests {bad}")
             self.checked_outputs += bs
+
+    def _no_sync(self) -> contextlib.AbstractContextManager:
+        """``forbid_device_reads`` (with the CUDA sync debug mode on CUDA) when guarding."""
+        if not self.guard:
+            return contextlib.nullcontext()
+        return forbid_device_reads(cuda=self.device.type == "cuda")
 
     def close(self) -> None:
         """Drain side streams and unpin the host pool (a later pool may reuse the address)."""

@@ -20,8 +20,8 @@ from sglang_hisparse.coordinator.state import Phase
 from sglang_hisparse.coordinator.streams import NullEvent
 from sglang_hisparse.kernels import ResolveMode
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, K, ITEM = 2, 4, 4, 2, 16
 
@@ -293,7 +293,7 @@ def test_bad_calls_raise_value_errors_that_say_what_to_do() -> None:
             req_index=torch.tensor([0]), seq_lens=torch.tensor([7]), new_logical=torch.tensor([5]),
             req_index_cpu=[0], seq_lens_cpu=[7],
         )
-    with pytest.raises(ValueError, match="device_buffer_size = 2 < top_k = 4"):
+    with pytest.raises(ValueError, match="'device_buffer_size' = 2 must be >= top_k = 4.*at least 4"):
         HiSparseCore(
             top_k=4, buffer_size=2, num_reqs=R, allocator=rig.alloc, host=rig.host,
             device_kv=rig.pool.kv, host_kv=rig.host.kv, device="cpu",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

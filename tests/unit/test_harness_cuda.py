@@ -56,6 +56,25 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool) -> None
     assert misses > 0
 
 
+@pytest.mark.parametrize("which", ["small", "realistic"])
+def test_per_step_calls_do_not_sync_on_cuda(which: str) -> None:
+    """map_last_loc, wait_for_pending_backup and every layer's swap_in run under
+    ``torch.cuda.set_sync_debug_mode("error")`` (``DecodeEngine(guard_device_reads=True)``):
+    any device-to-host copy or synchronize in them raises. "small" takes decode ids with
+    alloc(bs) (page_size 1, rows handed back by rebind), "realistic" with alloc_decode
+    (64-token pages, as SGLang's DSA pool)."""
+    model, sizes = SMALL if which == "small" else REALISTIC
+    spec = (ScenarioSpec(max_prompt=48, max_new=24) if which == "small"
+            else ScenarioSpec(num_requests=4, max_prompt=300, max_new=16))
+    engine = DecodeEngine(model, sizes, device="cuda", skip_io=False, decode_alloc_rows=True,
+                          guard_device_reads=True)
+    try:
+        stats = run_scenario(engine, random.Random(5), spec)
+        assert stats.checked_outputs > 0 and stats.long_requests > 0
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "sync"])
 def test_swap_in_replays_from_a_cuda_graph(prefetch: bool) -> None:
     """Capture every layer's swap_in for a padded batch of 4, then per step: host-side

@@ -14,6 +14,7 @@ from sglang_hisparse.memory.budget import (
     _cgroup_headroom,
     available_host_bytes,
     check_host_budget,
+    ranks_per_host,
 )
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
@@ -85,12 +86,31 @@ def test_budget_checked_before_allocating():
     pool(available_bytes=need)  # exactly fits
 
 
-def test_budget_message_gives_both_figures_and_splits_ranks():
+def test_budget_counts_every_rank_on_the_machine_and_gives_both_figures():
     with pytest.raises(
-        ValueError, match=r"needs 3.00 GiB .* only 2.50 GiB is available to this rank \(2 rank"
+        ValueError,
+        match=r"x needs 3.00 GiB .* per rank; 2 rank\(s\) on this machine need 6.00 GiB but only "
+        r"5.00 GiB is available .*'host_to_device_ratio' in --hisparse-config \(at most 3 fits\)",
     ):
-        check_host_budget(3 * GIB, what="x", available_bytes=5 * GIB, ranks_per_host=2)
-    check_host_budget(GIB, what="x", available_bytes=2 * GIB)
+        check_host_budget(3 * GIB, what="x", available_bytes=5 * GIB, ranks_per_host=2, ratio=4)
+    check_host_budget(GIB, what="x", available_bytes=2 * GIB, ranks_per_host=2)  # exactly fits
+    with pytest.raises(ValueError, match="ranks_per_host = 0 must be >= 1"):
+        check_host_budget(GIB, what="x", available_bytes=2 * GIB, ranks_per_host=0)
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "nnodes", "dp", "want"),
+    [
+        (8, 1, 1, 1, 8),  # one node, TP 8 (DP attention, too: it splits tp_size)
+        (16, 1, 2, 1, 8),  # TP across two nodes
+        (8, 2, 2, 1, 8),  # one pipeline stage per node
+        (4, 4, 2, 1, 8),  # two stages per node
+        (8, 2, 4, 1, 4),  # each stage over two nodes
+        (2, 1, 1, 4, 8),  # four replicas of TP 2 on one node
+    ],
+)
+def test_ranks_per_host_follows_sglangs_launch_layout(tp, pp, nnodes, dp, want):
+    assert ranks_per_host(tp_size=tp, pp_size=pp, nnodes=nnodes, dp_replicas=dp) == want
 
 
 def test_available_host_bytes_honours_cgroup(tmp_path: Path):

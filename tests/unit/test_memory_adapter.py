@@ -17,6 +17,8 @@ pytest.importorskip("sglang.srt.mem_cache.memory_pool")
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
 
+import sglang_hisparse.sglang_adapter.memory_host as memory_host  # noqa: E402
+from sglang_hisparse.memory.host_pool import host_pool_bytes  # noqa: E402
 from sglang_hisparse.sglang_adapter.memory import (  # noqa: E402
     HiSparseDSAPool,
     HiSparseTokenAllocator,
@@ -204,3 +206,56 @@ def test_host_pool_on_hicache_buffer(pool):
     host.free_request(2)
     assert host.available_size() == 512
     host.destroy()
+
+
+def test_host_pool_budget_counts_every_rank_on_the_machine(pool, monkeypatch):
+    """8 TP ranks on one machine each build this pool: the check compares all 8 pools with the
+    machine's free memory and refuses before HiCache allocates or pins anything. Before, each
+    rank compared only its own pool, so a machine could pin 8x what it had."""
+    from sglang.srt.runtime_context import get_parallel
+
+    per_rank = host_pool_bytes(num_layers=LAYERS, item_bytes=656, capacity_tokens=DEVICE_ROWS * RATIO,
+                               page_size=PAGE)
+    monkeypatch.setattr(memory_host, "available_host_bytes", lambda: 4 * per_rank)  # room for 4 pools
+    built = []
+
+    class NoHiCache:  # stands in for MLATokenToKVPoolHost: constructing it allocates and pins
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+            raise AssertionError("the host buffer was allocated before the budget check refused")
+
+    monkeypatch.setattr("sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost", NoHiCache)
+    args = dict(ratio=RATIO, page_size=PAGE, max_requests=4, max_context=600, device="cpu", pin_memory=False)
+    with get_parallel().override(tp_size=8, pp_size=1, nnodes=1, dp_size=1):
+        assert memory_host.server_ranks_per_host() == 8
+        with pytest.raises(ValueError, match=(
+            r"HiSparse host KV pool \(2 layers x 512 rows x 656 B\) needs 0.00 GiB .* per rank; 8 "
+            r"rank\(s\) on this machine need .* Lower 'host_to_device_ratio' in --hisparse-config "
+            r"\(at most 1 fits\).*--max-total-tokens")):
+            build_host_pool(pool, **args)
+    assert built == []
+    with get_parallel().override(tp_size=8, pp_size=1, nnodes=2, dp_size=1):  # 4 ranks a machine
+        assert memory_host.server_ranks_per_host() == 4
+        with pytest.raises(AssertionError, match="allocated before"):  # passes the check
+            build_host_pool(pool, **args)
+
+
+def test_ranks_check_figures_agreed_across_the_world_group(monkeypatch):
+    """Every rank checks the largest pool and the least free memory any rank measured (one
+    all_reduce MIN over [-pool, free] on SGLang's world group, before anyone allocates)."""
+    import sglang.srt.distributed.parallel_state as sgl_dist
+
+    dist = memory_host.dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(sgl_dist, "get_world_group", lambda: SimpleNamespace(cpu_group="world-cpu"))
+    monkeypatch.setattr(memory_host, "available_host_bytes", lambda: 900)
+    seen = {}
+
+    def all_reduce(t, op, group):  # the other rank: a 150-byte pool, 700 bytes free
+        seen.update(op=op, group=group)
+        t.copy_(torch.minimum(t, torch.tensor([-150, 700])))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert memory_host._agreed_budget(100) == (150, 700)
+    assert seen == {"op": dist.ReduceOp.MIN, "group": "world-cpu"}

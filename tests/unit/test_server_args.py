@@ -95,7 +95,7 @@ BAD = [
     (OK + ["--hisparse-config", '{"swap_in_block_size": 960.5}'], r"'swap_in_block_size' = 960.5 must be an integer"),
     (OK + ["--hisparse-config", '{"swap_in_block_size": 100}'], r"positive multiple of 32"),
     (OK + ["--hisparse-config", '{"top_k": 1024}'], r"disagrees with the model's index_topk = 2048"),
-    (OK + ["--max-total-tokens", str(10**10)], r"pinned host KV pool needs .* GiB .* but only .* GiB of host memory is available.*Lower 'host_to_device_ratio'"),
+    (OK + ["--max-total-tokens", str(10**10)], r"pinned host KV pool \(10000000000 device rows .* needs .* GiB .* per rank; 1 rank\(s\) on this machine need .* GiB but only .* GiB is available.*Lower 'host_to_device_ratio'"),
 ]
 
 
@@ -103,6 +103,21 @@ BAD = [
 def test_rejects_bad_inputs(dsa_model_dir, extra, match):
     with pytest.raises(ValueError, match=match):
         check(dsa_model_dir, *extra)
+
+
+def test_host_memory_check_counts_every_tp_rank_on_the_machine(dsa_model_dir, monkeypatch):
+    """With --max-total-tokens the validation checks the pools of all ranks on this machine:
+    room for 6 pools passes TP 4 and refuses TP 8 (each rank's pool alone would fit)."""
+    import sglang_hisparse.sglang_adapter.arg_hook as arg_hook
+    from sglang_hisparse.memory.host_pool import host_pool_bytes
+
+    # the config-only model: 61 layers, fp8 rows of 656 B; default ratio 2, 64-token DSA pages
+    per_rank = host_pool_bytes(num_layers=61, item_bytes=656, capacity_tokens=2 * 2**20, page_size=64)
+    monkeypatch.setattr(arg_hook, "available_host_bytes", lambda: 6 * per_rank)
+    tokens = ["--max-total-tokens", str(2**20), "--kv-cache-dtype", "fp8_e4m3"]
+    check(dsa_model_dir, *OK, *tokens, "--tp-size", "4")
+    with pytest.raises(ValueError, match=r"per rank; 8 rank\(s\) on this machine need .* \(at most 1 fits\)"):
+        check(dsa_model_dir, *OK, *tokens, "--tp-size", "8")
 
 
 def test_rejects_speculative_algorithms_off_the_eagle_chain_path(dsa_model_dir):

@@ -4,11 +4,13 @@ Built with the kwargs ``ModelRunner.maybe_init_hisparse_coordinator`` passes
 (model_runner.py:1042-1058) over our SGLang-facing allocator/pool (built as
 ``kv_cache_configurator`` builds them) and SGLang's own ``ReqToTokenPool`` and ``Req``, then
 driven through the calls the scheduler, ``prepare_for_decode``, the DSA backend and the PD
-decode path make (seams §2.2).
+decode path make (``schedule_batch.py``, ``batch_result_processor.py``, ``dsa_backend.py``,
+``disaggregation/decode.py`` in SGLang 0.5.23).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from types import SimpleNamespace
 
@@ -28,6 +30,11 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang_hisparse.coordinator.state import Phase  # noqa: E402
 from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator  # noqa: E402
 from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator  # noqa: E402
+from sglang_hisparse.testing.sync_guard import (  # noqa: E402
+    device_side,
+    forbid_device_reads,
+    mark_device_state,
+)
 
 DEVICE_ROWS, PAGE, RATIO, LAYERS = 1024, 64, 2, 2  # DSA pools use 64-token pages
 TOP_K, B, R, MAX_CTX = 16, 64, 4, 512
@@ -92,9 +99,11 @@ class Server:
         req.output_ids.append(7)  # the token sampled by the prefill forward
         return req
 
-    def decode_step(self, reqs: list[Req]) -> None:
+    def decode_step(self, reqs: list[Req], *, guard: bool = False) -> None:
         """prepare_for_decode (alloc_for_decode, seq_lens += 1, map_last_loc_to_buffer) and
-        the new token's KV write through the pool's translation."""
+        the new token's KV write through the pool's translation. ``guard``: the tensors SGLang
+        passes on the device are marked device-side and the coordinator's calls may not read
+        them (``testing.sync_guard``)."""
         rs = [q.kv.req_pool_idx for q in reqs]
         lens = [q.kv.kv_allocated_len + 1 for q in reqs]
         last = t(*[int(self.req_to_token_pool.req_to_token[r, n - 2]) for r, n in zip(rs, lens, strict=True)])
@@ -102,8 +111,10 @@ class Server:
         for q, r, n, x in zip(reqs, rs, lens, loc.tolist(), strict=True):
             self.req_to_token_pool.req_to_token[r, n - 1] = x
             q.kv.kv_allocated_len = n
-        self.coord.map_last_loc_to_buffer(t(*lens), loc, t(*rs), t(*lens), t(*rs))
-        self.coord.wait_for_pending_backup()
+        dev = device_side if guard else (lambda x: x)
+        with forbid_device_reads() if guard else contextlib.nullcontext():
+            self.coord.map_last_loc_to_buffer(dev(t(*lens)), dev(loc), dev(t(*rs)), t(*lens), t(*rs))
+            self.coord.wait_for_pending_backup()
         self.coord.num_real_reqs.fill_(len(reqs))
         rows = self.pool.translate_loc_to_hisparse_device(loc)
         for layer in range(LAYERS):
@@ -212,10 +223,15 @@ def test_retract_while_staging_and_finish_before_staging_release_everything() ->
 
 def test_unsupported_paths_say_so() -> None:
     srv = Server()
-    with pytest.raises(ValueError, match=r"device_buffer_size = 64 < speculative_num_draft_tokens \* top_k = 5 \* 16.*>= 80"):
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 64 must be >= speculative_num_draft_tokens \* top_k = 5 \* 16 = 80.*at least 80"):
         SGLangHiSparseCoordinator(
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
             top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None, num_draft_tokens=5,
+        )
+    with pytest.raises(ValueError, match="DualSpaceAllocator.*not sglang-hisparse's HiSparseTokenAllocator"):
+        SGLangHiSparseCoordinator(  # SGLang's own allocator would land here without the plugin
+            req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc.core,
+            top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None,
         )
     with pytest.raises(NotImplementedError, match="MiniMax"):
         srv.coord.swap_in_selected_blocks()
@@ -452,3 +468,44 @@ def test_a_default_buffer_is_sized_for_the_models_top_k(monkeypatch) -> None:
     assert coord.device_buffer_size == coord.core.buffer_size == 2 * TOP_K
     with_config('{"device_buffer_size": 4096}')  # an explicit size is kept
     assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 4096
+
+
+# -- no host sync per step (issue 35 item 7) ---------------------------------------------------
+
+
+def test_decode_and_verify_steps_read_nothing_back_from_the_device() -> None:
+    """Every device tensor SGLang passes, and the coordinator's device state, marked
+    device-side (``testing.sync_guard``): map_last_loc_to_buffer / wait_for_pending_backup
+    (short and long requests, growth, write-through backup) and prepare_spec_verify /
+    commit_spec_accept_tokens read none of them. SGLang's DSA pool takes 64-token pages on
+    CUDA (DSATokenToKVPool asserts it), so decode ids come from alloc_decode, computed on the
+    device; the page_size-1 alloc() path is the harness's (tests/unit/test_sync_guard.py)."""
+    srv = Server()
+    mark_device_state(srv.coord.core)
+    long_req, short = srv.prefill(1, 100), srv.prefill(2, 10)
+    for req in (long_req, short):
+        srv.coord.admit_request_into_staging(req)
+    assert srv.coord.collect_ready_reqs() == [long_req, short]
+    for _ in range(4):
+        srv.decode_step([long_req, short], guard=True)
+    srv.alloc.core.check_integrity()
+    for req in (long_req, short):
+        srv.release(req)
+    srv.assert_empty()
+
+    srv = Server(num_draft_tokens=W)
+    mark_device_state(srv.coord.core)
+    srv.coord.allocate_spec_scratch([1])
+    req = srv.prefill(1, 100)
+    srv.coord.admit_request_into_staging(req)
+    srv.coord.collect_ready_reqs()
+    for s in (100, 102):
+        batch = _verify_batch(srv, [req], [s])
+        batch.seq_lens_cpu = t(s)  # spec v1 passes it; v2's read-back is the adapter's NOTE
+        batch.out_cache_loc = device_side(batch.out_cache_loc)
+        batch.req_pool_indices = device_side(batch.req_pool_indices)
+        with forbid_device_reads():
+            srv.coord.prepare_spec_verify(batch)
+            srv.coord.commit_spec_accept_tokens(batch, device_side(torch.tensor([[0, 1, -1]], dtype=torch.int32)))
+    srv.release(req)
+    srv.assert_empty()

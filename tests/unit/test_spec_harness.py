@@ -132,5 +132,5 @@ def test_harness_detects_a_lost_write_through(monkeypatch: pytest.MonkeyPatch) -
 
 def test_w_too_large_for_the_buffer_is_named() -> None:
     model, sizes, _ = CONFIGS["L3-k4-B12-W3"]
-    with pytest.raises(ValueError, match=r"device_buffer_size = 12 < speculative_num_draft_tokens \* top_k = 4 \* 4.*>= 16"):
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 12 must be >= speculative_num_draft_tokens \* top_k = 4 \* 4 = 16.*at least 16"):
         SpecDecodeEngine(model, sizes, num_draft_tokens=4, skip_io=False)

@@ -19,9 +19,9 @@ from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.streams import Streams
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.telemetry import Telemetry
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, W, K, ITEM, CTX = 2, 6, 16, 3, 4, 16, 160
 
@@ -197,5 +197,5 @@ def test_protocol_errors_name_the_problem():
     ctx = CoreContext(**{**rig.ctx.__dict__, "state": st})
     with pytest.raises(ValueError, match="build SlotState with the verify window"):
         SpecWindow(ctx, num_draft_tokens=W)
-    with pytest.raises(ValueError, match="device_buffer_size >= 20"):
+    with pytest.raises(ValueError, match="'device_buffer_size' = 16 must be >= speculative_num_draft_tokens.*at least 20"):
         SpecWindow(CoreContext(**{**rig.ctx.__dict__, "top_k": 5}), num_draft_tokens=4)

@@ -15,9 +15,9 @@ import torch
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.memory.device_pool import DeviceKVPool
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.memory.state_bytes import hint_words, resolver_bytes, slot_state_bytes
+from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, P = 3, 5, 6, 70
 

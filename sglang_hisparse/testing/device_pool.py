@@ -1,4 +1,9 @@
-"""Device KV pool: per-layer KV rows addressed through the logical → device mapping.
+"""Device KV pool of the harness and benchmarks: per-layer KV rows addressed by logical id.
+
+A server never builds this: its device KV is SGLang's DSA pool
+(``sglang_adapter.memory.HiSparseDSAPool``, the same translation over SGLang's buffers). The
+decode engine (``testing.engine``), the core tests and ``benchmarks/e2e_engine.py`` drive
+``HiSparseCore`` over this one without SGLang.
 
 Layout (per TP rank)::
 
