@@ -142,7 +142,7 @@ class Lifecycle:
         if seq_len < 1:
             raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 1.")
         self._ensure_host(r, seq_len, "admit_direct")
-        slot_rows = ctx.allocator.alloc_hot_buffer(r, seq_len, B)
+        slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
         if slot_rows is None:
             raise RuntimeError(
                 f"admit_direct: no device rows for request slot {r}'s hot buffer "
@@ -183,7 +183,7 @@ class Lifecycle:
             return
         ctx = self.ctx
         self._order_after(ctx.streams.backup, ctx.streams.prefetch)
-        ctx.allocator.release_hot_buffer(r)
+        ctx.allocator.hot.release(r)
         ctx.host.free_request(r)
         ctx.state.reset(r)
         if ctx.recorder is not None:

@@ -26,9 +26,9 @@ back, like any evicted token); rejected ones leave nothing behind. Nothing here 
 memory: the accept lengths stay on the device (rejected rows are written to the host pool's
 padding row 0 instead), so the host learns the committed length from the next ``prepare``.
 
-NOTE: the window rows come from ``allocator.grow_hot_buffer`` at admission rather than a
+NOTE: the window rows come from ``allocator.hot.grow`` at admission rather than a
 separate reservation at ``allocate_spec_scratch`` time: as hot-buffer rows they are owned in
-exactly one place (``check_integrity`` holds) and ``release_hot_buffer`` returns and unmaps
+exactly one place (``check_integrity`` holds) and ``allocator.hot.release`` returns and unmaps
 them at finish. ``reserve`` therefore only checks capacity.
 """
 
@@ -102,7 +102,7 @@ class SpecWindow:
         ctx, st, B, W = self.ctx, self.ctx.state, self.B, self.W
         held = st.rows_held[r]
         off = 1 if held > B else 0
-        rows = ctx.allocator.grow_hot_buffer(r, W - off)
+        rows = ctx.allocator.hot.grow(r, W - off)
         if rows is None:
             raise RuntimeError(
                 f"spec admit: no device rows for request slot {r}'s verify window ({W - off} "
@@ -217,7 +217,7 @@ class SpecWindow:
         have = self.hist_rows[r]
         if want <= have:
             return
-        rows = self.ctx.allocator.grow_hot_buffer(r, want - have)
+        rows = self.ctx.allocator.hot.grow(r, want - have)
         if rows is None:
             raise RuntimeError(
                 f"spec prepare: no device rows to grow request slot {r}'s hot buffer to {want} "
@@ -249,7 +249,7 @@ class SpecWindow:
                 continue
             h = self.hist_rows[r]
             used = torch.cat([rows[:h], rows[B:]])
-            own = set(al.rows.page_ids_to_ids(torch.tensor(al.hot_pages(r), dtype=torch.int64)).tolist())
+            own = set(al.rows.page_ids_to_ids(torch.tensor(al.hot.pages(r), dtype=torch.int64)).tolist())
             if (used < 0).any() or len(set(used.tolist())) != used.numel() or not set(used.tolist()) <= own:
                 raise ValueError(
                     f"spec window of request slot {r}: slot rows {used.tolist()[:12]}... must be "

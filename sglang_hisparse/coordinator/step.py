@@ -20,7 +20,7 @@ orders the current stream after the backup event.
 NOTE: the previous newest token's mapping entry is left in place rather than cleared: with
 the overlap scheduler the previous forward may still be translating it on the forward
 stream. Stale entries point only into the request's own hot rows, and
-``release_hot_buffer`` clears them at finish.
+``allocator.hot.release`` clears them at finish.
 
 Host work is O(batch) Python on ``seq_lens_cpu`` / ``req_pool_indices_cpu`` (SGLang passes
 both); device work is a handful of indexed writes plus one gather/scatter per layer for the
@@ -154,7 +154,7 @@ class StepMapper:
                     f"request slot {r}: hot buffer holds {st.rows_held[r]} rows but the new token "
                     f"needs slot {s}; rows must grow one slot per step."
                 )
-            got = ctx.allocator.grow_hot_buffer(r, 1)
+            got = ctx.allocator.hot.grow(r, 1)
             if got is None:
                 raise RuntimeError(
                     f"map_last_loc: no free device row to grow request slot {r}'s hot buffer to "

@@ -191,7 +191,7 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         c = self.core
         return (
             f"#logical available: {c.logical.available_size()}/{c.size_full}, "
-            f"#device available: {c.rows.available_size()}/{c.size_device}, hot buffers: {len(c.hot_request_slots())}"
+            f"#device available: {c.rows.available_size()}/{c.size_device}, hot buffers: {len(c.hot.request_slots())}"
         )
 
     def check_integrity(self) -> None:
