@@ -84,15 +84,8 @@ class Lifecycle:
         dev_rows = ctx.allocator.translate(ids)
         host_rows = ctx.host.host_rows[r, :n]
         event = ctx.streams.new_event()
-        side = ctx.streams.staging
-        if prompt_written:
-            ctx.streams.after_current(side)
-        else:
-            ctx.streams.after_producer(side)
-        with ctx.streams.on(side):
-            transfer.to_host(ctx, dev_rows, host_rows)
-            event.record()
-        ctx.streams.keep_alive(dev_rows, side)
+        transfer.to_host_async(ctx, dev_rows, host_rows, side=ctx.streams.staging, done=event,
+                               after_forward=not prompt_written)
         st.phase[r] = Phase.STAGING
         st.seq_len[r] = n
         self.queue.append(StagingEntry(r, ids, event, req))

@@ -77,8 +77,6 @@ class SpecWindow:
         self.active = [False] * R
         self.started = [False] * R
         self._round: dict | None = None
-        self._event = ctx.streams.new_event()
-        self._pending = False
 
     # -- admission / release -------------------------------------------------------------
     def reserve(self, req_slots: list[int]) -> None:
@@ -141,8 +139,8 @@ class SpecWindow:
                 f"spec prepare: {len(req_index_cpu)} requests, {len(seq_lens_cpu)} seq_lens and "
                 f"{out_cache_loc.numel()} out_cache_loc ids; need bs, bs and bs*W (W = {W})."
             )
-        if self._pending:  # the forward overwrites window rows the last write-through reads
-            ctx.streams.current().wait_event(self._event)
+        # the forward overwrites window rows the last write-through reads
+        ctx.streams.backup_fence.wait(ctx.streams.current())
         slots: list[int] = []
         for r, s in zip(req_index_cpu, seq_lens_cpu, strict=True):
             self._check_len(r, s)
@@ -189,14 +187,7 @@ class SpecWindow:
         dev_rows = st.slot_rows[rnd["r"], rnd["slot"]].to(torch.int64)
         host_rows = ctx.host.host_rows[rnd["r"], rnd["pos"]]
         dst = torch.where(ok, host_rows, torch.full_like(host_rows, HOST_PADDING_ROW))
-        side = ctx.streams.backup
-        ctx.streams.after_producer(side)
-        with ctx.streams.on(side):
-            transfer.to_host(ctx, dev_rows, dst)
-            self._event.record()
-        ctx.streams.keep_alive(dev_rows, side)
-        ctx.streams.keep_alive(dst, side)
-        self._pending = True
+        transfer.to_host_async(ctx, dev_rows, dst, side=ctx.streams.backup, done=ctx.streams.backup_fence)
         keep = ok & rnd["short"]  # short: accepted tokens stay in slot p; all else emptied
         st.slot_tokens[:, rnd["r"], rnd["slot"]] = torch.where(keep, rnd["pos"], -1).to(torch.int32)
         self._round = None
