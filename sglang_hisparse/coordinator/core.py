@@ -157,10 +157,9 @@ class HiSparseCore:
         self.telemetry = Telemetry(
             device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
         )
-        window = max(1, num_draft_tokens)
         self.state = SlotState(
             num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
-            window=window, hint_positions=int(host.host_rows.shape[1]),
+            num_draft_tokens=num_draft_tokens, hint_positions=int(host.host_rows.shape[1]),
         )
         self.ctx = CoreContext(
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
@@ -182,8 +181,8 @@ class HiSparseCore:
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
             num_draft_tokens=num_draft_tokens,
         )
-        #: the verify windows (speculative decoding), or None
-        self.spec = SpecWindow(self.ctx, num_draft_tokens=num_draft_tokens) if num_draft_tokens else None
+        #: the verify windows (speculative decoding), or None; W is ``state.num_draft_tokens``
+        self.spec = SpecWindow(self.ctx) if self.state.speculative else None
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -234,7 +233,7 @@ class HiSparseCore:
     @property
     def num_draft_tokens(self) -> int:
         """W verify rows per request (0: no speculative decoding)."""
-        return self.spec.W if self.spec is not None else 0
+        return self.state.num_draft_tokens
 
     # -- per step ---------------------------------------------------------------------------
     def map_last_loc(

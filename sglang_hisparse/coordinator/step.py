@@ -139,13 +139,10 @@ class StepMapper:
         grow_s: list[int] = []
         rows: list[torch.Tensor] = []
         for r, s in zip(rs, slots, strict=True):
-            if st.rows_held[r] > s:
+            # the rows follow from the length, which map_last_loc checked grows by one per
+            # step: the new token's slot s has a row already iff the buffer held slot B before
+            if st.rows_held(r) > s:
                 continue
-            if st.rows_held[r] != s:
-                raise RuntimeError(
-                    f"request slot {r}: hot buffer holds {st.rows_held[r]} rows but the new token "
-                    f"needs slot {s}; rows must grow one slot per step."
-                )
             got = ctx.allocator.hot.grow(r, 1)
             if got is None:
                 raise RuntimeError(
@@ -155,7 +152,6 @@ class StepMapper:
             grow_r.append(r)
             grow_s.append(s)
             rows.append(got)
-            st.rows_held[r] += 1
         if grow_r:
             dev = ctx.device
             r_t = torch.tensor(grow_r, dtype=torch.int64).to(dev, non_blocking=True)

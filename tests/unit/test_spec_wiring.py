@@ -63,5 +63,6 @@ def test_one_draft_token_is_still_a_verify_window() -> None:
     for seed in range(3):
         engine = SpecDecodeEngine(MODEL, SIZES, num_draft_tokens=1, skip_io=False, accept_seed=seed)
         assert tuple(engine.core.state.slot_rows.shape) == (3, 13) and engine.core.spec is not None
+        assert engine.core.state.resident is None  # the verify kernel reads no resident hint
         stats = run_scenario(engine, random.Random(seed), ScenarioSpec(num_requests=4, max_prompt=30))
         assert stats.checked_outputs > 0 and engine.accepted == engine.verified
