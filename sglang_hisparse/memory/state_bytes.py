@@ -20,12 +20,13 @@ a request slot, 1.1 GB for 256 of them; the hint and ``host_rows`` grow with P, 
 Per decode-batch row, the resolver's buffers (``coordinator.resolver``, one set for all layers;
 shapes in ``kernels.contract``), with ``k`` = top-k::
 
-    out_rows          k * 4             int32, the slots handed to attention
-    plan              k * 12 + 4        int64 host rows, int32 device rows, int32 count
+    out_rows          c * 4             int32, the slots handed to attention
+    plan              c * 12 + 4        int64 host rows, int32 device rows, int32 count
     batch ids, arrivals  4 + 4          int32 (arrivals: the kernel's counters, CUDA only)
-    and with speculative decoding the same for the verify kernel at W * k columns (no batch ids)
 
-32 KB a row at k = 2048 (128 KB at W = 3): under 1 % of the slot state above.
+with ``c`` = k columns (decode) or, under speculative decoding, W * k (the verify kernel's
+buffers; the resolver then serves verify steps only and holds no decode ones). 32 KB a row at
+k = 2048 (96 KB at W = 3): under 1 % of the slot state above.
 
 What a server's coordinator holds in all, ``coordinator_state_bytes``: R request slots (SGLang's
 ``req_to_token`` rows, the padding row and PD's pre-allocation slots included) of slot state, and
@@ -73,16 +74,13 @@ def slot_state_bytes(
 
 
 def resolver_bytes(*, top_k: int, num_draft_tokens: int = 0, cuda: bool = True) -> int:
-    """Device bytes per decode-batch row of the resolver's output, plan and counter buffers
-    (module docstring). ``num_draft_tokens``: W, 0 without speculative decoding (then no verify
-    buffers); ``cuda``: include the kernels' arrival counters (not allocated on a CPU device).
-    """
+    """Device bytes per decode-batch row of the resolver's output, plan, batch-id and counter
+    buffers (module docstring). ``num_draft_tokens``: W, 0 without speculative decoding (k
+    columns), else W * k; ``cuda``: include the kernel's arrival counters (not allocated on a CPU
+    device)."""
+    cols = top_k * num_draft_tokens if num_draft_tokens > 0 else top_k
     arrivals = 4 if cuda else 0
-    single = top_k * 4 + top_k * 12 + 4 + 4 + arrivals  # out_rows, plan, batch ids, counters
-    if num_draft_tokens <= 0:
-        return single
-    wk = num_draft_tokens * top_k
-    return single + wk * 4 + wk * 12 + 4 + arrivals
+    return cols * 4 + cols * 12 + 4 + 4 + arrivals  # out_rows, plan, batch ids, counters
 
 
 def coordinator_state_bytes(
