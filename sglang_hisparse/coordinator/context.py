@@ -5,8 +5,8 @@ over our own pools (``allocator.DualSpaceAllocator`` + ``host_pool``) in CPU tes
 GPU benchmark, and over the SGLang-facing wrappers in a server:
 
 ``allocator`` (a :class:`~sglang_hisparse.memory.allocator.DualSpaceAllocator`)
-    ``shrink_to_hot_buffer``, ``alloc_hot_buffer``, ``grow_hot_buffer``,
-    ``release_hot_buffer``, ``translate``, ``rebind``, ``rows``.
+    ``shrink_to_hot_buffer``, ``hot`` (``alloc``, ``grow``, ``release``: a
+    :class:`~sglang_hisparse.memory.hot.HotBuffers`), ``translate``, ``rebind``, ``rows``.
 
 ``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.memory.host_pool.HostKVPool`)
     ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),

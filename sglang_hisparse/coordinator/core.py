@@ -46,19 +46,22 @@ from sglang_hisparse.telemetry import Telemetry
 logger = logging.getLogger("sglang_hisparse")
 
 
-def _env_switches() -> tuple[bool, bool, float]:
-    """(prefetch disabled, skip IO, log interval) from the env registry."""
+def _env_switches() -> tuple[bool, bool, float, bool]:
+    """(prefetch disabled, skip IO, log interval, early fetch) from the env registry: every
+    switch is read here, once, and passed to the component it configures."""
     from sglang_hisparse import envs
 
     return (
         bool(envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH")),
         bool(envs.get("SGLANG_HISPARSE_SKIP_IO")),
         float(envs.get("SGLANG_HISPARSE_LOG_INTERVAL")),
+        bool(envs.get("SGLANG_HISPARSE_EARLY_FETCH")),
     )
 
 
-def _log_switches(*, no_prefetch: bool, skip_io: bool) -> None:
-    """Say which switches are active and which environment name set them."""
+def _log_switches(*, no_prefetch: bool, skip_io: bool, early_fetch: bool | None) -> None:
+    """Say which switches are active and which environment name set them. ``early_fetch``:
+    None when it does not apply (no resident hint), else whether the CUDA copy kernel uses it."""
     from sglang_hisparse import envs
 
     if no_prefetch:
@@ -72,6 +75,12 @@ def _log_switches(*, no_prefetch: bool, skip_io: bool) -> None:
             "only; MODEL OUTPUTS ARE INVALID.",
             envs.source("SGLANG_HISPARSE_SKIP_IO") or "constructor argument",
         )
+    if early_fetch is False:
+        logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
+                    envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
+    elif early_fetch:
+        logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
+                    "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
 
 
 def _make_recorder() -> Any:
@@ -141,16 +150,15 @@ class HiSparseCore:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
             )
-        env_no_prefetch, env_skip_io, env_interval = _env_switches()
+        env_no_prefetch, env_skip_io, env_interval, early_fetch = _env_switches()
         device = torch.device(device)
         self.streams = Streams(device)
         self.telemetry = Telemetry(
             device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
         )
-        window = max(1, num_draft_tokens)
         self.state = SlotState(
             num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
-            window=window, hint_positions=int(host.host_rows.shape[1]),
+            num_draft_tokens=num_draft_tokens, hint_positions=int(host.host_rows.shape[1]),
         )
         self.ctx = CoreContext(
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
@@ -162,7 +170,13 @@ class HiSparseCore:
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
         self.skip_io = env_skip_io if skip_io is None else skip_io
         no_prefetch = env_no_prefetch if prefetch is None else not prefetch
-        _log_switches(no_prefetch=no_prefetch, skip_io=self.skip_io)
+        early_log: bool | None = None  # the switch only matters to the decode kernel's hint
+        if self.state.resident is not None:
+            if not early_fetch:
+                early_log = False
+            elif device.type == "cuda" and not self.skip_io:
+                early_log = True
+        _log_switches(no_prefetch=no_prefetch, skip_io=self.skip_io, early_fetch=early_log)
         self.lifecycle = Lifecycle(self.ctx, tp_group=tp_group)
         self.step = StepMapper(self.ctx)
         self.resolver = Resolver(
@@ -170,10 +184,10 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
-            num_draft_tokens=num_draft_tokens,
+            early_fetch=early_fetch,
         )
-        #: the verify windows (speculative decoding), or None
-        self.spec = SpecWindow(self.ctx, num_draft_tokens=num_draft_tokens) if num_draft_tokens else None
+        #: the verify windows (speculative decoding), or None; W is ``state.num_draft_tokens``
+        self.spec = SpecWindow(self.ctx) if self.state.speculative else None
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -224,7 +238,7 @@ class HiSparseCore:
     @property
     def num_draft_tokens(self) -> int:
         """W verify rows per request (0: no speculative decoding)."""
-        return self.spec.W if self.spec is not None else 0
+        return self.state.num_draft_tokens
 
     # -- per step ---------------------------------------------------------------------------
     def map_last_loc(

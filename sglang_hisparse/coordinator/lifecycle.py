@@ -84,15 +84,8 @@ class Lifecycle:
         dev_rows = ctx.allocator.translate(ids)
         host_rows = ctx.host.host_rows[r, :n]
         event = ctx.streams.new_event()
-        side = ctx.streams.staging
-        if prompt_written:
-            ctx.streams.after_current(side)
-        else:
-            ctx.streams.after_producer(side)
-        with ctx.streams.on(side):
-            transfer.to_host(ctx, dev_rows, host_rows)
-            event.record()
-        ctx.streams.keep_alive(dev_rows, side)
+        transfer.to_host_async(ctx, dev_rows, host_rows, side=ctx.streams.staging, done=event,
+                               after_forward=not prompt_written)
         st.phase[r] = Phase.STAGING
         st.seq_len[r] = n
         self.queue.append(StagingEntry(r, ids, event, req))
@@ -142,7 +135,7 @@ class Lifecycle:
         if seq_len < 1:
             raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 1.")
         self._ensure_host(r, seq_len, "admit_direct")
-        slot_rows = ctx.allocator.alloc_hot_buffer(r, seq_len, B)
+        slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
         if slot_rows is None:
             raise RuntimeError(
                 f"admit_direct: no device rows for request slot {r}'s hot buffer "
@@ -183,7 +176,7 @@ class Lifecycle:
             return
         ctx = self.ctx
         self._order_after(ctx.streams.backup, ctx.streams.prefetch)
-        ctx.allocator.release_hot_buffer(r)
+        ctx.allocator.hot.release(r)
         ctx.host.free_request(r)
         ctx.state.reset(r)
         if ctx.recorder is not None:

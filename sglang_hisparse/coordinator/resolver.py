@@ -23,22 +23,26 @@ groups are consecutive: the next anchor resolves only after the forward consumed
 shared layer of the previous group, and each of those waited for its replay's event.
 The buffers are sized for ``max_batch`` rows, allocated once (before any CUDA-graph capture).
 
-Speculative verify steps (``num_draft_tokens`` W >= 1) pass ``top_k`` int32 [bs, W, k]: the anchor runs
-``verify_ops.resolve_verify`` over the union of each request's W rows into its own buffers
-(``out_verify`` [max_batch, W, k], a plan of ``W*k`` columns); shared layers replay that plan
-with the unchanged ``ops.replay`` and return the anchor's ``out_verify`` exactly as above.
+The mode is fixed when the resolver is built, from ``state.num_draft_tokens`` W:
+
+```
+W = 0 (decode)   top_k int32 [bs, k]     ops.resolve (+ the resident hint)   out [max_batch, k]
+W >= 1 (verify)  top_k int32 [bs, W, k]  verify_ops.resolve_verify over the  out [max_batch, W, k]
+                 seq_lens [bs*W]         union of each request's W rows      plan W*k columns
+```
+
+Only that mode's buffers exist and only its shape is accepted. Shared layers replay the
+anchor's plan with the unchanged ``ops.replay`` in both modes (its ``k`` is the plan's columns).
 """
 
 from __future__ import annotations
 
-import logging
+import math
 
 import torch
 
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.kernels import MissPlan, ResolveMode, ops, verify_ops
-
-logger = logging.getLogger("sglang_hisparse")
 
 
 def build_prefetch_groups(shared: list[bool]) -> dict[int, list[int]]:
@@ -65,8 +69,9 @@ class Resolver:
     model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
     ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
     ``block_size``: CUDA threads per resolve CTA (``swap_in_block_size``; None: kernel default).
-    ``num_draft_tokens``: W verify rows per request (0: no speculative decoding; otherwise
-    the state is built ``B + W`` slots wide and only 3-D verify top-k is served).
+    ``early_fetch``: with the resident hint (decode only), let the kernel fetch probable misses
+    before its bookkeeping proves them (``SGLANG_HISPARSE_EARLY_FETCH``, read by the core).
+    Decode or verify follows from ``ctx.state.num_draft_tokens`` (module docstring).
     """
 
     def __init__(
@@ -80,25 +85,28 @@ class Resolver:
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
-        num_draft_tokens: int = 0,
+        early_fetch: bool = True,
     ) -> None:
         self.ctx = ctx
-        self.spec = num_draft_tokens > 0
-        self.window = max(1, num_draft_tokens)
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
-        self.block_size = block_size
-        from sglang_hisparse import envs
-
-        #: with the resident hint, let the kernel fetch probable misses before its bookkeeping
-        self.early_fetch = bool(envs.get("SGLANG_HISPARSE_EARLY_FETCH"))
-        if ctx.state.resident is not None and not self.early_fetch:
-            logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
-                        envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
-        elif ctx.state.resident is not None and ctx.device.type == "cuda" and mode == ResolveMode.COPY:
-            logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
-                        "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
+        self.early_fetch = early_fetch
+        st, k = ctx.state, ctx.top_k
+        #: W verify rows per request (0: decode); fixed for the resolver's life
+        self.num_draft_tokens = W = st.num_draft_tokens
+        #: the shape of one request's top-k / out rows: [k] (decode) or [W, k] (verify)
+        self.row_shape: tuple[int, ...] = (W, k) if W else (k,)
+        self._kernel = verify_ops.resolve_verify if W else ops.resolve
+        self._reserve = verify_ops.reserve_verify_workspace if W else ops.reserve_workspace
+        # keyword arguments every launch of the chosen kernel shares
+        self._fixed: dict = {"mode": mode}
+        if block_size and ctx.device.type == "cuda":
+            self._fixed["block_size"] = block_size
+        #: the decode kernel reads and keeps the resident hint (verify has none)
+        self._hint = st.resident is not None
+        if self._hint:
+            self._fixed["early_rows"] = None if early_fetch else 0
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
@@ -114,19 +122,34 @@ class Resolver:
         self._alloc(max_batch)
 
     def _alloc(self, max_batch: int) -> None:
-        k, dev = self.ctx.top_k, self.ctx.device
+        """``out_rows`` int32 [max_batch, *row_shape], a plan of ``prod(row_shape)`` columns,
+        the batch ids and (CUDA) the kernel's arrival counters."""
+        dev = self.ctx.device
         self.max_batch = max_batch
-        self.out_rows = torch.full((max_batch, k), -1, dtype=torch.int32, device=dev)
-        self.plan = MissPlan.empty(max_batch, k, dev)
+        self.out_rows = torch.full((max_batch, *self.row_shape), -1, dtype=torch.int32, device=dev)
+        self.plan = MissPlan.empty(max_batch, math.prod(self.row_shape), dev)
         self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
         if dev.type == "cuda":
-            ops.reserve_workspace(dev, max_batch)  # the kernel's per-row counters, before capture
-        W = self.window
-        if self.spec:
-            self.out_verify = torch.full((max_batch, W, k), -1, dtype=torch.int32, device=dev)
-            self.plan_verify = MissPlan.empty(max_batch, W * k, dev)
-            if dev.type == "cuda":
-                verify_ops.reserve_verify_workspace(dev, max_batch)  # its own counters
+            self._reserve(dev, max_batch)  # the kernel's per-row counters, before capture
+
+    def _check_top_k(self, top_k: torch.Tensor) -> None:
+        if tuple(top_k.shape[1:]) == self.row_shape:
+            return
+        k, W, shape = self.ctx.top_k, self.num_draft_tokens, tuple(top_k.shape)
+        if top_k.dim() == 3:
+            raise ValueError(
+                f"swap_in: top_k has shape {shape}; a verify step needs [bs, W, {k}] with W = "
+                f"num_draft_tokens = {W} (0: the coordinator was built without speculative decoding)."
+            )
+        if W:
+            raise ValueError(
+                f"swap_in: top_k has shape {shape} but this coordinator serves speculative verify "
+                f"steps only (num_draft_tokens = {W}): pass [bs, {W}, {k}] after prepare_spec."
+            )
+        raise ValueError(
+            f"swap_in: top_k has shape {shape}; expected [bs, {k}] (or [bs, W, {k}] for a "
+            f"speculative verify step)."
+        )
 
     def swap_in(
         self,
@@ -137,70 +160,50 @@ class Resolver:
     ) -> torch.Tensor:
         """Device rows of ``top_k`` for model layer ``layer_id``, aligned with it.
 
-        Decode: ``top_k`` int32 [bs, k], ``seq_lens`` [bs] -> int32 [bs, k]. Verify (W > 1):
+        Decode: ``top_k`` int32 [bs, k], ``seq_lens`` [bs] -> int32 [bs, k]. Verify:
         ``top_k`` [bs, W, k], ``seq_lens`` [bs*W] or [bs, W] (SGLang's
         ``dsa_seqlens_expanded``: row j of a request has length s + 1 + j) -> int32 [bs, W, k]
         (SGLang views it [bs*W, k]). -1 for padding entries and rows ``>= num_real_reqs``.
         A view of a reused buffer: consume it before the next anchor layer resolves."""
         ctx = self.ctx
-        verify = top_k.dim() == 3
-        if verify:
-            if not self.spec or tuple(top_k.shape[1:]) != (self.window, ctx.top_k):
-                raise ValueError(
-                    f"swap_in: top_k has shape {tuple(top_k.shape)}; a verify step needs "
-                    f"[bs, W, {ctx.top_k}] with W = num_draft_tokens = {self.window if self.spec else 0} "
-                    f"(0: the coordinator was built without speculative decoding)."
-                )
-        elif self.spec:
-            raise ValueError(
-                f"swap_in: top_k has shape {tuple(top_k.shape)} but this coordinator serves "
-                f"speculative verify steps only (num_draft_tokens = {self.window}): pass "
-                f"[bs, {self.window}, {ctx.top_k}] after prepare_spec."
-            )
-        elif top_k.dim() != 2 or top_k.shape[1] != ctx.top_k:
-            raise ValueError(
-                f"swap_in: top_k has shape {tuple(top_k.shape)}; expected [bs, {ctx.top_k}] "
-                f"(or [bs, W, {ctx.top_k}] for a speculative verify step)."
-            )
+        self._check_top_k(top_k)
         bs = top_k.shape[0]
         if bs > self.max_batch:
             # NOTE: allocation on the hot path, only when a batch exceeds every earlier one;
             # servers size max_batch from the CUDA-graph batch sizes so this happens eagerly.
             self._alloc(bs)
-        out = self.out_verify[:bs] if verify else self.out_rows[:bs]
+        out = self.out_rows[:bs]
         li = layer_id - self.start_layer
         if self.is_shared[li]:
             self.events[li].wait(ctx.streams.current())
             return out
         group = self.groups.get(li, [])
-        full = self.plan_verify if verify else self.plan
-        plan = MissPlan(full.src[:bs], full.dst[:bs], full.count[:bs])
-        kw = dict(
-            top_k=top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32),
+        plan = MissPlan(self.plan.src[:bs], self.plan.dst[:bs], self.plan.count[:bs])
+        top_k = top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32)
+        st = ctx.state
+        extra = {**self._fixed, "resident": st.resident[li]} if self._hint else self._fixed
+        self._kernel(
+            top_k=top_k,
             req_index=req_index,
-            seq_lens=seq_lens.reshape(bs, self.window) if verify else seq_lens,
+            seq_lens=seq_lens.reshape(bs, self.num_draft_tokens) if self.num_draft_tokens else seq_lens,
             num_real_reqs=self.num_real_reqs,
-            slot_tokens=ctx.state.slot_tokens[li],
-            slot_rows=ctx.state.slot_rows,
-            lru=ctx.state.lru[li],
+            slot_tokens=st.slot_tokens[li],
+            slot_rows=st.slot_rows,
+            lru=st.lru[li],
             host_rows=ctx.host.host_rows,
             host_cache=ctx.host_kv[li],
             device_cache=ctx.device_kv[li],
             out_rows=out,
             plan=plan,
-            mode=self.mode,
-            **({"block_size": self.block_size} if self.block_size and top_k.is_cuda else {}),
+            **extra,
         )
-        if not verify and ctx.state.resident is not None:
-            kw.update(resident=ctx.state.resident[li], early_rows=None if self.early_fetch else 0)
-        (verify_ops.resolve_verify if verify else ops.resolve)(**kw)
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(
-            top_k=kw["top_k"].reshape(bs, -1), miss_count=plan.count, real_mask=real,
+            top_k=top_k.reshape(bs, -1), miss_count=plan.count, real_mask=real,
             item_bytes=ctx.item_bytes, copies=1 + len(group),
         )
         # NOTE: the trace recorder models single-row decode steps; verify steps are not recorded.
-        if ctx.recorder is not None and not verify:
+        if ctx.recorder is not None and not self.num_draft_tokens:
             ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
         if group:
             streams = ctx.streams

@@ -27,13 +27,15 @@ back, like any evicted token); rejected ones leave nothing behind. Nothing here 
 memory: the accept lengths stay on the device (rejected rows are written to the host pool's
 padding row 0 instead), so the host learns the committed length from the next ``prepare``.
 
-NOTE: the window rows come from ``allocator.grow_hot_buffer`` at admission rather than a
+NOTE: the window rows come from ``allocator.hot.grow`` at admission rather than a
 separate reservation at ``allocate_spec_scratch`` time: as hot-buffer rows they are owned in
-exactly one place (``check_integrity`` holds) and ``release_hot_buffer`` returns and unmaps
+exactly one place (``check_integrity`` holds) and ``allocator.hot.release`` returns and unmaps
 them at finish. ``reserve`` therefore only checks capacity.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -46,36 +48,48 @@ from sglang_hisparse.kernels.contract import validation_enabled
 HOST_PADDING_ROW = 0
 
 
+@dataclass(frozen=True)
+class VerifyRound:
+    """One prepared verify round, consumed by :meth:`SpecWindow.commit`. The tensors list
+    the round's ``bs * W`` verify rows request-major (row ``b*W + j`` = request b, draft j),
+    on the coordinator's device."""
+
+    req_slots: list[int]  # [bs] request slot of each request (host)
+    rows_req: torch.Tensor  # int64 [bs*W] request slot of each verify row
+    slots: torch.Tensor  # int64 [bs*W] the row's window slot
+    positions: torch.Tensor  # int64 [bs*W] the row's position s + j
+    short: torch.Tensor  # bool [bs*W] the request is short (s + W <= B): accepted tokens stay
+
+    @property
+    def bs(self) -> int:
+        return len(self.req_slots)
+
+
 class SpecWindow:
     """Owns the verify window of every request (see the module docstring).
 
-    ``ctx.state`` must be built ``B + W`` slots wide: ``slot_tokens`` int32 [L, R, B+W],
-    ``slot_rows`` int32 [R, B+W]; ``lru`` stays [L, R, B]. Host-side bookkeeping per request
-    slot: ``hist_rows`` (history slots ``0..hist_rows-1`` hold a device row), ``base_len`` (s
-    of the last prepared round, or the admitted length), ``active``, ``in_round``.
+    W is ``ctx.state.num_draft_tokens`` (the state must be built with speculative decoding:
+    ``slot_tokens`` int32 [L, R, B+W], ``slot_rows`` int32 [R, B+W]; ``lru`` stays [L, R, B]).
+    The lengths live in ``state.seq_len`` (``s + W`` once a round is prepared, the admitted
+    length before), the history rows follow from them (``state.history_rows``). Per request
+    slot only the protocol flags are kept here: ``active`` (admitted, window rows held) and
+    ``started`` (a round was prepared since admission).
     """
 
-    def __init__(self, ctx: CoreContext, *, num_draft_tokens: int) -> None:
-        W, B, st = num_draft_tokens, ctx.buffer_size, ctx.state
-        if W < 1:
-            raise ValueError(f"speculative_num_draft_tokens = {W} must be >= 1.")
+    def __init__(self, ctx: CoreContext) -> None:
+        st, B = ctx.state, ctx.buffer_size
+        W = st.num_draft_tokens
+        if not st.speculative:
+            raise ValueError(
+                "SpecWindow: the state was built with num_draft_tokens = 0 (no speculative "
+                "decoding); build SlotState with num_draft_tokens = speculative_num_draft_tokens."
+            )
         check_buffer_holds_selection(B, ctx.top_k, W)
-        for name, t, want in (("slot_tokens", st.slot_tokens, (st.num_layers, st.num_reqs, B + W)),
-                              ("slot_rows", st.slot_rows, (st.num_reqs, B + W))):
-            if tuple(t.shape) != want:
-                raise ValueError(
-                    f"state.{name} has shape {tuple(t.shape)}; speculative decoding needs {want} "
-                    f"(B + W = {B} + {W} slots: build SlotState with the verify window)."
-                )
         self.ctx, self.W, self.B = ctx, W, B
         R = st.num_reqs
-        self.hist_rows = [0] * R
-        self.base_len = [0] * R
         self.active = [False] * R
         self.started = [False] * R
-        self._round: dict | None = None
-        self._event = ctx.streams.new_event()
-        self._pending = False
+        self._round: VerifyRound | None = None
 
     # -- admission / release -------------------------------------------------------------
     def reserve(self, req_slots: list[int]) -> None:
@@ -97,9 +111,8 @@ class SpecWindow:
         if self.active[r]:
             raise ValueError(f"spec admit: request slot {r} already has a verify window.")
         ctx, st, B, W = self.ctx, self.ctx.state, self.B, self.W
-        held = st.rows_held[r]
-        off = 1 if held > B else 0
-        rows = ctx.allocator.grow_hot_buffer(r, W - off)
+        off = 1 if st.seq_len[r] > B else 0
+        rows = ctx.allocator.hot.grow(r, W - off)
         if rows is None:
             raise RuntimeError(
                 f"spec admit: no device rows for request slot {r}'s verify window ({W - off} "
@@ -107,16 +120,13 @@ class SpecWindow:
             )
         st.slot_rows[r, B + off:] = rows.to(torch.int32).to(st.device, non_blocking=True)
         st.slot_tokens[:, r, B:] = -1
-        self.hist_rows[r] = min(held, B)
-        self.base_len[r] = st.seq_len[r]
         self.active[r], self.started[r] = True, False
 
     def finish(self, r: int) -> None:
         """Forget request ``r`` (call before ``Lifecycle.finish``, which frees the rows)."""
-        if self._round is not None and r in self._round["reqs"]:
+        if self._round is not None and r in self._round.req_slots:
             raise ValueError(f"spec finish: request slot {r} is in a verify round not yet committed.")
         self.active[r], self.started[r] = False, False
-        self.hist_rows[r] = self.base_len[r] = 0
 
     # -- per verify round ------------------------------------------------------------------
     def prepare(self, *, req_index: torch.Tensor, req_index_cpu: list[int],
@@ -138,8 +148,8 @@ class SpecWindow:
                 f"spec prepare: {len(req_index_cpu)} requests, {len(seq_lens_cpu)} seq_lens and "
                 f"{out_cache_loc.numel()} out_cache_loc ids; need bs, bs and bs*W (W = {W})."
             )
-        if self._pending:  # the forward overwrites window rows the last write-through reads
-            ctx.streams.current().wait_event(self._event)
+        # the forward overwrites window rows the last write-through reads
+        ctx.streams.backup_fence.wait(ctx.streams.current())
         slots: list[int] = []
         for r, s in zip(req_index_cpu, seq_lens_cpu, strict=True):
             self._check_len(r, s)
@@ -150,9 +160,8 @@ class SpecWindow:
             self._grow_history(r, s + W if short else B)
             first = s if short else B
             slots.extend(range(first, first + W))
-            self.base_len[r], self.started[r] = s, True
+            st.seq_len[r], self.started[r] = s + W, True
         dev = ctx.device
-        bs = len(req_index_cpu)
         r_t = req_index.to(dev, torch.int64).repeat_interleave(W)
         s_t = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
         base = torch.tensor(seq_lens_cpu, dtype=torch.int64).to(dev, non_blocking=True)
@@ -160,7 +169,8 @@ class SpecWindow:
         short = (base + W <= B).repeat_interleave(W)
         st.slot_tokens[:, r_t, s_t] = pos.to(torch.int32)
         ctx.allocator.rebind(out_cache_loc, st.slot_rows[r_t, s_t], logical_ids_cpu=out_cache_loc_cpu)
-        self._round = dict(reqs=list(req_index_cpu), bs=bs, r=r_t, slot=s_t, pos=pos, short=short)
+        self._round = VerifyRound(req_slots=list(req_index_cpu), rows_req=r_t, slots=s_t,
+                                  positions=pos, short=short)
 
     def commit(self, *, accept_index: torch.Tensor, validate: bool | None = None) -> None:
         """Finish the round: ``accept_index`` int [bs, D] flat verify-row ids ``b*W + j`` of
@@ -172,7 +182,7 @@ class SpecWindow:
             if accept_index.numel() == 0 or accept_index.shape[0] == 0:
                 return  # idle batch: nothing was prepared
             raise ValueError("spec commit: no verify round was prepared (call prepare first).")
-        bs = rnd["bs"]
+        bs = rnd.bs
         if accept_index.dim() != 2 or accept_index.shape[0] != bs:
             raise ValueError(f"spec commit: accept_index has shape {tuple(accept_index.shape)}; "
                              f"need [bs={bs}, D] flat row ids b*W+j, -1 padded.")
@@ -183,27 +193,22 @@ class SpecWindow:
         hit = torch.zeros(bs * W, dtype=torch.int32, device=ctx.device)
         hit.scatter_reduce_(0, flat.clamp(0, max(bs * W - 1, 0)), (flat >= 0).int(), reduce="amax")
         ok = hit.bool()
-        dev_rows = st.slot_rows[rnd["r"], rnd["slot"]].to(torch.int64)
-        host_rows = ctx.host.host_rows[rnd["r"], rnd["pos"]]
+        dev_rows = st.slot_rows[rnd.rows_req, rnd.slots].to(torch.int64)
+        host_rows = ctx.host.host_rows[rnd.rows_req, rnd.positions]
         dst = torch.where(ok, host_rows, torch.full_like(host_rows, HOST_PADDING_ROW))
-        side = ctx.streams.backup
-        ctx.streams.after_producer(side)
-        with ctx.streams.on(side):
-            transfer.to_host(ctx, dev_rows, dst)
-            self._event.record()
-        ctx.streams.keep_alive(dev_rows, side)
-        ctx.streams.keep_alive(dst, side)
-        self._pending = True
-        keep = ok & rnd["short"]  # short: accepted tokens stay in slot p; all else emptied
-        st.slot_tokens[:, rnd["r"], rnd["slot"]] = torch.where(keep, rnd["pos"], -1).to(torch.int32)
+        transfer.to_host_async(ctx, dev_rows, dst, side=ctx.streams.backup, done=ctx.streams.backup_fence)
+        keep = ok & rnd.short  # short: accepted tokens stay in slot p; all else emptied
+        st.slot_tokens[:, rnd.rows_req, rnd.slots] = torch.where(keep, rnd.positions, -1).to(torch.int32)
         self._round = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _check_len(self, r: int, s: int) -> None:
         if not self.active[r]:
             raise ValueError(f"spec prepare: request slot {r} has no verify window (admit it first).")
-        prev = self.base_len[r]
-        lo, hi = (prev + 1, prev + self.W) if self.started[r] else (prev, prev)
+        # seq_len is s + W of the last round once one was prepared, the admitted length before
+        started = self.started[r]
+        prev = self.ctx.state.seq_len[r] - (self.W if started else 0)
+        lo, hi = (prev + 1, prev + self.W) if started else (prev, prev)
         if not lo <= s <= hi:
             raise ValueError(
                 f"spec prepare: request slot {r} has committed length {s}; expected {lo}..{hi} "
@@ -211,17 +216,17 @@ class SpecWindow:
             )
 
     def _grow_history(self, r: int, want: int) -> None:
-        have = self.hist_rows[r]
+        """History slots ``0..want-1`` get device rows (call before ``seq_len`` moves on)."""
+        have = self.ctx.state.history_rows(r)
         if want <= have:
             return
-        rows = self.ctx.allocator.grow_hot_buffer(r, want - have)
+        rows = self.ctx.allocator.hot.grow(r, want - have)
         if rows is None:
             raise RuntimeError(
                 f"spec prepare: no device rows to grow request slot {r}'s hot buffer to {want} "
                 f"history slots ({self.ctx.allocator.rows.available_size()} free)."
             )
         self.ctx.state.slot_rows[r, have:want] = rows.to(torch.int32).to(self.ctx.device, non_blocking=True)
-        self.hist_rows[r] = want
 
     def _validate_accept(self, idx: torch.Tensor) -> None:
         cpu, W = idx.cpu(), self.W
@@ -244,9 +249,9 @@ class SpecWindow:
             rows = st.slot_rows[r].cpu()
             if not self.active[r]:
                 continue
-            h = self.hist_rows[r]
+            h = st.history_rows(r)
             used = torch.cat([rows[:h], rows[B:]])
-            own = set(al.rows.page_ids_to_ids(torch.tensor(al.hot_pages(r), dtype=torch.int64)).tolist())
+            own = set(al.rows.page_ids_to_ids(torch.tensor(al.hot.pages(r), dtype=torch.int64)).tolist())
             if (used < 0).any() or len(set(used.tolist())) != used.numel() or not set(used.tolist()) <= own:
                 raise ValueError(
                     f"spec window of request slot {r}: slot rows {used.tolist()[:12]}... must be "

@@ -1,6 +1,8 @@
 """Per-request hot-buffer state: the named tensors the resolve kernel reads and writes.
 
-Shapes (per TP rank; ``L`` local sparse layers, ``R`` request slots, ``B`` hot slots):
+Shapes (per TP rank; ``L`` local sparse layers, ``R`` request slots, ``B`` hot slots, ``W``
+slots past the history: 1 (slot B, the newest token) without speculative decoding, the verify
+window of ``num_draft_tokens`` with it):
 
 ```
 slot_tokens    [L, R, B+W] int32   logical position held by each slot, -1 empty;
@@ -9,7 +11,8 @@ slot_rows      [R, B+W]    int32   device KV row behind each slot, -1 = no row h
                                    (same rows for every layer: KV arrays are per layer)
 lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
 resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds position p
-                                   (P = host pool columns; W = 1 only, else None)
+                                   (P = host pool columns; None under speculative decoding,
+                                   whose verify kernel does not read it, even at W = 1)
 ```
 
 The resident hint lets the resolve kernel start fetching probable misses before its
@@ -17,9 +20,10 @@ bookkeeping ends (``kernels.reference`` says what it means). The kernel keeps it
 ``slot_tokens``; so do ``reset``, ``install`` and the short-request growth in
 ``coordinator.step``. A wrong bit costs time, never a wrong row.
 
-``W`` (``window``) is 1 without speculative decoding; with it, W = speculative_num_draft_tokens
-and slots ``B..B+W-1`` are the verify window (``coordinator.spec``; the single-row
-``map_last_loc``/``resolve`` path is not used then).
+``num_draft_tokens`` (SGLang's ``speculative_num_draft_tokens``, 0 = off) is carried here and
+nowhere else: the slot width, the hint, the resolver's mode and the ``SpecWindow`` all derive
+from it. With it, W = num_draft_tokens and slots ``B..B+W-1`` are the verify window
+(``coordinator.spec``; the single-row ``map_last_loc``/``resolve`` path is not used then).
 
 A request's slots, as it grows (``n`` = tokens, ``B`` = 4):
 
@@ -34,8 +38,12 @@ Device bytes per request slot (these tensors plus the host pool's ``host_rows`` 
 ``state_bytes.slot_state_bytes``, which the capacity planner counts.
 
 Host-side bookkeeping (Python lists, indexed by request slot) records what the host needs
-to decide without reading device memory: the phase, rows held, the current length, and
-whether the next decode step may skip the write-through backup.
+to decide without reading device memory: the phase, the current length and whether the next
+decode step may skip the write-through backup. The device rows a request holds follow from
+its length (:meth:`SlotState.history_rows`, :meth:`SlotState.rows_held`), so no count of them
+is kept. ``seq_len`` is the length the slots cover: decode, the tokens including the newest
+(being written this step); speculative decoding, ``s + W`` once a verify round over positions
+``s..s+W-1`` is prepared (the admitted length before the first).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import enum
 import torch
 
 from ..kernels.reference import position_bits
-from ..memory.state_bytes import hint_words
+from ..memory.state_bytes import hint_words, tail_slots
 
 
 class Phase(enum.Enum):
@@ -59,34 +67,58 @@ class SlotState:
 
     def __init__(
         self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
-        window: int = 1, hint_positions: int = 0,
+        num_draft_tokens: int = 0, hint_positions: int = 0,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"SlotState: window = {window} must be >= 1 (1 = no speculative decoding).")
+        if num_draft_tokens < 0:
+            raise ValueError(
+                f"num_draft_tokens = {num_draft_tokens} must be >= 0 (0 = no speculative decoding)."
+            )
         self.num_layers = num_layers
         self.num_reqs = num_reqs
         self.buffer_size = buffer_size
-        self.window = window
+        #: W verify rows per request, 0 without speculative decoding (module docstring)
+        self.num_draft_tokens = num_draft_tokens
         self.device = torch.device(device)
-        B = buffer_size
+        B, width = buffer_size, buffer_size + tail_slots(num_draft_tokens)
         self.slot_tokens = torch.full(
-            (num_layers, num_reqs, B + window), -1, dtype=torch.int32, device=self.device
+            (num_layers, num_reqs, width), -1, dtype=torch.int32, device=self.device
         )
-        self.slot_rows = torch.full((num_reqs, B + window), -1, dtype=torch.int32, device=self.device)
+        self.slot_rows = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
         self._lru_init = torch.arange(B, dtype=torch.int16, device=self.device)
         self.lru = self._lru_init.expand(num_layers, num_reqs, B).clone()
         #: resident hint (see module docstring); only for single-row decode with a host pool
-        #: of ``hint_positions`` columns (the verify kernel does not read it)
+        #: of ``hint_positions`` columns
         self.resident: torch.Tensor | None = None
-        if words := hint_words(max_context=hint_positions, window=window):
+        if words := hint_words(max_context=hint_positions, num_draft_tokens=num_draft_tokens):
             self.resident = torch.zeros(
                 (num_layers, num_reqs, words), dtype=torch.int32, device=self.device
             )
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs
-        self.rows_held = [0] * num_reqs
         self.seq_len = [0] * num_reqs
         self.skip_backup = [False] * num_reqs
+
+    @property
+    def speculative(self) -> bool:
+        """Every decode step is a verify step of ``num_draft_tokens`` rows."""
+        return self.num_draft_tokens > 0
+
+    # -- rows held, derived from the length ---------------------------------------------
+    def history_rows(self, r: int) -> int:
+        """History slots ``0..h-1`` of request ``r`` that hold a device row: ``min(seq_len, B)``
+        once it decodes (a short request's token p sits in slot p; a long one fills them all)."""
+        if self.phase[r] is not Phase.DECODING:
+            return 0
+        return min(self.seq_len[r], self.buffer_size)
+
+    def rows_held(self, r: int) -> int:
+        """Device rows request ``r``'s slots hold: the history rows plus slot B once
+        ``seq_len > B`` or, under speculative decoding, the W window rows (which
+        ``SpecWindow.admit`` adds right after the install)."""
+        if self.phase[r] is not Phase.DECODING:
+            return 0
+        tail = self.num_draft_tokens if self.speculative else int(self.seq_len[r] > self.buffer_size)
+        return self.history_rows(r) + tail
 
     # -- whole-request transitions ------------------------------------------------------
     def reset(self, r: int) -> None:
@@ -97,7 +129,6 @@ class SlotState:
         if self.resident is not None:
             self.resident[:, r].zero_()
         self.phase[r] = Phase.FREE
-        self.rows_held[r] = 0
         self.seq_len[r] = 0
         self.skip_backup[r] = False
 
@@ -111,6 +142,11 @@ class SlotState:
         """
         B = self.buffer_size
         n_rows = rows.numel()
+        if n_rows != min(seq_len, B) + int(seq_len > B):
+            raise ValueError(
+                f"install: request slot {r} of length {seq_len} got {n_rows} hot rows; a hot buffer "
+                f"of B = {B} slots holds min(n, B) rows, plus slot B's once n > B."
+            )
         self.slot_rows[r].fill_(-1)
         self.slot_rows[r, :n_rows] = rows.to(torch.int32)
         self.lru[:, r].copy_(self._lru_init)
@@ -127,17 +163,7 @@ class SlotState:
         if self.resident is not None:
             held = torch.arange(min(seq_len, B) if resident else 0, device=self.device)
             self.resident[:, r] = position_bits(held, self.resident.shape[2])
-        self.rows_held[r] = n_rows
         self.seq_len[r] = seq_len
         self.phase[r] = Phase.DECODING
         # The host already has every token up to seq_len - 1 (staged or transferred).
         self.skip_backup[r] = True
-
-    def held_rows(self, r: int) -> torch.Tensor:
-        """Device rows request ``r`` holds (int32 [rows_held]; slot B last when held). The
-        verify window's rows (speculative decoding) are tracked by ``coordinator.spec``."""
-        B = self.buffer_size
-        held = self.rows_held[r]
-        if held <= B:
-            return self.slot_rows[r, :held]
-        return self.slot_rows[r, : B + 1]

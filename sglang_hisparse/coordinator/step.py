@@ -15,12 +15,12 @@ length just became ``n`` (new token ``p = n-1``, previous newest ``q = n-2``)::
 
 The forward must not overwrite slot B before the backup read it:
 :meth:`StepMapper.wait_for_pending_backup` (SGLang calls it before the decode forward)
-orders the current stream after the backup event.
+orders the current stream after the backup stream's fence.
 
 NOTE: the previous newest token's mapping entry is left in place rather than cleared: with
 the overlap scheduler the previous forward may still be translating it on the forward
 stream. Stale entries point only into the request's own hot rows, and
-``release_hot_buffer`` clears them at finish.
+``allocator.hot.release`` clears them at finish.
 
 Host work is O(batch) Python on ``seq_lens_cpu`` / ``req_pool_indices_cpu`` (SGLang passes
 both); device work is a handful of indexed writes plus one gather/scatter per layer for the
@@ -38,12 +38,10 @@ from sglang_hisparse.kernels.reference import int32_bits
 
 
 class StepMapper:
-    """Implements the per-step protocol above; holds the backup event."""
+    """Implements the per-step protocol above (the backup's fence is ``streams.backup_fence``)."""
 
     def __init__(self, ctx: CoreContext) -> None:
         self.ctx = ctx
-        self._backup_event = ctx.streams.new_event()
-        self._backup_pending = False
 
     def map_last_loc(
         self,
@@ -133,14 +131,8 @@ class StepMapper:
         q_t = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
         dev_rows = st.slot_rows[r_t, s_t].to(torch.int64)
         host_rows = ctx.host.host_rows[r_t, q_t]
-        side = ctx.streams.backup
-        ctx.streams.after_producer(side)
-        with ctx.streams.on(side):
-            transfer.to_host(ctx, dev_rows, host_rows)
-            self._backup_event.record()
-        ctx.streams.keep_alive(dev_rows, side)
-        ctx.streams.keep_alive(host_rows, side)
-        self._backup_pending = True
+        streams = ctx.streams
+        transfer.to_host_async(ctx, dev_rows, host_rows, side=streams.backup, done=streams.backup_fence)
 
     def _grow(self, rs: list[int], slots: list[int]) -> None:
         ctx, st = self.ctx, self.ctx.state
@@ -148,14 +140,11 @@ class StepMapper:
         grow_s: list[int] = []
         rows: list[torch.Tensor] = []
         for r, s in zip(rs, slots, strict=True):
-            if st.rows_held[r] > s:
+            # the rows follow from the length, which map_last_loc checked grows by one per
+            # step: the new token's slot s has a row already iff the buffer held slot B before
+            if st.rows_held(r) > s:
                 continue
-            if st.rows_held[r] != s:
-                raise RuntimeError(
-                    f"request slot {r}: hot buffer holds {st.rows_held[r]} rows but the new token "
-                    f"needs slot {s}; rows must grow one slot per step."
-                )
-            got = ctx.allocator.grow_hot_buffer(r, 1)
+            got = ctx.allocator.hot.grow(r, 1)
             if got is None:
                 raise RuntimeError(
                     f"map_last_loc: no free device row to grow request slot {r}'s hot buffer to "
@@ -164,7 +153,6 @@ class StepMapper:
             grow_r.append(r)
             grow_s.append(s)
             rows.append(got)
-            st.rows_held[r] += 1
         if grow_r:
             dev = ctx.device
             r_t = torch.tensor(grow_r, dtype=torch.int64).to(dev, non_blocking=True)
@@ -172,18 +160,7 @@ class StepMapper:
             st.slot_rows[r_t, s_t] = torch.cat(rows).to(torch.int32).to(dev, non_blocking=True)
 
     def wait_for_pending_backup(self) -> None:
-        """Order the current stream after the last backup, once per backup (no-op on CPU /
-        when none is pending).
-
-        NOTE: the flag is cleared once the wait is enqueued: everything later on that stream
-        (SGLang's forward stream; model_runner.py calls this before each decode forward) is
-        ordered after the backup, and the next backup sets the flag again. Waiting again each
-        step would be correct but stale, and ``event.query()`` would add a driver call per
-        step for the same answer.
-        """
-        if not self._backup_pending:
-            return
+        """Order the current stream (SGLang's forward stream: model_runner.py calls this before
+        each decode forward) after the last backup, once per backup (``streams.Fence``)."""
         streams = self.ctx.streams
-        if streams.is_cuda:
-            streams.current().wait_event(self._backup_event)
-        self._backup_pending = False  # on CPU the copy already ran
+        streams.backup_fence.wait(streams.current())

@@ -4,10 +4,14 @@ The coordinator overlaps three kinds of copies with the forward pass:
 
 ```
 staging stream   prompt KV device → host after prefill (one event per request)
-backup stream    previous newest token device → host each decode step (one event per step)
+backup stream    write-through to host: the previous newest token each decode step, the
+                 accepted tokens each verify round; one fence (``Streams.backup_fence``)
 prefetch stream  copy-only replays of an anchor layer's miss plan for its shared layers
                  (one event per shared layer)
 ```
+
+Every device → host copy goes through ``transfer.to_host_async``: order the side stream after
+the work that wrote the rows, copy on it, record the copy's event, keep the row tensors alive.
 
 On CPU every operation runs eagerly on the caller's thread, so the stand-ins make
 ``record``/``wait``/``synchronize`` no-ops and ``query`` always true. The coordinator code
@@ -55,6 +59,35 @@ class NullStream:
         return NullEvent()
 
 
+class Fence:
+    """The latest copy on one side stream, for a consumer stream to wait on once.
+
+    ``record`` (called on the side stream, after the copy) arms it; ``wait(stream)`` orders
+    ``stream`` after that copy and disarms it. NOTE: disarming is what makes the wait once per
+    copy: everything later on the waiting stream is ordered after it, and the next copy arms
+    the fence again. Waiting every time would be correct but stale, and ``event.query()`` to
+    skip it would cost a driver call per step for the same answer.
+    """
+
+    def __init__(self, streams: Streams) -> None:
+        self._streams = streams
+        self.event = streams.new_event()
+        self.armed = False
+
+    def record(self) -> None:
+        self.event.record()
+        self.armed = True
+
+    def wait(self, stream: Any) -> None:
+        """Order ``stream`` after the latest recorded copy (no-op when none is pending; on CPU
+        the copy already ran)."""
+        if not self.armed:
+            return
+        if self._streams.is_cuda:
+            stream.wait_event(self.event)
+        self.armed = False
+
+
 class Streams:
     """The three side streams plus helpers that hide the CPU/CUDA difference.
 
@@ -75,6 +108,9 @@ class Streams:
             self.backup = NullStream()
             self.prefetch = NullStream()
         self.producer: Any = None
+        #: the last write-through copy on the backup stream; the forward that reuses the rows
+        #: it reads waits on it (``StepMapper.wait_for_pending_backup``, ``SpecWindow.prepare``)
+        self.backup_fence = Fence(self)
 
     def new_event(self) -> Any:
         return torch.cuda.Event() if self.is_cuda else NullEvent()

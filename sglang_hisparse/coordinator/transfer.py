@@ -3,8 +3,10 @@
 ``to_host(ctx, dev_rows, host_rows)``: ``host_kv[l][host_rows] = device_kv[l][dev_rows]`` for
 every layer (staging after prefill, per-step write-through backup).
 ``to_device(ctx, host_rows, dev_rows)``: the reverse (PD direct admission preload).
-Rows are int64 1-D tensors of equal length on the coordinator's device. They run on
-whatever stream is current; the callers put them on the staging/backup stream.
+Rows are int64 1-D tensors of equal length on the coordinator's device. Both run on whatever
+stream is current. ``to_host_async(ctx, dev_rows, host_rows, side=, done=)`` is the one
+device -> host sequence the coordinator uses (staging, per-step backup, verify commit): after
+the rows' producer, on a side stream, ``done`` recorded behind the copy.
 
 On CUDA the pinned host pool is also seen through :func:`cuda_alias`: a CUDA tensor over the
 same (registered, device-mapped) host memory. Gathers and ``index_copy_`` then run as GPU
@@ -20,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -83,6 +85,27 @@ def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -
     """Copy device rows to host rows for every layer (see the module docstring)."""
     for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
         _copy_rows(dev_kv, dev_rows, host_kv, host_rows)
+
+
+def to_host_async(
+    ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor, *, side: Any, done: Any,
+    after_forward: bool = True,
+) -> None:
+    """:func:`to_host` on the side stream ``side``, then ``done.record()`` there (an event, or
+    a ``streams.Fence``). ``after_forward``: order the copy after the forward stream's KV writes
+    and the caller's stream; False: after the caller's stream only (KV the host has already
+    seen written, see ``Lifecycle.admit_staging``). The row tensors are kept alive for
+    ``side`` (they may be temporaries of the caller)."""
+    streams = ctx.streams
+    if after_forward:
+        streams.after_producer(side)
+    else:
+        streams.after_current(side)
+    with streams.on(side):
+        to_host(ctx, dev_rows, host_rows)
+        done.record()
+    streams.keep_alive(dev_rows, side)
+    streams.keep_alive(host_rows, side)
 
 
 def to_device(ctx: CoreContext, host_rows: torch.Tensor, dev_rows: torch.Tensor) -> None:

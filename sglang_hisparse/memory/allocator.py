@@ -14,11 +14,12 @@ A used device row is owned in exactly one of two ways:
 * **prefill row** of a logical id: ``alloc_extend`` / ``alloc`` give every new logical id a
   device row and map it; ``free(logical_ids)`` returns those rows. The allocator keeps a CPU
   copy of this ownership (``_prefill_row``) so frees never read the device mapping.
-* **hot buffer** of request slot ``r`` (``memory_hot``): ``shrink_to_hot_buffer`` keeps the
-  prompt rows the hot slots need and frees the rest; ``alloc_hot_buffer`` (PD direct
-  admission) and ``grow_hot_buffer`` add rows; ``release_hot_buffer`` returns them all. The
-  coordinator maps the newest token into its slot's row with ``map_tokens`` / ``rebind``;
-  such mappings never free anything, and releasing the buffer unmaps whatever points there.
+* **hot buffer** of request slot ``r`` (``hot``, a ``memory.hot.HotBuffers``):
+  ``shrink_to_hot_buffer`` turns the prompt's prefill rows into the hot buffer (keeping the
+  rows the hot slots need, freeing the rest); ``hot.alloc`` (PD direct admission) and
+  ``hot.grow`` add rows; ``hot.release`` returns them all. The coordinator maps the newest
+  token into its slot's row with ``map_tokens`` / ``rebind``; such mappings never free
+  anything, and releasing the buffer unmaps whatever points there.
 
 NOTE: the "not on device" sentinel is 0, i.e. device row 0, the padding row, rather than -1.
 The pool's KV writes translate ``out_cache_loc`` through ``mapping`` without a check (a
@@ -34,13 +35,13 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hisparse.memory.hot import UNMAPPED, HotBuffer, HotBufferMixin
+from sglang_hisparse.memory.hot import UNMAPPED, HotBuffers
 from sglang_hisparse.memory.paged import PagedIdAllocator, _as_cpu_int64, ceil_div
 
 __all__ = ["UNMAPPED", "DualSpaceAllocator", "PagedIdAllocator", "ceil_div"]
 
 
-class DualSpaceAllocator(HotBufferMixin):
+class DualSpaceAllocator:
     """Logical-id allocator + device-row allocator + the logical → device ``mapping``.
 
     device_rows:          usable device KV rows (SGLang's ``max_total_num_tokens``)
@@ -100,8 +101,8 @@ class DualSpaceAllocator(HotBufferMixin):
         self.last_alloc_cpu = self._last_alloc_out = None
         #: int64 [logical.total_ids] (CPU): prefill row owned through each logical id, 0 if none
         self._prefill_row = torch.zeros(self.logical.total_ids, dtype=torch.int64)
-        self._hot: dict[int, HotBuffer] = {}
-        self._hot_page_owner: dict[int, int] = {}  # device page -> request slot
+        #: the per-request hot buffers (device pages owned by request slots)
+        self.hot = HotBuffers(self.rows, self.mapping)
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -208,6 +209,51 @@ class DualSpaceAllocator(HotBufferMixin):
         self._prefill_row[ids] = UNMAPPED
         self.mapping[ids.to(self.device)] = UNMAPPED
 
+    # ---- hot buffers (the ownership itself is ``self.hot``) ----------------------------------
+    def shrink_to_hot_buffer(
+        self, req_slot: int, logical_ids: torch.Tensor, hot_size: int
+    ) -> torch.Tensor:
+        """Cut a prefilled request (its prompt safe on host) down to its hot buffer.
+
+        logical_ids: int [n] (any device; read on the CPU), the request's tokens 0..n-1 in
+        order, all with prefill rows. Their rows stop being prefill rows and become the hot
+        buffer (``HotBuffers.adopt``: the rows of tokens ``0..min(n, B)-1`` and, when
+        ``n > B``, the newest token's, with whole pages; every other prefill page is freed).
+        Afterwards only the newest token stays mapped (slots get reused by the LRU, so any
+        older mapping would go stale). Never allocates.
+
+        Returns ``slot_rows`` int64 [B+1] (CPU): device row per slot, -1 where none yet.
+        """
+        if self.hot.has(req_slot):
+            raise ValueError(
+                f"shrink_to_hot_buffer: request slot {req_slot} already has a hot buffer; release it first."
+            )
+        ids = _as_cpu_int64(logical_ids, "logical_ids")
+        n = ids.numel()
+        if n < 1 or hot_size < 1:
+            raise ValueError(
+                f"shrink_to_hot_buffer: need >= 1 token and hot_size >= 1, got n = {n}, hot_size = {hot_size}."
+            )
+        rows = self._prefill_row[ids]
+        if bool((rows <= 0).any()):
+            bad = ids[rows <= 0][:8].tolist()
+            raise ValueError(
+                f"shrink_to_hot_buffer: request slot {req_slot}: logical ids {bad} have no prefill device "
+                f"row. Only a prefilled request can shrink; admit logical-only (PD) requests with "
+                f"hot.alloc."
+            )
+        slot_rows = self.hot.adopt(req_slot, rows, hot_size)
+        self._prefill_row[ids] = UNMAPPED
+        self.mapping[ids[:-1].to(self.device)] = UNMAPPED
+        return slot_rows
+
+    def free_request(self, req_slot: int, logical_ids: torch.Tensor) -> None:
+        """Everything a finished / aborted / retracted request holds: hot buffer (if any),
+        logical ids, their prefill rows and all mappings."""
+        if self.hot.has(req_slot):
+            self.hot.release(req_slot)
+        self.free(logical_ids)
+
     # ---- mapping ---------------------------------------------------------------------------
     def translate(self, logical_ids: torch.Tensor) -> torch.Tensor:
         """Device rows of ``logical_ids`` (any shape, on ``device``): UNMAPPED (0) if none, -1 for -1."""
@@ -273,7 +319,7 @@ class DualSpaceAllocator(HotBufferMixin):
                 "mapping disagrees with the CPU prefill-row ownership for some logical ids."
             )
         prefill = set(torch.unique(own[has_own] // ps).tolist())
-        hot = set(self._hot_page_owner)
+        hot = self.hot.owned_pages()
         others = set(torch.unique(m[(m > 0) & ~has_own] // ps).tolist())
         used = set(torch.nonzero(self.rows._used).reshape(-1).tolist())
         cap, free = self.rows.num_pages, self.rows.available_pages()
@@ -290,11 +336,4 @@ class DualSpaceAllocator(HotBufferMixin):
                 f"pages {sorted((prefill | hot) - used)[:8]}, pages both prefill and hot "
                 f"{sorted(prefill & hot)[:8]}, mappings outside hot buffers {sorted(others - hot)[:8]})."
             )
-        for r, buf in self._hot.items():
-            own_rows = set(
-                self.rows.page_ids_to_ids(torch.tensor(buf.pages, dtype=torch.int64)).tolist()
-            )
-            if not set(buf.spare) <= own_rows:
-                raise ValueError(
-                    f"hot buffer of request slot {r}: spare rows outside its pages {buf.pages}."
-                )
+        self.hot.check_integrity()

@@ -1,4 +1,4 @@
-"""Hot-buffer ownership of device rows: the per-request half of ``DualSpaceAllocator``.
+"""Hot buffers: which device pages each request's hot slots own (part of ``DualSpaceAllocator``).
 
 Once a request's prompt is safe on host it keeps only the device rows its hot slots need
 (docs/architecture.md, hot-buffer rules)::
@@ -9,7 +9,11 @@ Once a request's prompt is safe on host it keeps only the device rows its hot sl
 
 Whole pages holding those rows are kept (page_size > 1: the other rows of a kept page become
 *spare* rows, handed out first when the buffer grows); every other prefill page is freed.
-The mixin only touches bookkeeping shared with ``DualSpaceAllocator`` through ``self``.
+
+``HotBuffers`` is composed into the allocator and handed what it touches when it is built:
+the device-row allocator it takes pages from and the logical -> device ``mapping`` it clears
+on release. Prefill ownership (which logical id owns which device row) stays with
+``DualSpaceAllocator``, which turns prefill rows into a hot buffer with :meth:`adopt`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_hisparse.memory.paged import _as_cpu_int64, ceil_div
+from sglang_hisparse.memory.paged import ceil_div
 
 if TYPE_CHECKING:
     from sglang_hisparse.memory.paged import PagedIdAllocator
@@ -35,94 +39,83 @@ class HotBuffer:
     spare: list[int] = field(default_factory=list)  # ascending
 
 
-class HotBufferMixin:
-    """shrink / alloc / grow / release of per-request hot buffers (see module docstring)."""
+class HotBuffers:
+    """Per-request hot buffers over ``rows`` (see the module docstring).
 
-    rows: PagedIdAllocator
-    mapping: torch.Tensor
-    page_size: int
-    device: torch.device
-    _prefill_row: torch.Tensor
-    _hot: dict[int, HotBuffer]
-    _hot_page_owner: dict[int, int]
+    rows: the device-row allocator (pages come from and go back to it); mapping: int64
+    [logical ids + 1] on the device, the allocator's logical -> device table (mutated in
+    place, never reassigned), of which :meth:`release` clears entries pointing into the
+    released rows.
+    """
 
-    def max_hot_pages(self, hot_size: int) -> int:
+    def __init__(self, rows: PagedIdAllocator, mapping: torch.Tensor) -> None:
+        self.rows = rows
+        self.mapping = mapping
+        self.page_size = rows.page_size
+        self._bufs: dict[int, HotBuffer] = {}
+        self._page_owner: dict[int, int] = {}  # device page -> request slot
+        #: bool [device rows] on the mapping's device, all False between releases
+        self._released: torch.Tensor | None = None
+
+    # ---- queries ---------------------------------------------------------------------------
+    def max_pages(self, hot_size: int) -> int:
         """Worst-case device pages of one hot buffer of ``hot_size`` (B) slots + the newest slot."""
         return ceil_div(hot_size, self.page_size) + 1
 
-    def hot_request_slots(self) -> list[int]:
-        return sorted(self._hot)
+    def request_slots(self) -> list[int]:
+        return sorted(self._bufs)
 
-    def hot_pages(self, req_slot: int) -> list[int]:
-        return list(self._hot[req_slot].pages) if req_slot in self._hot else []
+    def has(self, req_slot: int) -> bool:
+        return req_slot in self._bufs
 
-    def hot_spare_rows(self, req_slot: int) -> list[int]:
-        return list(self._hot[req_slot].spare) if req_slot in self._hot else []
+    def pages(self, req_slot: int) -> list[int]:
+        return list(self._bufs[req_slot].pages) if req_slot in self._bufs else []
 
-    def shrink_to_hot_buffer(
-        self, req_slot: int, logical_ids: torch.Tensor, hot_size: int
-    ) -> torch.Tensor:
-        """Cut a prefilled request (its prompt safe on host) down to its hot buffer.
+    def spare_rows(self, req_slot: int) -> list[int]:
+        return list(self._bufs[req_slot].spare) if req_slot in self._bufs else []
 
-        logical_ids: int [n] (any device; read on the CPU), the request's tokens 0..n-1 in
-        order, all with prefill rows. Keeps the rows of tokens ``0..min(n, B)-1`` (slots
-        0..) and, when ``n > B``, the newest token's row (slot B), with the whole pages
-        holding them; frees every other prefill page. Afterwards only the newest token stays
-        mapped (slots get reused by the LRU, so any older mapping would go stale), and all of
-        the request's rows belong to the hot buffer. Never allocates.
+    def owned_pages(self) -> set[int]:
+        """Every device page some hot buffer owns."""
+        return set(self._page_owner)
 
-        Returns ``slot_rows`` int64 [B+1] (CPU): device row per slot, -1 where none yet.
+    # ---- mutation --------------------------------------------------------------------------
+    def adopt(self, req_slot: int, token_rows: torch.Tensor, hot_size: int) -> torch.Tensor:
+        """Make the prefill rows of a request's tokens its hot buffer, freeing the pages no
+        hot slot needs.
+
+        token_rows: int64 [n] (CPU), the device row of each token 0..n-1 (all > 0; the caller
+        has dropped their prefill ownership). Keeps the rows of tokens ``0..min(n, B)-1`` and,
+        when ``n > B``, the newest token's row, with the whole pages holding them. Returns
+        ``slot_rows`` int64 [B+1] (CPU): device row per slot, -1 where none yet.
         """
-        if req_slot in self._hot:
-            raise ValueError(
-                f"shrink_to_hot_buffer: request slot {req_slot} already has a hot buffer; release it first."
-            )
-        ids = _as_cpu_int64(logical_ids, "logical_ids")
-        n = ids.numel()
-        if n < 1 or hot_size < 1:
-            raise ValueError(
-                f"shrink_to_hot_buffer: need >= 1 token and hot_size >= 1, got n = {n}, hot_size = {hot_size}."
-            )
-        rows = self._prefill_row[ids]
-        if bool((rows <= 0).any()):
-            bad = ids[rows <= 0][:8].tolist()
-            raise ValueError(
-                f"shrink_to_hot_buffer: request slot {req_slot}: logical ids {bad} have no prefill device "
-                f"row. Only a prefilled request can shrink; admit logical-only (PD) requests with "
-                f"alloc_hot_buffer."
-            )
-        ps = self.page_size
+        self._require_new(req_slot, "shrink_to_hot_buffer")
+        n, ps = token_rows.numel(), self.page_size
         k = min(n, hot_size)
         slot_rows = torch.full((hot_size + 1,), -1, dtype=torch.int64)
-        slot_rows[:k] = rows[:k]
+        slot_rows[:k] = token_rows[:k]
         if n > hot_size:
-            slot_rows[hot_size] = rows[n - 1]
+            slot_rows[hot_size] = token_rows[n - 1]
         assigned = slot_rows[slot_rows >= 0]
-        pages = torch.unique(rows // ps)
+        pages = torch.unique(token_rows // ps)
         keep = torch.unique(assigned // ps)
         drop = pages[~torch.isin(pages, keep)]
         self.rows.check_freeable(drop)
         self.rows.free_pages(drop)
-        self._prefill_row[ids] = UNMAPPED
-        self.mapping[ids[:-1].to(self.device)] = UNMAPPED
         spare = self.rows.page_ids_to_ids(keep)
-        self._adopt(req_slot, keep.tolist(), spare[~torch.isin(spare, assigned)].tolist())
+        self._add(req_slot, keep.tolist(), spare[~torch.isin(spare, assigned)].tolist())
         return slot_rows
 
-    def alloc_hot_buffer(self, req_slot: int, length: int, hot_size: int) -> torch.Tensor | None:
+    def alloc(self, req_slot: int, length: int, hot_size: int) -> torch.Tensor | None:
         """Hot buffer for a request with no device rows (PD direct admission).
 
         Allocates rows for slots ``0..min(length, B)-1`` and, when ``length > B``, slot B, in
         ascending row order. Maps nothing. Returns ``slot_rows`` int64 [B+1] (CPU, -1 where
         none) or None when the device is short (nothing changed).
         """
-        if req_slot in self._hot:
-            raise ValueError(
-                f"alloc_hot_buffer: request slot {req_slot} already has a hot buffer; release it first."
-            )
+        self._require_new(req_slot, "hot.alloc")
         if length < 0 or hot_size < 1:
             raise ValueError(
-                f"alloc_hot_buffer: length = {length} must be >= 0 and hot_size = {hot_size} >= 1."
+                f"hot.alloc: length = {length} must be >= 0 and hot_size = {hot_size} >= 1."
             )
         k = min(length, hot_size)
         need = k + (1 if length > hot_size else 0)
@@ -134,10 +127,10 @@ class HotBufferMixin:
         slot_rows[:k] = rows[:k]
         if length > hot_size:
             slot_rows[hot_size] = rows[k]
-        self._adopt(req_slot, pages.tolist(), rows[need:].tolist())
+        self._add(req_slot, pages.tolist(), rows[need:].tolist())
         return slot_rows
 
-    def hot_rows_to_grow(self, req_slots: list[int], hot_size: int) -> int:
+    def rows_to_grow(self, req_slots: list[int], hot_size: int) -> int:
         """Device rows the next decode step's hot-buffer growth takes (a query; nothing changes).
 
         A request whose buffer holds fewer than ``hot_size + 1`` slot rows and has no spare row
@@ -147,75 +140,91 @@ class HotBufferMixin:
         """
         need = 0
         for r in req_slots:
-            buf = self._hot.get(r)
+            buf = self._bufs.get(r)
             if buf is None or buf.spare:
                 continue
             if len(buf.pages) * self.page_size < hot_size + 1:
                 need += self.page_size
         return need
 
-    def grow_hot_buffer(self, req_slot: int, count: int = 1) -> torch.Tensor | None:
+    def grow(self, req_slot: int, count: int = 1) -> torch.Tensor | None:
         """``count`` more rows for a request's hot buffer (a short request filling its next slot,
         or slot B when it first grows past B).
 
         Spare rows of its pages come first (lowest first), then fresh pages. Returns int64
         [count] (CPU) or None when the device is short (nothing changed).
         """
-        buf = self._buffer(req_slot, "grow_hot_buffer")
+        buf = self._buffer(req_slot, "hot.grow")
         missing = count - len(buf.spare)
         if missing > 0:
             pages = self.rows.alloc_pages(ceil_div(missing, self.page_size))
             if pages is None:
                 return None
             for pg in pages.tolist():
-                self._hot_page_owner[pg] = req_slot
+                self._page_owner[pg] = req_slot
             buf.pages.extend(pages.tolist())
             buf.spare.extend(self.rows.page_ids_to_ids(pages).tolist())
         out, buf.spare = buf.spare[:count], buf.spare[count:]
         return torch.tensor(out, dtype=torch.int64)
 
-    def release_hot_buffer(self, req_slot: int) -> None:
+    def release(self, req_slot: int) -> None:
         """Return all pages of a request's hot buffer and unmap any logical id pointing there."""
-        buf = self._buffer(req_slot, "release_hot_buffer")
+        buf = self._buffer(req_slot, "hot.release")
         pages = torch.tensor(buf.pages, dtype=torch.int64)
         self.rows.check_freeable(pages)
         # A device-side lookup table instead of a CPU scan of the mapping: no host sync, and
         # O(logical ids) of trivially parallel work on the GPU.
         released = self._released_scratch()
-        rows = self.rows.page_ids_to_ids(pages).to(self.device, non_blocking=True)
+        rows = self.rows.page_ids_to_ids(pages).to(released.device, non_blocking=True)
         released[rows] = True
         # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
         self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
         released[rows] = False
         self.rows.free_pages(pages)
         for pg in buf.pages:
-            del self._hot_page_owner[pg]
-        del self._hot[req_slot]
+            del self._page_owner[pg]
+        del self._bufs[req_slot]
 
-    def free_request(self, req_slot: int, logical_ids: torch.Tensor) -> None:
-        """Everything a finished / aborted / retracted request holds: hot buffer (if any),
-        logical ids, their prefill rows and all mappings."""
-        if req_slot in self._hot:
-            self.release_hot_buffer(req_slot)
-        self.free(logical_ids)  # type: ignore[attr-defined]
-
-    def _released_scratch(self) -> torch.Tensor:
-        """bool [device total rows] on ``device``, all False between calls (reused, not reallocated)."""
-        scratch = getattr(self, "_released", None)
-        if scratch is None:
-            scratch = self._released = torch.zeros(
-                self.rows.total_ids, dtype=torch.bool, device=self.device
+    # ---- integrity -------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every page has one owner, and every buffer's spare rows lie in its own pages."""
+        owned = [pg for buf in self._bufs.values() for pg in buf.pages]
+        if len(owned) != len(set(owned)) or set(owned) != set(self._page_owner):
+            raise ValueError(
+                f"hot buffers: {len(owned)} pages listed by buffers ({len(set(owned))} distinct), "
+                f"{len(self._page_owner)} in the owner table; each page must belong to one buffer."
             )
-        return scratch
+        for r, buf in self._bufs.items():
+            own_rows = set(
+                self.rows.page_ids_to_ids(torch.tensor(buf.pages, dtype=torch.int64)).tolist()
+            )
+            if not set(buf.spare) <= own_rows:
+                raise ValueError(
+                    f"hot buffer of request slot {r}: spare rows outside its pages {buf.pages}."
+                )
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _released_scratch(self) -> torch.Tensor:
+        if self._released is None:
+            self._released = torch.zeros(
+                self.rows.total_ids, dtype=torch.bool, device=self.mapping.device
+            )
+        return self._released
+
+    def _require_new(self, req_slot: int, op: str) -> None:
+        if req_slot in self._bufs:
+            raise ValueError(
+                f"{op}: request slot {req_slot} already has a hot buffer; release it first."
+            )
 
     def _buffer(self, req_slot: int, op: str) -> HotBuffer:
-        if req_slot not in self._hot:
+        if req_slot not in self._bufs:
             raise ValueError(
-                f"{op}: request slot {req_slot} has no hot buffer (slots with one: {self.hot_request_slots()[:16]})."
+                f"{op}: request slot {req_slot} has no hot buffer (slots with one: {self.request_slots()[:16]})."
             )
-        return self._hot[req_slot]
+        return self._bufs[req_slot]
 
-    def _adopt(self, req_slot: int, pages: list[int], spare: list[int]) -> None:
+    def _add(self, req_slot: int, pages: list[int], spare: list[int]) -> None:
         for pg in pages:
-            self._hot_page_owner[pg] = req_slot
-        self._hot[req_slot] = HotBuffer(pages=list(pages), spare=sorted(spare))
+            self._page_owner[pg] = req_slot
+        self._bufs[req_slot] = HotBuffer(pages=list(pages), spare=sorted(spare))

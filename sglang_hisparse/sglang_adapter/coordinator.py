@@ -155,7 +155,7 @@ class SGLangHiSparseCoordinator:
         # rows to the hot buffer (one of them may be slot B's), so W pages-rounded covers it.
         self.mem_pool_host = self.host_pool
         self.req_to_host_pool = self.host_pool.host_rows
-        self.padded_buffer_size = self.dual.max_hot_pages(device_buffer_size) * self.dual.page_size
+        self.padded_buffer_size = self.dual.hot.max_pages(device_buffer_size) * self.dual.page_size
         if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
             # check_decode_mem then counts hot-buffer growth, so SGLang retracts before a step
             # would find no device row (docs/memory.md, "Decode memory pressure")

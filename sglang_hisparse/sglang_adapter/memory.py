@@ -192,7 +192,7 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         c = self.core
         return (
             f"#logical available: {c.logical.available_size()}/{c.size_full}, "
-            f"#device available: {c.rows.available_size()}/{c.size_device}, hot buffers: {len(c.hot_request_slots())}"
+            f"#device available: {c.rows.available_size()}/{c.size_device}, hot buffers: {len(c.hot.request_slots())}"
         )
 
     def check_integrity(self) -> None:
@@ -274,7 +274,7 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         rows = num_tokens if self.page_size == 1 else 0
         if requests and self._hot_size:
             slots = [int(r.req_pool_idx) for r in requests if getattr(r, "req_pool_idx", None) is not None]
-            rows += self.core.hot_rows_to_grow(slots, self._hot_size)
+            rows += self.core.hot.rows_to_grow(slots, self._hot_size)
         return self.core.logical.available_size() >= num_tokens and self.core.rows.available_size() >= rows
 
     # ---- speculative decoding reserve ----------------------------------------------------

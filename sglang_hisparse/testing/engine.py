@@ -214,7 +214,7 @@ class DecodeEngine:
         ps = self.sizes.page_size
         ids = sum(ps for q in batch if q.seq_len % ps == 0)  # a new page where the last one is full
         rows = len(batch) if self.decode_alloc_rows else 0  # alloc(bs): prefill-style rows, rebound
-        rows += self.allocator.hot_rows_to_grow([q.req_pool_idx for q in batch], self.sizes.buffer_size)
+        rows += self.allocator.hot.rows_to_grow([q.req_pool_idx for q in batch], self.sizes.buffer_size)
         return ids, rows
 
     def check_decode_mem(self, batch: list[ToyRequest]) -> bool:
@@ -407,7 +407,7 @@ class DecodeEngine:
         """Every allocator and pool balances now (run after every step by the scenarios)."""
         self.allocator.check_integrity()
         self.host.check_integrity()
-        held = sum(len(self.allocator.hot_pages(q.req_pool_idx)) for q in self.running)
+        held = sum(len(self.allocator.hot.pages(q.req_pool_idx)) for q in self.running)
         if held * self.sizes.page_size > self.allocator.rows.used_size():
             raise AssertionError(f"hot buffers hold {held} pages, more than the {self.allocator.rows.used_size()} rows in use")
 

@@ -118,7 +118,7 @@ def test_dual_shrink_long_prompt_keeps_first_b_and_newest():
     a.check_integrity()
     a.free(r0)  # logical ids freed; row 7 belongs to the hot buffer and stays
     assert a.rows.available_size() == 12
-    a.release_hot_buffer(0)
+    a.hot.release(0)
     assert a.rows.available_size() == 16 and a.logical.available_size() == 32
     a.check_integrity()
 
@@ -127,7 +127,7 @@ def test_dual_shrink_short_prompt_then_grow():
     a = DualSpaceAllocator(16, host_to_device_ratio=2)
     (r0,) = prefill(a, 2)
     assert a.shrink_to_hot_buffer(3, r0, hot_size=4).tolist() == [1, 2, -1, -1, -1]
-    assert a.grow_hot_buffer(3).tolist() == [3]  # fresh row for slot 2
+    assert a.hot.grow(3).tolist() == [3]  # fresh row for slot 2
     a.check_integrity()
     a.free_request(3, r0)
     assert a.rows.available_size() == 16 and a.logical.available_size() == 32
@@ -140,10 +140,10 @@ def test_dual_shrink_pages_keep_union_of_pages():
     slot_rows = a.shrink_to_hot_buffer(0, r0, hot_size=2)
     # slots 0,1 -> rows 4,5 (page 1); slot B -> newest token 10 -> row 14 (page 3); page 2 freed
     assert slot_rows.tolist() == [4, 5, 14]
-    assert a.hot_pages(0) == [1, 3]
-    assert a.hot_spare_rows(0) == [6, 7, 12, 13, 15]
+    assert a.hot.pages(0) == [1, 3]
+    assert a.hot.spare_rows(0) == [6, 7, 12, 13, 15]
     assert a.rows.available_size() == 32 - 8
-    assert a.grow_hot_buffer(0, 2).tolist() == [6, 7]  # spare rows first
+    assert a.hot.grow(0, 2).tolist() == [6, 7]  # spare rows first
     a.check_integrity()
 
 
@@ -151,9 +151,9 @@ def test_dual_grow_allocates_page_when_no_spare():
     a = DualSpaceAllocator(8, host_to_device_ratio=2, page_size=2)
     (r0,) = prefill(a, 2)  # rows 2, 3 (page 1)
     assert a.shrink_to_hot_buffer(0, r0, hot_size=4).tolist() == [2, 3, -1, -1, -1]
-    assert a.grow_hot_buffer(0).tolist() == [4]  # new page 2, row 5 kept spare
-    assert a.grow_hot_buffer(0).tolist() == [5]
-    assert a.grow_hot_buffer(0, 5) is None  # 3 pages needed, 2 free: nothing changes
+    assert a.hot.grow(0).tolist() == [4]  # new page 2, row 5 kept spare
+    assert a.hot.grow(0).tolist() == [5]
+    assert a.hot.grow(0, 5) is None  # 3 pages needed, 2 free: nothing changes
     assert a.rows.available_size() == 4
     a.check_integrity()
 
@@ -162,11 +162,11 @@ def test_dual_direct_admission_and_release_unmaps_newest():
     a = DualSpaceAllocator(8, host_to_device_ratio=4)
     ids = a.alloc_logical_extend(t(0), t(10), t(-1))
     assert a.translate(ids).eq(UNMAPPED).all()
-    slot_rows = a.alloc_hot_buffer(5, length=10, hot_size=4)
+    slot_rows = a.hot.alloc(5, length=10, hot_size=4)
     assert slot_rows.tolist() == [1, 2, 3, 4, 5]  # 4 slots + slot B
     a.map_tokens(ids[-1:], slot_rows[-1:])  # coordinator points the newest token at slot B
     a.check_integrity()
-    a.release_hot_buffer(5)
+    a.hot.release(5)
     assert a.translate(ids[-1:]).tolist() == [UNMAPPED]  # no stale mapping survives
     a.free(ids)
     assert a.available_size() == 8 and a.logical.available_size() == 32
@@ -202,7 +202,7 @@ def test_dual_bad_frees_change_nothing():
     with pytest.raises(ValueError, match="outside 0..8"):
         a.free(t(9))
     with pytest.raises(ValueError, match="no hot buffer"):
-        a.release_hot_buffer(0)
+        a.hot.release(0)
     assert a.available_size() == 4
     a.check_integrity()
 

@@ -47,7 +47,7 @@ def _decode(a: DualSpaceAllocator, r: int, req: Req, via_alloc: bool) -> bool:
     b = req.hot_size
     slot = n if n < b else b  # position n goes to slot n while short, else to slot B
     if req.slot_rows[slot] < 0:
-        row = a.grow_hot_buffer(r)
+        row = a.hot.grow(r)
         if row is None:
             return False
         req.slot_rows[slot] = int(row[0])
@@ -82,7 +82,7 @@ def run_sequence(data: st.DataObject, max_steps: int) -> None:
                 ids = a.alloc_logical_extend(t(0), t(n), t(-1))
                 if ids is not None:
                     b = data.draw(st.integers(1, 6))
-                    rows = a.alloc_hot_buffer(r, n, b)
+                    rows = a.hot.alloc(r, n, b)
                     if rows is None:
                         a.free(ids)  # admission failed: give the logical ids back
                     else:
@@ -122,7 +122,7 @@ def run_sequence(data: st.DataObject, max_steps: int) -> None:
     a.check_integrity()
     assert a.logical.available_size() == a.size_full
     assert a.rows.available_size() == a.size_device
-    assert a.hot_request_slots() == []
+    assert a.hot.request_slots() == []
     assert (a.mapping[:-1] == UNMAPPED).all() and int(a.mapping[-1]) == -1
 
 

@@ -109,7 +109,7 @@ def test_staging_then_collect_shrinks_a_long_prompt_to_its_hot_buffer() -> None:
     assert st.slot_tokens[:, 1].tolist() == [[0, 1, 2, 3, 6]] * L
     assert st.slot_rows[1].tolist() == prompt_rows[:4] + [prompt_rows[6]]
     assert st.lru[:, 1].tolist() == [[0, 1, 2, 3]] * L
-    assert st.rows_held[1] == 5 and st.skip_backup[1] and st.phase[1] is Phase.DECODING
+    assert st.rows_held(1) == 5 and st.skip_backup[1] and st.phase[1] is Phase.DECODING
     assert rig.alloc.rows.used_size() == 5  # the other prompt rows went back
 
 
@@ -155,11 +155,11 @@ def test_a_short_request_grows_one_row_per_step_and_gets_slot_B_past_B() -> None
     rig.prefill(2, 2)
     rig.core.collect_ready()
     st = rig.core.state
-    assert st.rows_held[2] == 2 and st.slot_tokens[0, 2].tolist() == [0, 1, -1, -1, -1]
+    assert st.rows_held(2) == 2 and st.slot_tokens[0, 2].tolist() == [0, 1, -1, -1, -1]
     rig.step([2])  # n = 3: slot 2 gets a row; token 1 already on host (staged)
     rig.step([2])  # n = 4: slot 3; token 2 backed up from slot 2
     rig.step([2])  # n = 5: first growth past B: slot B; token 3 backed up from slot 3
-    assert st.rows_held[2] == 5
+    assert st.rows_held(2) == 5
     assert st.slot_tokens[1, 2].tolist() == [0, 1, 2, 3, 4]
     assert st.lru[1, 2].tolist() == [0, 1, 2, 3]
     assert len(set(st.slot_rows[2].tolist())) == 5 and min(st.slot_rows[2].tolist()) > 0
@@ -188,7 +188,7 @@ def test_direct_admission_preloads_short_requests_and_starts_long_ones_empty() -
     st = rig.core.state
     assert st.slot_tokens[0, 0].tolist() == [0, 1, 2, -1, -1]
     assert [int(rig.pool.kv[1, int(st.slot_rows[0, p]), 0]) for p in range(3)] == [10, 11, 12]
-    assert st.slot_tokens[0, 1].tolist() == [-1, -1, -1, -1, 8] and st.rows_held[1] == B + 1
+    assert st.slot_tokens[0, 1].tolist() == [-1, -1, -1, -1, 8] and st.rows_held(1) == B + 1
     assert rig.core.telemetry.snapshot().preload_tokens == 3
     # the long request's first resolve misses what it selects and copies it from host
     rig.step([0, 1])

@@ -38,13 +38,13 @@ def _reqs(*slots: int) -> list[SimpleNamespace]:
 
 def test_growth_pages_are_counted_exactly() -> None:
     dual: DualSpaceAllocator = _alloc(64, 4).core
-    assert dual.alloc_hot_buffer(0, 4, B) is not None  # 4 rows = 1 full page, no spare: grows
-    assert dual.alloc_hot_buffer(1, 3, B) is not None  # 3 rows in a page of 4: one spare, no growth
-    assert dual.alloc_hot_buffer(2, 20, B) is not None  # long: B + 1 = 9 rows, 3 pages, full size
-    assert dual.hot_rows_to_grow([0], B) == 4
-    assert dual.hot_rows_to_grow([1], B) == 0
-    assert dual.hot_rows_to_grow([2], B) == 0
-    assert dual.hot_rows_to_grow([0, 1, 2, 3], B) == 4  # slot 3 has no buffer (staging): none
+    assert dual.hot.alloc(0, 4, B) is not None  # 4 rows = 1 full page, no spare: grows
+    assert dual.hot.alloc(1, 3, B) is not None  # 3 rows in a page of 4: one spare, no growth
+    assert dual.hot.alloc(2, 20, B) is not None  # long: B + 1 = 9 rows, 3 pages, full size
+    assert dual.hot.rows_to_grow([0], B) == 4
+    assert dual.hot.rows_to_grow([1], B) == 0
+    assert dual.hot.rows_to_grow([2], B) == 0
+    assert dual.hot.rows_to_grow([0, 1, 2, 3], B) == 4  # slot 3 has no buffer (staging): none
     dual.check_integrity()
 
 
@@ -53,12 +53,12 @@ def test_check_refuses_a_step_whose_growth_does_not_fit() -> None:
     dual = a.core
     free_pages = dual.rows.available_size() // 4
     for r in range(free_pages):
-        assert dual.alloc_hot_buffer(r, 4, B) is not None  # each fills its page exactly
+        assert dual.hot.alloc(r, 4, B) is not None  # each fills its page exactly
     assert dual.rows.available_size() == 0 and dual.logical.available_size() > 0
     # the base check (available_size() >= num_tokens) would also refuse here, since
     # available_size is min(logical, rows) = 0; the growth is what refuses the next case
     assert not a.check_decode_capacity(num_tokens=4, tree_cache=None, requests=_reqs(0))
-    dual.release_hot_buffer(free_pages - 1)  # one page free again
+    dual.hot.release(free_pages - 1)  # one page free again
     assert a.available_size() == 4
     # num_tokens 4 (one new logical page) fits the base check, but two requests need 2 pages
     assert not a.check_decode_capacity(num_tokens=4, tree_cache=None, requests=_reqs(0, 1))
@@ -69,11 +69,11 @@ def test_check_refuses_a_step_whose_growth_does_not_fit() -> None:
 def test_page_size_one_counts_the_temporary_alloc_rows() -> None:
     a = _alloc(16, 1)
     dual = a.core
-    assert dual.alloc_hot_buffer(0, 3, B) is not None  # 3 rows, grows by 1 row a step
+    assert dual.hot.alloc(0, 3, B) is not None  # 3 rows, grows by 1 row a step
     free = dual.rows.available_size()
     # two requests' decode: alloc(2) maps 2 fresh rows, then request 0 grows by one
     for q in range(free - 2):
-        assert dual.alloc_hot_buffer(1 + q, 1, B) is not None
+        assert dual.hot.alloc(1 + q, 1, B) is not None
     assert dual.rows.available_size() == 2
     reqs = _reqs(0, 1)
     assert not a.check_decode_capacity(num_tokens=2, tree_cache=None, requests=reqs)  # 2 + 2 growth > 2

@@ -123,7 +123,7 @@ def test_prefill_decode_free_through_sglang_call_shapes(alloc, pool):
     assert new.tolist() == [134]  # continues the logical page; no device row
     assert alloc.hisparse_attn_allocator.available_size() == 128
     alloc.check_integrity()
-    alloc.core.release_hot_buffer(0)
+    alloc.core.hot.release(0)
     alloc.free(torch.cat([ids, new]))
     assert alloc.available_size() == 256 and alloc.logical_attn_allocator.available_size() == 512
     alloc.check_integrity()

@@ -152,7 +152,7 @@ def test_staging_decode_swap_in_and_finish_through_sglang_calls() -> None:
     assert coord.collect_ready_reqs() == [req]
     assert not req.hisparse_staging and not coord.has_ongoing_staging()
     st = coord.core.state
-    assert st.slot_tokens[0, 1, B].item() == 99 and st.rows_held[1] == B + 1
+    assert st.slot_tokens[0, 1, B].item() == 99 and st.rows_held(1) == B + 1
 
     srv.decode_step([req])  # seq_len 101: token 100 -> slot B
     assert int(srv.pool.translate_loc_to_hisparse_device(
@@ -193,7 +193,7 @@ def test_short_request_grows_and_pd_direct_admission_preloads() -> None:
     pd.kv.kv_allocated_len = 30
     pd.output_ids.append(7)
     coord.admit_request_direct(pd)
-    assert not pd.hisparse_staging and coord.core.state.rows_held[2] == 30
+    assert not pd.hisparse_staging and coord.core.state.rows_held(2) == 30
 
     for _ in range(3):
         srv.decode_step([short, pd])

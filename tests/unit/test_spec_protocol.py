@@ -40,15 +40,13 @@ class Rig:
         self.pool = DeviceKVPool(num_layers=L, item_bytes=ITEM, allocator=self.alloc)
         self.host = HostKVPool(num_layers=L, item_bytes=ITEM, capacity_tokens=R * CTX,
                                page_size=1, max_requests=R, max_context=CTX, pin=False)
-        st = SlotState(num_layers=L, num_reqs=R, buffer_size=B, device=cpu)
-        st.slot_tokens = torch.full((L, R, B + W), -1, dtype=torch.int32)  # the verify window
-        st.slot_rows = torch.full((R, B + W), -1, dtype=torch.int32)
+        st = SlotState(num_layers=L, num_reqs=R, buffer_size=B, device=cpu, num_draft_tokens=W)
         self.ctx = CoreContext(top_k=K, buffer_size=B, item_bytes=ITEM, device=cpu,
                                allocator=self.alloc, host=self.host, device_kv=self.pool.kv,
                                host_kv=self.host.kv, state=st, streams=Streams(cpu),
                                telemetry=Telemetry(cpu))
         self.life = Lifecycle(self.ctx)
-        self.spec = SpecWindow(self.ctx, num_draft_tokens=W)
+        self.spec = SpecWindow(self.ctx)
         self.ids: dict[int, list[int]] = {}
         self.uid: dict[int, int] = {}
         self.salt: dict[int, list[int]] = {}  # per request: salt of each committed position
@@ -195,7 +193,8 @@ def test_protocol_errors_name_the_problem():
                          out_cache_loc=ids)
     st = SlotState(num_layers=L, num_reqs=R, buffer_size=B, device="cpu")
     ctx = CoreContext(**{**rig.ctx.__dict__, "state": st})
-    with pytest.raises(ValueError, match="build SlotState with the verify window"):
-        SpecWindow(ctx, num_draft_tokens=W)
+    with pytest.raises(ValueError, match="build SlotState with num_draft_tokens"):
+        SpecWindow(ctx)
+    st4 = SlotState(num_layers=L, num_reqs=R, buffer_size=B, device="cpu", num_draft_tokens=4)
     with pytest.raises(ValueError, match="'device_buffer_size' = 16 must be >= speculative_num_draft_tokens.*at least 20"):
-        SpecWindow(CoreContext(**{**rig.ctx.__dict__, "top_k": 5}), num_draft_tokens=4)
+        SpecWindow(CoreContext(**{**rig.ctx.__dict__, "top_k": 5, "state": st4}))

@@ -17,7 +17,7 @@ def test_without_spec_the_state_is_unchanged() -> None:
     core = DecodeEngine(MODEL, SIZES, skip_io=False).core
     assert core.spec is None and core.num_draft_tokens == 0
     assert tuple(core.state.slot_tokens.shape) == (2, 3, 13) and tuple(core.state.slot_rows.shape) == (3, 13)
-    assert not hasattr(core.resolver, "out_verify")
+    assert core.resolver.row_shape == (4,) and tuple(core.resolver.out_rows.shape[1:]) == (4,)
     core.reserve_spec([0])  # SGLang calls allocate_spec_scratch for every batch: a no-op
     with pytest.raises(ValueError, match=r"num_draft_tokens = 0.*speculative_num_draft_tokens"):
         core.commit_spec(torch.empty(0, dtype=torch.int32))
@@ -29,7 +29,8 @@ def test_with_spec_the_state_has_the_window() -> None:
     core = DecodeEngine(MODEL, SIZES, skip_io=False, num_draft_tokens=3, max_batch=5).core
     assert core.spec is not None and core.num_draft_tokens == 3
     assert tuple(core.state.slot_tokens.shape) == (2, 3, 15) and tuple(core.state.lru.shape) == (2, 3, 12)
-    assert tuple(core.resolver.out_verify.shape) == (5, 3, 4) and core.resolver.plan_verify.src.shape[1] == 12
+    # the resolver serves verify steps only: its one set of buffers is the verify kernel's
+    assert tuple(core.resolver.out_rows.shape) == (5, 3, 4) and core.resolver.plan.src.shape[1] == 12
     with pytest.raises(ValueError, match=r"top_k has shape \(1, 2, 4\); a verify step needs \[bs, W, 4\] with W = num_draft_tokens = 3"):
         core.swap_in(torch.zeros(1), torch.ones(2), torch.zeros(1, 2, 4, dtype=torch.int32), 0)
     with pytest.raises(ValueError, match=r"serves speculative verify steps only \(num_draft_tokens = 3\)"):
@@ -63,5 +64,6 @@ def test_one_draft_token_is_still_a_verify_window() -> None:
     for seed in range(3):
         engine = SpecDecodeEngine(MODEL, SIZES, num_draft_tokens=1, skip_io=False, accept_seed=seed)
         assert tuple(engine.core.state.slot_rows.shape) == (3, 13) and engine.core.spec is not None
+        assert engine.core.state.resident is None  # the verify kernel reads no resident hint
         stats = run_scenario(engine, random.Random(seed), ScenarioSpec(num_requests=4, max_prompt=30))
         assert stats.checked_outputs > 0 and engine.accepted == engine.verified
