@@ -72,12 +72,14 @@ def _verify_chain_greedy(*, predicts, accept_index, accept_token_num, candidates
 
 
 def _assign_verify_locs(*, req_pool_indices, req_to_token, start_offset, batch_size,
-                        draft_token_num, device, positions_out=None, anchor_src=None,
-                        anchor_out=None, **unsupported) -> torch.Tensor:
+                        draft_token_num, device, full_v2p=None, swa_v2p=None, full_out=None,
+                        swa_out=None, page_size=1, positions_out=None, anchor_src=None,
+                        anchor_out=None) -> torch.Tensor:
     """``assign_extend_cache_locs_uniform_func``: the ``draft_token_num`` slots past each
-    request's ``seq_len``, read from ``req_to_token``."""
-    if any(v is not None for v in unsupported.values() if not isinstance(v, int)):
-        raise NotImplementedError(f"verify-slot stand-in: {sorted(unsupported)} not modelled")
+    request's ``seq_len``, read from ``req_to_token`` (the fused physical-window outputs,
+    ``full_v2p`` & co., are not modelled)."""
+    if any(t is not None for t in (full_v2p, swa_v2p, full_out, swa_out)):
+        raise NotImplementedError("verify-slot stand-in: the fused v2p write windows are not modelled")
     cols = start_offset.to(torch.int64)[:, None] + torch.arange(draft_token_num, dtype=torch.int64)
     rows = req_to_token[req_pool_indices.to(torch.int64)]
     if positions_out is not None:
@@ -111,26 +113,26 @@ def _fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride, 
     bonus_tokens.copy_(accept_tokens.reshape(-1)[last].to(bonus_tokens.dtype))
 
 
+#: (module, attribute, stand-in): each SGLang call site looks the name up in that module
+_STAND_INS = (
+    ("sglang.srt.speculative.eagle_utils", "build_tree_kernel_efficient_func", _build_chain_tree),
+    ("sglang.srt.speculative.eagle_utils", "verify_tree_greedy_func", _verify_chain_greedy),
+    ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_uniform_func", _assign_verify_locs),
+    ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool_func", _assign_req_to_token),
+    ("sglang.srt.managers.overlap_utils", "gather_spec_extras", _gather_spec_extras),
+    ("sglang.srt.speculative.eagle_worker_common", "fill_bonus_tokens_func", _fill_bonus_tokens),
+)
+
+
 def install_chain_kernels() -> list[str]:
     """Install the stand-ins named in the module docstring; returns what was patched."""
-    from sglang.kernels.ops.speculative import cache_locs
-    from sglang.srt.managers import overlap_utils
-    from sglang.srt.mem_cache import allocation
-    from sglang.srt.speculative import eagle_utils, eagle_worker_common
+    import importlib
 
-    eagle_utils.build_tree_kernel_efficient_func = _build_chain_tree
-    eagle_utils.verify_tree_greedy_func = _verify_chain_greedy
-    cache_locs.assign_extend_cache_locs_uniform_func = _assign_verify_locs
-    allocation.assign_req_to_token_pool_func = _assign_req_to_token
-    overlap_utils.gather_spec_extras = _gather_spec_extras
-    eagle_worker_common.fill_bonus_tokens_func = _fill_bonus_tokens
-    return [
-        "eagle_worker_common.fill_bonus_tokens_func",
-        "overlap_utils.gather_spec_extras",
-        "allocation.assign_req_to_token_pool_func",
-        "eagle_utils.build_tree_kernel_efficient_func", "eagle_utils.verify_tree_greedy_func",
-        "cache_locs.assign_extend_cache_locs_uniform_func",
-    ]
+    patched = []
+    for module, name, fn in _STAND_INS:
+        setattr(importlib.import_module(module), name, fn)
+        patched.append(f"{module.rsplit('.', 1)[1]}.{name}")
+    return patched
 
 
 # -- the draft ----------------------------------------------------------------------------------

@@ -260,19 +260,25 @@ class StandInRunner:
         out[rows < 0] = 0
         return out
 
-    def _check(self, req: Any, tokens: torch.Tensor, sel: torch.Tensor, got: torch.Tensor,
-               layer: int, what: str) -> None:
-        """``got`` holds the toy's KV of the selected positions of ``tokens`` (the request's
-        token ids, :meth:`_tokens_of`)."""
+    def _check(self, tokens: torch.Tensor, sel: torch.Tensor, got: torch.Tensor, layer: int,
+               what: str) -> None:
+        """``got`` holds the toy's KV of the selected positions ``sel``; ``tokens[p]`` is the
+        token at position ``p`` (the request's tokens, or :attr:`token_at` of its locations)."""
         ok = sel >= 0
         p = sel[ok].to(torch.int64)
         want = self.toy.kv(tokens[p], p, layer)
         if not torch.equal(got[ok].view(torch.int16), want.view(torch.int16)):
             bad = (got[ok].view(torch.int16) != want.view(torch.int16)).any(1).nonzero()[:, 0]
             raise AssertionError(
-                f"{what}: request {req.rid} layer {layer}: {bad.numel()} of {p.numel()} selected "
-                f"rows hold the wrong KV (first positions {p[bad[:8]].tolist()})"
+                f"{what} layer {layer}: {bad.numel()} of {p.numel()} selected rows hold the wrong KV "
+                f"(first positions {p[bad[:8]].tolist()})"
             )
+
+    def _full_kv_rows(self, req_index: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+        """HiSparse off: the locations of ``top_k`` ([bs, ...] positions; -1 stays -1)."""
+        rt = self.req_to_token_pool.req_to_token[req_index.to(torch.int64)]
+        flat = top_k.reshape(top_k.shape[0], -1).clamp(min=0).to(torch.int64)
+        return torch.where(top_k >= 0, torch.gather(rt, 1, flat).view_as(top_k), -1)
 
     def _extend(self, batch: Any) -> list[int]:
         toy, pool = self.toy, self.token_to_kv_pool
@@ -295,7 +301,7 @@ class StandInRunner:
                 logical = torch.where(sel >= 0, logical, -1)
                 rows = pool.translate_loc_to_hisparse_device(logical) if self.enable_hisparse else logical
                 got = self._gather(layer, rows)
-                self._check(req, req_tokens, sel, got, layer, "prefill")
+                self._check(req_tokens, sel, got, layer, f"prefill: request {req.rid}")
                 gathered.append(got)
             out.append(toy.next_token(gathered))
         return out
@@ -313,7 +319,7 @@ class StandInRunner:
         self._write(locs, tokens, seq_lens - 1)
         gathered: list[list[torch.Tensor]] = [[] for _ in range(bs)]
         # tokens by logical location (token_at): under the overlap scheduler output_ids lag
-        req_locs = self.req_to_token_pool.req_to_token[batch.req_pool_indices.to(torch.int64)].to(torch.int64)
+        req_tokens = self._tokens_at(batch.req_pool_indices)
         topk = None
         for layer in range(toy.num_layers):
             if not toy.shared[layer]:
@@ -329,11 +335,10 @@ class StandInRunner:
                 if self.pad_decode and (rows[bs:] != -1).any():
                     raise AssertionError(f"decode: padding rows {bs}..{rows.shape[0] - 1} were not left inert (-1)")
             else:
-                rt = self.req_to_token_pool.req_to_token[batch.req_pool_indices.to(torch.int64)]
-                rows = torch.where(topk >= 0, torch.gather(rt, 1, topk.clamp(min=0).to(torch.int64)), -1)
+                rows = self._full_kv_rows(batch.req_pool_indices, topk)
             got = self._gather(layer, rows[:bs])
             for i, req in enumerate(batch.reqs):
-                self._check_at(req_locs[i], topk[i], got[i], layer, f"decode: request {req.rid}")
+                self._check(req_tokens[i], topk[i], got[i], layer, f"decode: request {req.rid}")
                 gathered[i].append(got[i])
         return [toy.next_token(g) for g in gathered]
 
@@ -360,6 +365,7 @@ class StandInRunner:
         req = fb.req_pool_indices.to(torch.int64)
         lens = (seq[:, None] + 1 + torch.arange(w))  # row j of a request sees s + 1 + j tokens
         gathered: list[list[torch.Tensor]] = [[] for _ in range(bs * w)]
+        req_tokens = self._tokens_at(req)
         topk = None
         for layer in range(toy.num_layers):
             if not toy.shared[layer]:
@@ -372,29 +378,18 @@ class StandInRunner:
             if coord is not None:
                 rows = coord.swap_in_selected_pages(fb.req_pool_indices, lens.reshape(-1), topk, layer)
             else:
-                rt = self.req_to_token_pool.req_to_token[req]
-                flat = topk.reshape(bs, -1).clamp(min=0).to(torch.int64)
-                rows = torch.where(topk >= 0, torch.gather(rt, 1, flat).view_as(topk), -1)
+                rows = self._full_kv_rows(req, topk)
             got = self._gather(layer, rows.reshape(bs, w, -1))
             for i in range(bs):
-                locs = self.req_to_token_pool.req_to_token[int(req[i])].to(torch.int64)
                 for j in range(w):
-                    self._check_at(locs, topk[i, j], got[i, j], layer, f"verify row {j} of slot {int(req[i])}")
+                    self._check(req_tokens[i], topk[i, j], got[i, j], layer, f"verify row {j} of slot {int(req[i])}")
                     gathered[i * w + j].append(got[i, j])
         return torch.tensor([toy.next_token(g) for g in gathered], dtype=torch.int64)
 
-    def _check_at(self, locs: torch.Tensor, sel: torch.Tensor, got: torch.Tensor, layer: int, what: str) -> None:
-        """``got`` holds the toy's KV of the selected positions, whose tokens are those last
-        written at their logical locations."""
-        ok = sel >= 0
-        p = sel[ok].to(torch.int64)
-        want = self.toy.kv(self.token_at[locs[p]], p, layer)
-        if not torch.equal(got[ok].view(torch.int16), want.view(torch.int16)):
-            bad = (got[ok].view(torch.int16) != want.view(torch.int16)).any(1).nonzero()[:, 0]
-            raise AssertionError(
-                f"{what} layer {layer}: {bad.numel()} of {p.numel()} selected rows hold the wrong KV "
-                f"(first positions {p[bad[:8]].tolist()})"
-            )
+    def _tokens_at(self, req_index: torch.Tensor) -> torch.Tensor:
+        """[bs, max_ctx] the token last written at each position's logical location."""
+        locs = self.req_to_token_pool.req_to_token[req_index.to(torch.int64)].to(torch.int64)
+        return self.token_at[locs]
 
 
 class StandInWorker:

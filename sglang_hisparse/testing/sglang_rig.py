@@ -151,7 +151,7 @@ class Rig:
         tp_worker.TpModelWorker = StandInWorker  # type: ignore[misc]
         self.patches = ["tp_worker.TpModelWorker"]
         if config.draft_tokens:
-            # NOTE: speculative decoding adds the draft model and five Triton-only kernels
+            # NOTE: speculative decoding adds the draft model and six Triton-only kernels
             # (testing/rig_spec.py says which and why)
             from sglang.srt.speculative import eagle_worker_v2
 
@@ -175,7 +175,7 @@ class Rig:
             streams.new_event = lambda polls=config.staging_polls: SlowEvent(polls)
         self.results: dict[str, Finished] = {}
         #: overlap loop: (batch, result) launched and not yet processed
-        self._results: deque = deque()
+        self._launched: deque = deque()
         if config.overlap:  # what run_event_loop / event_loop_overlap set before looping
             self.scheduler.enable_skip_finishing_decode = True
             self.scheduler._war_barrier_enabled = False  # is_cuda() is False here
@@ -279,7 +279,7 @@ class Rig:
         """The rest of one ``event_loop_overlap`` iteration: the previous batch's result is
         processed after this batch is launched (or first, where the loop disables overlap)."""
         s = self.scheduler
-        queue = self._results
+        queue = self._launched
         no_overlap = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
         if no_overlap and queue:
             s.process_batch_result(*queue.popleft())
