@@ -116,7 +116,10 @@ class HiSparseCore:
     ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry; ``block_size`` is
     the resolve kernel's threads per CTA (``swap_in_block_size``). ``num_draft_tokens``: W
     verify rows per request under speculative decoding (0: off, as SGLang passes it); needs
-    ``buffer_size >= W * top_k``.
+    ``buffer_size >= W * top_k``. IO-hiding A/B switches (``benchmarks/bench_e2e.py
+    --io-hiding``; the defaults are today's behaviour): ``prefetch_priority`` of the prefetch
+    stream (-1: high), ``replay_ctas`` per shared-layer replay (None: the kernel's 8),
+    ``anchor_slices`` row slices of a sliced anchor resolve (``swap_in(..., on_slice=)``).
     """
 
     def __init__(
@@ -139,6 +142,9 @@ class HiSparseCore:
         log_interval_s: float | None = None,
         block_size: int | None = None,
         num_draft_tokens: int = 0,
+        prefetch_priority: int = 0,
+        replay_ctas: int | None = None,
+        anchor_slices: int = 1,
     ) -> None:
         if num_draft_tokens < 0:
             raise ValueError(
@@ -152,7 +158,7 @@ class HiSparseCore:
             )
         env_no_prefetch, env_skip_io, env_interval, early_fetch = _env_switches()
         device = torch.device(device)
-        self.streams = Streams(device)
+        self.streams = Streams(device, prefetch_priority=prefetch_priority)
         self.telemetry = Telemetry(
             device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
         )
@@ -184,7 +190,7 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
-            early_fetch=early_fetch,
+            early_fetch=early_fetch, replay_ctas=replay_ctas, anchor_slices=anchor_slices,
         )
         #: the verify windows (speculative decoding), or None; W is ``state.num_draft_tokens``
         self.spec = SpecWindow(self.ctx) if self.state.speculative else None
@@ -291,9 +297,10 @@ class HiSparseCore:
         self._require_spec("commit_spec").commit(accept_index=accept_index, validate=validate)
 
     def swap_in(
-        self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int
+        self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int,
+        on_slice: Any = None,
     ) -> torch.Tensor:
-        return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id)
+        return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id, on_slice=on_slice)
 
     # -- teardown ---------------------------------------------------------------------------
     def destroy(self) -> None:

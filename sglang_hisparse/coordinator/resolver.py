@@ -33,11 +33,22 @@ W >= 1 (verify)  top_k int32 [bs, W, k]  verify_ops.resolve_verify over the  out
 
 Only that mode's buffers exist and only its shape is accepted. Shared layers replay the
 anchor's plan with the unchanged ``ops.replay`` in both modes (its ``k`` is the plan's columns).
+
+Sliced anchors (decode, opt-in: ``anchor_slices`` S > 1 and a caller that passes ``on_slice``):
+the anchor's batch is resolved in S row slices on the prefetch stream, and the caller's
+attention for slice i is queued behind slice i's event only, so it overlaps slice i+1's
+misses::
+
+    prefetch:  resolve[0] e0 resolve[1] e1 ... resolve[S-1] e(S-1)  replays of the group
+    current:   wait e0 -> on_slice(0) ; wait e1 -> on_slice(1) ; ... ; telemetry
+
+Requests are independent (own slots, own rows), so the outputs are those of one launch.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -86,12 +97,19 @@ class Resolver:
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
         early_fetch: bool = True,
+        replay_ctas: int | None = None,
+        anchor_slices: int = 1,
     ) -> None:
         self.ctx = ctx
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
         self.early_fetch = early_fetch
+        #: CTAs of each shared layer's replay (None: the kernel's default)
+        self._replay_extra = {"ctas": replay_ctas} if replay_ctas else {}
+        if anchor_slices < 1:
+            raise ValueError(f"anchor_slices = {anchor_slices} must be >= 1 (1: one launch per anchor).")
+        self.anchor_slices = anchor_slices
         st, k = ctx.state, ctx.top_k
         #: W verify rows per request (0: decode); fixed for the resolver's life
         self.num_draft_tokens = W = st.num_draft_tokens
@@ -129,6 +147,9 @@ class Resolver:
         self.out_rows = torch.full((max_batch, *self.row_shape), -1, dtype=torch.int32, device=dev)
         self.plan = MissPlan.empty(max_batch, math.prod(self.row_shape), dev)
         self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
+        #: int32 [S]: real rows of each anchor slice (filled per sliced resolve)
+        self._slice_real = torch.zeros(self.anchor_slices, dtype=torch.int32, device=dev)
+        self.slice_events = [self.ctx.streams.new_event() for _ in range(self.anchor_slices)]
         if dev.type == "cuda":
             self._reserve(dev, max_batch)  # the kernel's per-row counters, before capture
 
@@ -157,6 +178,7 @@ class Resolver:
         seq_lens: torch.Tensor,
         top_k: torch.Tensor,
         layer_id: int,
+        on_slice: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor:
         """Device rows of ``top_k`` for model layer ``layer_id``, aligned with it.
 
@@ -164,7 +186,11 @@ class Resolver:
         ``top_k`` [bs, W, k], ``seq_lens`` [bs*W] or [bs, W] (SGLang's
         ``dsa_seqlens_expanded``: row j of a request has length s + 1 + j) -> int32 [bs, W, k]
         (SGLang views it [bs*W, k]). -1 for padding entries and rows ``>= num_real_reqs``.
-        A view of a reused buffer: consume it before the next anchor layer resolves."""
+        A view of a reused buffer: consume it before the next anchor layer resolves.
+
+        ``on_slice(a, b)``: called once per row slice ``[a, b)`` of the batch, with the current
+        stream ordered after that slice's rows (all rows in one call unless the anchor is
+        sliced, see the module docstring); shared layers call it once for the whole batch."""
         ctx = self.ctx
         self._check_top_k(top_k)
         bs = top_k.shape[0]
@@ -176,27 +202,32 @@ class Resolver:
         li = layer_id - self.start_layer
         if self.is_shared[li]:
             self.events[li].wait(ctx.streams.current())
+            if on_slice is not None:
+                on_slice(0, bs)
             return out
         group = self.groups.get(li, [])
         plan = MissPlan(self.plan.src[:bs], self.plan.dst[:bs], self.plan.count[:bs])
         top_k = top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32)
         st = ctx.state
         extra = {**self._fixed, "resident": st.resident[li]} if self._hint else self._fixed
-        self._kernel(
-            top_k=top_k,
-            req_index=req_index,
-            seq_lens=seq_lens.reshape(bs, self.num_draft_tokens) if self.num_draft_tokens else seq_lens,
-            num_real_reqs=self.num_real_reqs,
-            slot_tokens=st.slot_tokens[li],
-            slot_rows=st.slot_rows,
-            lru=st.lru[li],
-            host_rows=ctx.host.host_rows,
-            host_cache=ctx.host_kv[li],
-            device_cache=ctx.device_kv[li],
-            out_rows=out,
-            plan=plan,
-            **extra,
-        )
+        seq_lens = seq_lens.reshape(bs, self.num_draft_tokens) if self.num_draft_tokens else seq_lens
+
+        def launch(a: int, b: int, num_real: torch.Tensor) -> None:
+            self._kernel(
+                top_k=top_k[a:b], req_index=req_index[a:b], seq_lens=seq_lens[a:b],
+                num_real_reqs=num_real, slot_tokens=st.slot_tokens[li], slot_rows=st.slot_rows,
+                lru=st.lru[li], host_rows=ctx.host.host_rows, host_cache=ctx.host_kv[li],
+                device_cache=ctx.device_kv[li], out_rows=out[a:b],
+                plan=MissPlan(plan.src[a:b], plan.dst[a:b], plan.count[a:b]), **extra,
+            )
+
+        S = min(self.anchor_slices, bs) if on_slice is not None and not self.num_draft_tokens else 1
+        if S == 1:
+            launch(0, bs, self.num_real_reqs)
+            if on_slice is not None:
+                on_slice(0, bs)
+        else:
+            self._resolve_sliced(bs, S, launch, on_slice)
         real = self._batch_ids[:bs] < self.num_real_reqs
         ctx.telemetry.add_resolve(
             top_k=top_k.reshape(bs, -1), miss_count=plan.count, real_mask=real,
@@ -207,13 +238,35 @@ class Resolver:
             ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
         if group:
             streams = ctx.streams
-            streams.prefetch.wait_stream(streams.current())
+            if S == 1:  # (sliced: the prefetch stream already ran the resolve)
+                streams.prefetch.wait_stream(streams.current())
             with streams.on(streams.prefetch):
                 for s in group:
                     if self.mode is ResolveMode.COPY:
                         ops.replay(
                             plan=plan, num_real_reqs=self.num_real_reqs,
                             host_cache=ctx.host_kv[s], device_cache=ctx.device_kv[s],
+                            **self._replay_extra,
                         )
                     self.events[s].record()
         return out
+
+    def _resolve_sliced(self, bs: int, S: int, launch: Callable[[int, int, torch.Tensor], None],
+                        on_slice: Callable[[int, int], None]) -> None:
+        """S row slices resolved on the prefetch stream, each consumed behind its own event."""
+        streams = self.ctx.streams
+        bounds = [bs * i // S for i in range(S + 1)]
+        real = self._slice_real[:S]
+        # NOTE: rows of slice i that are real = clamp(num_real - a_i, 0, b_i - a_i), computed on
+        # the device (no host read of num_real_reqs: capture-safe).
+        for i in range(S):
+            a, b = bounds[i], bounds[i + 1]
+            real[i : i + 1].copy_((self.num_real_reqs - a).clamp(min=0, max=b - a))
+        streams.prefetch.wait_stream(streams.current())
+        for i in range(S):
+            a, b = bounds[i], bounds[i + 1]
+            with streams.on(streams.prefetch):
+                launch(a, b, real[i : i + 1])
+                self.slice_events[i].record()
+            self.slice_events[i].wait(streams.current())
+            on_slice(a, b)
