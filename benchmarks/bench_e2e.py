@@ -1,23 +1,25 @@
-"""End-to-end decode benchmark: HiSparse vs full-KV residency under one HBM budget for KV.
+"""End-to-end decode benchmark: HiSparse vs full-KV residency (plugin off) under one HBM budget.
 
-For each context length, in one run and one process:
+Per point (``e2e_points``: model shape x context x selection x batch), in one run and one
+process, one mode after another:
 
 ```
-full      every token's KV on the device; the largest batch whose KV fits the budget
+full      plugin off: every token's KV on the device; the largest batch whose KV fits the budget
 sync      HiSparse, shared-index prefetch off (every layer resolves on the compute stream)
 prefetch  HiSparse, anchors resolve, shared layers replay the miss plan on a side stream
 noio      HiSparse bookkeeping with no host->device copies (ResolveMode.NO_IO, prefetch on):
           the ceiling; its outputs are NOT exact and are not checked
+prefetch+<change>
+          prefetch with one IO-hiding change (--io-hiding; e2e_points.IO_HIDING)
 full_nodense, prefetch_nodense
           the same two without the dense stand-in: the toy model's own compute only
 ```
 
-The HiSparse modes run at one batch: the largest the HBM budget admits, capped by the
-pinned host pool this machine can hold (the JSON says which limit bound). Each mode admits
-its requests directly (PD path: prompt KV written into the host pool, or into device rows
-for full KV), warms up, times ``--steps`` decode steps with CUDA events, then runs
-``--check-steps`` checked steps in which sampled requests' attention outputs are compared
-bit for bit with the oracle bytes and with the full-KV mode's outputs at the same length.
+Selections are the calibrated process of ``e2e_selection`` (fitted to recorded traces of
+real models; its calibration table goes into the JSON) unless ``--selection toy``. Each mode
+admits its requests directly (PD path), warms up, times ``--steps`` decode steps with CUDA
+events (one per step), then runs ``--check-steps`` checked steps in which sampled requests'
+attention outputs are compared bit for bit with the oracle bytes and with full KV's.
 
     python benchmarks/bench_e2e.py --out out/            # full size (H200; see run_e2e_gpu.sh)
     python benchmarks/bench_e2e.py --smoke --out /tmp/s  # tiny, CPU, seconds
@@ -30,31 +32,36 @@ import gc
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from e2e_engine import (  # noqa: E402
-    CheckLog,
-    FullKVRunner,
-    HiSparseRunner,
-    hisparse_bytes_per_request,
+from e2e_engine import CheckLog, FullKVRunner, HiSparseRunner  # noqa: E402
+from e2e_model import ComputeStandIn  # noqa: E402
+from e2e_points import (  # noqa: E402
+    BASE_MODES,
+    GIB,
+    IO_HIDING,
+    build_model,
+    build_points,
+    check_point,
+    describe,
+    host_rows_for,
+    plan_point,
 )
-from e2e_model import BenchModel, ComputeStandIn  # noqa: E402
-from e2e_report import compare_modes, environment, notes, summarize, write_plot  # noqa: E402
+from e2e_report import compare_modes, environment, notes, summarize, tables, write_plot  # noqa: E402
+from e2e_selection import SelectionSpec, SelectionTable, calibration_table  # noqa: E402
 
 from sglang_hisparse.memory.budget import available_host_bytes  # noqa: E402
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
-from sglang_hisparse.memory.paged import ceil_div  # noqa: E402
-from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
 
-GIB = 2**30
-MODES = ("full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense")
-SMOKE = dict(contexts=[256, 512], layers=4, anchor_every=2, top_k=16, buffer=32, item=128,
-             budget_gib=0.0005, host_gib=0.003, warmup=2, steps=3, check_steps=3, heads=2,
-             dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu")
+SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, budget_gib="auto",
+             host_gib=0.003, warmup=2, steps=3, check_steps=2, check_requests=2, heads=2,
+             dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu",
+             io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,20 +69,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, type=Path, help="output directory (JSON, plot)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (the test's path)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="prompt lengths")
-    ap.add_argument("--layers", type=int, default=8, help="sparse layers L")
-    ap.add_argument("--anchor-every", type=int, default=4, help="one indexer (anchor) layer per this many layers")
+    ap.add_argument("--layers", type=int, nargs="+", default=[61, 78], help="sparse layers L (one point each)")
+    ap.add_argument("--anchor-rule", choices=["glm", "every"], default="glm",
+                    help="glm: GLM-5.2's pattern (anchor iff max(l-1,0) %% 4 == 0); every: --anchor-every")
+    ap.add_argument("--anchor-every", type=int, default=4)
     ap.add_argument("--top-k", type=int, default=2048)
     ap.add_argument("--buffer", type=int, default=4096, help="hot slots B per request and layer")
     ap.add_argument("--item", type=int, default=1152, help="bytes per KV row (576 bf16 = 1152)")
-    ap.add_argument("--budget-gib", type=float, default=24.0, help="HBM for KV (both modes)")
+    ap.add_argument("--budget-gib", default="auto", help="HBM for KV (both modes), or auto (e2e_points)")
     ap.add_argument("--host-gib", type=float, default=None,
                     help="pinned host pool (default: min(84, 0.75 x available, available - 10) GiB)")
     ap.add_argument("--max-batch", type=int, default=1024)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=24, help="timed decode steps per mode")
-    ap.add_argument("--check-steps", type=int, default=3)
-    ap.add_argument("--check-requests", type=int, default=4, help="sampled requests per checked step")
-    ap.add_argument("--churn", type=float, default=0.15, help="indexer query noise (0.15: ~12%% of top-k new per step)")
+    ap.add_argument("--warmup", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12, help="timed decode steps per mode")
+    ap.add_argument("--check-steps", type=int, default=2)
+    ap.add_argument("--check-requests", type=int, default=2, help="sampled requests per checked step")
+    ap.add_argument("--selection", choices=["calibrated", "toy"], default="calibrated",
+                    help="calibrated: e2e_selection's process (fitted to recorded traces); toy: the toy indexer")
+    ap.add_argument("--churn", type=float, default=0.15, help="toy indexer query noise (--selection toy)")
+    ap.add_argument("--toy-variant", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first shape/context with --selection toy (labelled variant)")
+    ap.add_argument("--io-hiding", nargs="*", default=["prio", "ctas16", "slices2", "slices4"],
+                    choices=sorted(IO_HIDING), help="prefetch+<change> modes, one change each")
+    ap.add_argument("--low-pressure", type=int, nargs="*", default=[1, 4, 16],
+                    help="batches at which full KV and HiSparse run side by side, budget = their full KV")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="calibration table JSON to embed (python benchmarks/e2e_selection.py --json); "
+                         "default: compute the quick one")
     ap.add_argument("--heads", type=int, default=16, help="attention heads per GPU (--attention gather)")
     ap.add_argument("--attention", choices=["bag", "gather"], default="bag",
                     help="timed attention: bag = read each selected row once (fused-kernel traffic); "
@@ -83,78 +103,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dense-mb", type=float, default=1400.0, help="weights streamed per layer (MB)")
     ap.add_argument("--dense-mflop", type=float, default=88.0, help="dense MFLOP per token per layer")
     ap.add_argument("--page", type=int, default=64, help="page size (SGLang DSA uses 64)")
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=["full", "sync", "prefetch", "noio"], choices=BASE_MODES)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plan-only", action="store_true", help="print the sizes and the machine check, then exit")
     args = ap.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
+        args.modes = list(BASE_MODES)
     if "full" not in args.modes or "noio" not in args.modes:
         ap.error("--modes must include full and noio (ratios are taken against them)")
+    if args.budget_gib != "auto":
+        try:
+            float(args.budget_gib)
+        except ValueError:
+            ap.error(f"--budget-gib {args.budget_gib!r}: a number of GiB or auto")
+    #: residency modes join the low-pressure points once the core has them (issue 29)
+    args.residency_modes = []
     if args.device == "cuda" and not torch.cuda.is_available() and not args.plan_only:
         ap.error("--device cuda but CUDA is not available; use --smoke (CPU) or a GPU machine")
     return args
 
 
-def build_model(args: argparse.Namespace) -> BenchModel:
-    shared = tuple(i % args.anchor_every != 0 for i in range(args.layers))
-    toy = ToyModel(num_layers=args.layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
-    return BenchModel(toy, churn=args.churn, heads=args.heads, attention=args.attention, dense_mb=args.dense_mb,
-                      dense_mflop=args.dense_mflop)
-
-
-def plan_sizes(args, model: BenchModel) -> dict:
-    """Per context: capacity, batches each mode admits, host rows; plus the host pool size."""
-    toy, budget = model.toy, int(args.budget_gib * GIB)
-    avail_host = available_host_bytes()
-    auto_gib = min(84.0, 0.75 * avail_host / GIB, avail_host / GIB - 10.0)
-    host_bytes = int((args.host_gib if args.host_gib is not None else auto_gib) * GIB)
-    row_bytes = toy.num_layers * toy.item_bytes
-    host_pages = host_bytes // (row_bytes * args.page) - 1
-    total_steps = args.warmup + args.steps + args.check_steps
-    plans = []
-    for n in args.contexts:
-        cap = n + total_steps + 1
-        full_hbm = budget // FullKVRunner.bytes_per_request(model, cap)
-        hs_hbm = budget // hisparse_bytes_per_request(model, cap=cap, buffer_size=args.buffer, page=args.page)
-        hs_host = host_pages // (ceil_div(cap, args.page) + 1)
-        hs = min(hs_hbm, hs_host, args.max_batch)
-        limit = "hbm" if hs == hs_hbm else ("host_dram" if hs == hs_host else "max_batch")
-        plans.append(dict(context=n, cap=cap, full_batch_admitted=full_hbm,
-                          full_batch=min(full_hbm, args.max_batch), hisparse_batch_admitted_hbm=hs_hbm,
-                          hisparse_batch_host_limit=hs_host, hisparse_batch=hs, hisparse_limited_by=limit))
-    need_pages = max(p["hisparse_batch"] * (ceil_div(p["cap"], args.page) + 1) for p in plans)
-    storage_rows = (need_pages + 1) * args.page
-    return dict(contexts=plans, host_storage_bytes=toy.num_layers * storage_rows * toy.item_bytes,
-                storage_rows=storage_rows, host_available_bytes=avail_host, budget_bytes=budget)
-
-
-def check_machine(args, model: BenchModel, sizes: dict, device: torch.device) -> None:
-    """Print the planned bytes; refuse (SystemExit 3) when the machine cannot hold them."""
-    host = sizes["host_storage_bytes"]
-    print(f"plan: HBM budget for KV {args.budget_gib:.2f} GiB; pinned host pool {host / GIB:.2f} GiB "
-          f"(available {sizes['host_available_bytes'] / GIB:.2f} GiB)")
-    for p in sizes["contexts"]:
-        print(f"  context {p['context']}: full-KV batch {p['full_batch']}, HiSparse batch {p['hisparse_batch']} "
-              f"(HBM admits {p['hisparse_batch_admitted_hbm']}, host pool {p['hisparse_batch_host_limit']}; "
-              f"bound by {p['hisparse_limited_by']})")
-    if min(min(p["full_batch"], p["hisparse_batch"]) for p in sizes["contexts"]) < 1:
-        raise SystemExit("refusing: a mode admits no request at these sizes; raise --budget-gib/--host-gib")
-    if host > sizes["host_available_bytes"] - 6 * GIB and not args.smoke:
-        raise SystemExit(f"refusing: pinned host pool {host / GIB:.2f} GiB leaves < 6 GiB of the "
-                         f"{sizes['host_available_bytes'] / GIB:.2f} GiB available; lower --host-gib")
-    if device.type == "cuda" and torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(device).total_memory
-        weights = model.toy.num_layers * args.dense_mb * 2**20
-        bs = max(p["hisparse_batch"] for p in sizes["contexts"])
-        scratch = 4 * bs * args.top_k * args.item + 3 * max(
-            p["hisparse_batch"] * p["cap"] * 4 * model.toy.index_dim for p in sizes["contexts"])
-        need = sizes["budget_bytes"] + weights + scratch + 2 * GIB
-        print(f"  device: KV budget + weights {weights / GIB:.1f} GiB + scratch {scratch / GIB:.1f} GiB "
-              f"= {need / GIB:.1f} GiB of {total / GIB:.1f} GiB")
-        if need > 0.95 * total:
-            raise SystemExit(f"refusing: needs {need / GIB:.1f} GiB of HBM, the GPU has {total / GIB:.1f} GiB")
+def host_pool_bytes(args) -> int:
+    avail = available_host_bytes()
+    auto_gib = min(84.0, 0.75 * avail / GIB, avail / GIB - 10.0)
+    return int((args.host_gib if args.host_gib is not None else auto_gib) * GIB)
 
 
 def _sync(device: torch.device) -> None:
@@ -162,33 +136,64 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def link_ceiling(storage: torch.Tensor, item: int, device: torch.device, rows: int = 32768,
+                 reps: int = 10) -> dict | None:
+    """Same-run link ceiling: the plain scattered gather (jit_kernels/gather.cuh) of ``rows``
+    random rows of this point's pinned pool into the device, median of ``reps``."""
+    if device.type != "cuda":
+        return None
+    from sglang_hisparse.kernels import _jit
+
+    gather = _jit.gather_module(item).gather
+    host = storage[0]
+    g = torch.Generator(device="cpu").manual_seed(5)
+    src = torch.randint(0, host.shape[0], (rows,), generator=g).to(device)
+    dst = torch.arange(rows, dtype=torch.int32, device=device)
+    dev_cache = torch.empty(rows, item, dtype=torch.uint8, device=device)
+    gather(src, dst, host, dev_cache)
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        gather(src, dst, host, dev_cache)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    ms = sorted(times)[len(times) // 2]
+    return dict(rows=rows, item=item, ms=ms, gbps=rows * item / (ms * 1e-3) / 1e9)
+
+
 def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) -> dict:
-    """Warm up, time ``args.steps`` steps, then the checked steps; return the mode's record."""
+    """Warm up, time ``args.steps`` steps (one CUDA event pair per step), then the checked
+    steps; return the mode's record."""
     for _ in range(args.warmup):
         runner.step()
     _sync(device)
-    tel = getattr(runner, "core", None)
-    before = tel.telemetry.snapshot() if tel else None
+    core = getattr(runner, "core", None)
+    before = core.telemetry.snapshot() if core else None
     t0 = time.perf_counter()
     if device.type == "cuda":
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(args.steps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
+        events[0].record()
+        for i in range(args.steps):
             runner.step()
-        e1.record()
-        e1.synchronize()
-        step_ms = e0.elapsed_time(e1) / args.steps
+            events[i + 1].record()
+        events[-1].synchronize()
+        per_step = [events[i].elapsed_time(events[i + 1]) for i in range(args.steps)]
     else:
+        per_step = []
         for _ in range(args.steps):
+            t = time.perf_counter()
             runner.step()
-        step_ms = (time.perf_counter() - t0) * 1e3 / args.steps
+            per_step.append((time.perf_counter() - t) * 1e3)
+    step_ms = sum(per_step) / len(per_step)
     wall_ms = (time.perf_counter() - t0) * 1e3 / args.steps
-    after = tel.telemetry.snapshot() if tel else None
+    after = core.telemetry.snapshot() if core else None
     log = CheckLog()
     for _ in range(args.check_steps):
         runner.step(check=check, log=log)
     _sync(device)
-    rec = dict(batch=runner.bs, step_ms=step_ms, wall_step_ms=wall_ms,
+    rec = dict(batch=runner.bs, step_ms=step_ms, step_ms_per_step=per_step, wall_step_ms=wall_ms,
                tokens_per_s=runner.bs * 1e3 / step_ms, tpot_ms=step_ms,
                checked_outputs=log.compared, oracle_mismatches=log.mismatches[:5],
                topk_churn=sum(log.churn) / len(log.churn) if log.churn else None)
@@ -204,81 +209,148 @@ def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) ->
     return rec
 
 
-def run_context(args, model, compute, plan: dict, storage, device) -> dict:
-    n, cap, results = plan["context"], plan["cap"], {}
+def make_runner(mode: str, point: dict, plan: dict, model, compute, storage, selections, args, device):
+    base, _, change = mode.removesuffix("_nodense").partition("+")
+    n, cap = point["context"], plan["cap"]
+    if base == "full":
+        return FullKVRunner(model, compute, bs=plan["full_batch"], n=n, cap=cap, device=device,
+                            selections=selections)
+    options = dict(IO_HIDING[change]) if change else {}
+    return HiSparseRunner(model, compute, bs=plan["hisparse_batch"], n=n, cap=cap,
+                          buffer_size=args.buffer, page=args.page, storage=storage,
+                          prefetch=base != "sync", skip_io=base == "noio", device=device,
+                          selections=selections, core_options=options)
+
+
+def run_point(args, point: dict, plan: dict, model, compute, storage, device) -> dict:
+    results: dict[str, dict] = {}
     check_full = list(range(min(args.check_requests, plan["full_batch"])))
+    selections = None
+    t0 = time.perf_counter()
+    if point["selection"] == "calibrated":
+        bs = max(plan["full_batch"], plan["hisparse_batch"])
+        seeds = torch.arange(1000, 1000 + bs, dtype=torch.int64, device=device)
+        selections = SelectionTable(SelectionSpec(), seeds=seeds, n0=point["context"], k=args.top_k,
+                                    anchors=model.anchors, steps=args.warmup + args.steps + args.check_steps)
+    sel_s = time.perf_counter() - t0
+    ceiling = link_ceiling(storage, args.item, device)
     filled = False
-    for mode in args.modes:
+    for mode in point["modes"]:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         t0 = time.perf_counter()
         compute.dense_enabled = not mode.endswith("_nodense")
-        base = mode.removesuffix("_nodense")
-        if base == "full":
-            runner = FullKVRunner(model, compute, bs=plan["full_batch"], n=n, cap=cap, device=device)
-            runner.admit()
-        else:
-            runner = HiSparseRunner(model, compute, bs=plan["hisparse_batch"], n=n, cap=cap,
-                                    buffer_size=args.buffer, page=args.page, storage=storage,
-                                    prefetch=base != "sync", skip_io=base == "noio", device=device)
-            runner.admit(fill_host=not filled)
-            filled = True
-        _sync(device)
-        setup_s = time.perf_counter() - t0
-        kv_alloc = (torch.cuda.memory_allocated(device) - mem0) if device.type == "cuda" else None
-        rec = run_mode(mode, runner, args, device, check_full)
+        runner = None
+        try:
+            runner = make_runner(mode, point, plan, model, compute, storage, selections, args, device)
+            if isinstance(runner, FullKVRunner):
+                runner.admit()
+            else:
+                runner.admit(fill_host=not filled)
+                filled = True
+            _sync(device)
+            setup_s = time.perf_counter() - t0
+            kv_alloc = (torch.cuda.memory_allocated(device) - mem0) if device.type == "cuda" else None
+            rec = run_mode(mode, runner, args, device, check_full)
+        except Exception as exc:  # one failed mode must not lose the others
+            if mode in ("full", "noio"):
+                raise
+            print(f"  {point['label']} {mode}: FAILED {exc!r}", flush=True)
+            results[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
+            continue
+        finally:
+            if runner is not None and hasattr(runner, "destroy"):
+                runner.destroy()
+            del runner
         rec.update(setup_s=setup_s, hbm_kv_alloc_gib=None if kv_alloc is None else kv_alloc / GIB)
         results[mode] = rec
-        print(f"  {n:>7} {mode:<16} batch {rec['batch']:>5}  step {rec['step_ms']:8.2f} ms  "
+        print(f"  {point['label']:<22} {mode:<18} batch {rec['batch']:>5}  step {rec['step_ms']:8.2f} ms  "
               f"{rec['tokens_per_s']:10.0f} tok/s  miss {rec.get('miss_rate', 0.0):.3f}  "
               f"exact {rec['exact_vs_oracle']}  setup {setup_s:.1f} s", flush=True)
-        if hasattr(runner, "destroy"):
-            runner.destroy()
-        del runner
     compute.dense_enabled = True
-    return compare_modes(plan, results, args)
+    out = compare_modes(plan, results, args, ceiling=ceiling)
+    return dict(point, **out, selection_table_s=sel_s)
 
 
-def _report(args, sizes, device, compute, contexts, t_start) -> dict:
+def _report(args, host_bytes, device, points, calibration, t_start, planned: int) -> dict:
     report = dict(config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                  sizes={k: v for k, v in sizes.items() if k != "contexts"},
-                  environment=environment(device), notes=notes(args, compute),
-                  contexts=contexts, total_s=time.perf_counter() - t_start,
-                  complete=len(contexts) == len(sizes["contexts"]))
-    report["exact"] = all(c["exact"] for c in contexts)
-    report["targets_met"] = all(c["targets"]["met"] for c in contexts if c["targets"]["applies"])
-    # Written after every context, so a run cut short still leaves what it measured.
+                  host_pool_bytes=host_bytes, environment=environment(device), notes=notes(args),
+                  calibration=calibration, points=points, total_s=time.perf_counter() - t_start,
+                  complete=len(points) == planned)
+    report["tables"] = tables(points)
+    report["exact"] = all(p.get("exact", False) for p in points)
+    report["targets_met"] = all(p["targets"]["met"] for p in points if p.get("targets", {}).get("applies"))
+    # Written after every point, so a run cut short still leaves what it measured.
     (args.out / "bench_e2e.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def load_calibration(args) -> dict | None:
+    if args.calibration is not None and args.calibration.exists():
+        return json.loads(args.calibration.read_text())
+    try:
+        return calibration_table(SelectionSpec(), bench_k=args.top_k, contexts=tuple(args.contexts),
+                                 window=(args.warmup, args.steps), quick=True)
+    except Exception as exc:
+        return dict(error=repr(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-    model = build_model(args)
-    sizes = plan_sizes(args, model)
-    check_machine(args, model, sizes, device)
+    host_bytes = host_pool_bytes(args)
+    points = build_points(args)
+    models = {L: build_model(args, L) for L in sorted({p["layers"] for p in points})}
+    plans = []
+    print(f"plan: pinned host pool {host_bytes / GIB:.2f} GiB (available {available_host_bytes() / GIB:.2f} GiB)")
+    for p in points:
+        model = models[p["layers"]] if p["selection"] != "toy" else build_model(args, p["layers"])
+        plan = plan_point(args, p, model, host_bytes)
+        plans.append(plan)
+        print("  " + describe(p, plan))
+    if host_bytes > available_host_bytes() - 6 * GIB and not args.smoke:
+        raise SystemExit(f"refusing: pinned host pool {host_bytes / GIB:.2f} GiB leaves < 6 GiB; lower --host-gib")
     if args.plan_only:
         return 0
     t_start = time.perf_counter()
-    max_bs = max(max(p["full_batch"], p["hisparse_batch"]) for p in sizes["contexts"])
-    compute = ComputeStandIn(model, max_batch=max_bs, device=device)
+    calibration = load_calibration(args)
     t0 = time.perf_counter()
-    # One pinned host buffer for every HiSparse engine (same rows, same content across modes).
-    carrier = HostKVPool(num_layers=args.layers, item_bytes=args.item,
-                         capacity_tokens=sizes["storage_rows"] - args.page, page_size=args.page,
-                         max_requests=1, max_context=1, device=device)
+    # One pinned buffer for every point: each views it as [L, rows, I] for its own L.
+    rows = host_bytes // args.item // args.page * args.page
+    carrier = HostKVPool(num_layers=1, item_bytes=args.item, capacity_tokens=rows - args.page,
+                         page_size=args.page, max_requests=1, max_context=1, device=device)
+    flat = carrier.kv.view(-1)
     print(f"pinned host pool: {carrier.nbytes / GIB:.2f} GiB in {time.perf_counter() - t0:.1f} s", flush=True)
-    contexts: list[dict] = []
+    done: list[dict] = []
+    computes: dict[int, ComputeStandIn] = {}
     try:
-        for plan in sizes["contexts"]:
-            contexts.append(run_context(args, model, compute, plan, carrier.kv, device))
-            report = _report(args, sizes, device, compute, contexts, t_start)
+        for p, plan in zip(points, plans, strict=True):
+            L = p["layers"]
+            model = models[L] if p["selection"] != "toy" else build_model(args, L)
+            try:
+                if L not in computes:
+                    computes.clear()
+                    gc.collect()
+                    max_bs = max(max(q["full_batch"], q["hisparse_batch"]) for q, pp in zip(plans, points, strict=True)
+                                 if pp["layers"] == L)
+                    computes[L] = ComputeStandIn(model, max_batch=max(max_bs, 1), device=device)
+                compute = computes[L]
+                compute.model = model
+                check_point(args, model, plan, device, compute.weight_bytes // max(L, 1) * min(L, 4))
+                hrows = host_rows_for(flat.numel(), L, args.item, args.page)
+                storage = flat[: L * hrows * args.item].view(L, hrows, args.item)
+                done.append(run_point(args, p, plan, model, compute, storage, device))
+            except Exception as exc:  # a failed point is recorded; the others still run
+                print(f"point {p['label']} FAILED: {exc!r}", flush=True)
+                done.append(dict(p, plan=plan, error=repr(exc), trace=traceback.format_exc()[-3000:],
+                                 exact=False))
+            report = _report(args, host_bytes, device, done, calibration, t_start, len(points))
     finally:
         _sync(device)
+        computes.clear()
         carrier.destroy()
     print(summarize(report))
     print(write_plot(report, args.out / "bench_e2e.png"))

@@ -13,6 +13,10 @@ HiSparseRunner HiSparseCore driven with SGLang's call protocol, as testing/engin
                vectorised over the batch instead of per-request Python loops.
 ```
 
+Selections: with a ``SelectionTable`` (``e2e_selection``, the default) each anchor's top-k is
+the calibrated process's, injected into the toy indexer (same indexer work); without one, the
+toy indexer's own (``--selection toy``).
+
 ``step(check=...)``: when ``check`` holds sampled request positions, each layer's toy
 attention output (``ToyModel.attend``, float32) of those requests is recorded with its top-k,
 and compared with the same output on recomputed oracle bytes (what full-KV residency holds).
@@ -22,9 +26,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from e2e_model import BenchModel, ComputeStandIn
+from e2e_selection import SelectionTable
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
@@ -52,9 +58,11 @@ class _Runner:
     """Shared batch bookkeeping and the per-layer model work."""
 
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int,
-                 cap: int, device: torch.device, seed0: int = 1000) -> None:
+                 cap: int, device: torch.device, selections: SelectionTable | None = None,
+                 seed0: int = 1000) -> None:
         self.model, self.compute, self.device = model, compute, device
         self.bs, self.n, self.cap = bs, n, cap
+        self.selections = selections
         self.seeds = torch.arange(seed0, seed0 + bs, dtype=torch.int64, device=device)
         self.seeds_cpu = self.seeds.cpu().tolist()
         self.req_index = torch.arange(bs, dtype=torch.int64, device=device)
@@ -70,8 +78,14 @@ class _Runner:
     def _write_layer(self, layer: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _rows(self, layer: int, top_k: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    def _attend(self, layer: int, top_k: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Resolve ``top_k`` to device rows and run the timed attention over them; the rows."""
         raise NotImplementedError
+
+    def _select(self, keys: torch.Tensor, layer: int, n: int) -> torch.Tensor:
+        m = self.model
+        forced = None if self.selections is None else self.selections.get(layer, n, self.bs)
+        return m.select(keys, m.queries(self.seeds, n, layer), n, forced=forced)
 
     def _kv_layer(self, layer: int) -> torch.Tensor:
         raise NotImplementedError
@@ -86,12 +100,11 @@ class _Runner:
             self._write_layer(layer, ids, pos)
             if not toy.shared[layer]:
                 keys = self._index_table(layer)[self.req_to_token[:, :n]]  # [bs, n, D]
-                top_k = m.select(keys, m.queries(self.seeds, n, layer), n)
+                top_k = self._select(keys, layer, n)
                 if check is not None and log is not None:
                     self._churn(layer, top_k, check, log)
-            rows = self._rows(layer, top_k, seq_lens)
+            rows = self._attend(layer, top_k, seq_lens)
             self._last_rows = rows
-            self.compute.attention(self._kv_layer(layer), rows)
             self.compute.dense(layer, self.bs)
             if check is not None and log is not None:
                 self._check(layer, top_k, rows, check, log)
@@ -104,7 +117,7 @@ class _Runner:
 
         def indexer() -> None:
             for a in m.anchors:
-                m.select(self._index_table(a)[self.req_to_token[:, :n]], m.queries(self.seeds, n, a), n)
+                self._select(self._index_table(a)[self.req_to_token[:, :n]], a, n)
 
         def attention() -> None:
             for layer in range(L):
@@ -150,8 +163,8 @@ class FullKVRunner(_Runner):
     """All KV resident: ``kv`` uint8 [L, bs*cap, I]; anchor keys float32 [A, bs*cap, D]."""
 
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
-                 device: torch.device) -> None:
-        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device)
+                 device: torch.device, selections: SelectionTable | None = None) -> None:
+        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device, selections=selections)
         toy = model.toy
         self.kv = torch.empty(toy.num_layers, bs * cap, toy.item_bytes, dtype=torch.uint8, device=device)
         self.anchor_slot = {a: i for i, a in enumerate(model.anchors)}
@@ -186,8 +199,10 @@ class FullKVRunner(_Runner):
     def _index_table(self, layer):
         return self.keys[self.anchor_slot[layer]]
 
-    def _rows(self, layer, top_k, seq_lens):
-        return self.req_to_token.gather(1, top_k.long())
+    def _attend(self, layer, top_k, seq_lens):
+        rows = self.req_to_token.gather(1, top_k.long())
+        self.compute.attention(self.kv[layer], rows)
+        return rows
 
     def _kv_layer(self, layer):
         return self.kv[layer]
@@ -224,8 +239,9 @@ class HiSparseRunner(_Runner):
 
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
                  buffer_size: int, page: int, storage: torch.Tensor, prefetch: bool,
-                 skip_io: bool, device: torch.device) -> None:
-        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device)
+                 skip_io: bool, device: torch.device, selections: SelectionTable | None = None,
+                 core_options: dict[str, Any] | None = None) -> None:
+        super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device, selections=selections)
         toy = model.toy
         plan = hisparse_plan(bs=bs, cap=cap, buffer_size=buffer_size, page=page)
         self.allocator = DualSpaceAllocator(plan.device_rows, host_to_device_ratio=plan.ratio,
@@ -240,8 +256,10 @@ class HiSparseRunner(_Runner):
             top_k=toy.top_k, buffer_size=buffer_size, num_reqs=bs, allocator=self.allocator,
             host=self.host, device_kv=list(self.pool.kv), host_kv=list(self.host.kv),
             device=device, shared_index_layers=list(toy.shared), max_batch=bs,
-            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0,
+            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, **(core_options or {}),
         )
+        #: anchors resolve in row slices, attention per slice (``--io-hiding slicesN``)
+        self.sliced = self.core.resolver.anchor_slices > 1
         self.req_cpu = list(range(bs))
 
     def admit(self, fill_host: bool) -> None:
@@ -295,8 +313,18 @@ class HiSparseRunner(_Runner):
     def _index_table(self, layer):
         return self.pool.index_k[layer].view(torch.float32)
 
-    def _rows(self, layer, top_k, seq_lens):
-        return self.core.swap_in(self.req_index, seq_lens, top_k, layer)
+    def _attend(self, layer, top_k, seq_lens):
+        kv = self.pool.kv[layer]
+        if not self.sliced:
+            rows = self.core.swap_in(self.req_index, seq_lens, top_k, layer)
+            self.compute.attention(kv, rows)
+            return rows
+        out = self.core.resolver.out_rows
+
+        def on_slice(a: int, b: int) -> None:
+            self.compute.attention(kv, out[a:b])
+
+        return self.core.swap_in(self.req_index, seq_lens, top_k, layer, on_slice=on_slice)
 
     def _kv_layer(self, layer):
         return self.pool.kv[layer]

@@ -96,8 +96,13 @@ class BenchModel:
         noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + layer)
         return stable + self.churn * noise
 
-    def select(self, keys: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
-        """Top-k positions int32 [bs, k] of ``keys`` float32 [bs, n, D] under ``q`` [bs, D]."""
+    def select(self, keys: torch.Tensor, q: torch.Tensor, n: int,
+               forced: torch.Tensor | None = None) -> torch.Tensor:
+        """Top-k positions int32 [bs, k] of ``keys`` float32 [bs, n, D] under ``q`` [bs, D].
+
+        ``forced`` int32 [bs, k'] (distinct positions < n per row, k' <= k): these win, in
+        their order, ahead of every scored position (the calibrated selections of
+        ``e2e_selection``); the indexer's work is the same either way."""
         scores = keys[:, :, 0] * q[:, 0:1]
         for d in range(1, keys.shape[2]):
             scores = torch.addcmul(scores, keys[:, :, d], q[:, d : d + 1])
@@ -107,17 +112,27 @@ class BenchModel:
         # shapes (and across runs), so full-KV and HiSparse could disagree on a column. Keys
         # (score quantised to 2^-20, position) are unique: one answer, whatever the batch.
         ranked = torch.round(scores * 2**20).to(torch.int64) * (1 << n.bit_length()) + pos
+        if forced is not None:
+            # |ranked| < 2^45 for |score| < 2^7 and n < 2^18, so 2^60 + rank lifts the forced
+            # positions above all others; distinct positions: scatter_ has one writer each.
+            kf = forced.shape[1]
+            lift = (1 << 60) + torch.arange(kf, 0, -1, dtype=torch.int64, device=keys.device)
+            ranked.scatter_(1, forced.to(torch.int64), lift.expand(forced.shape[0], kf))
         return torch.topk(ranked, self.toy.top_k, dim=1).indices.to(torch.int32)
 
 
 class ComputeStandIn:
     """Timed per-layer compute shared by every mode (see the module docstring).
 
-    Allocates the dense weights once (``num_layers`` x ``dense_mb``; outside the KV budget,
-    like real model weights) and persistent activations for batches up to ``max_batch``.
+    Allocates the dense weights once (``min(num_layers, weight_buffers)`` x ``dense_mb``;
+    outside the KV budget, like real model weights) and persistent activations for batches up
+    to ``max_batch``. NOTE: layer l streams buffer ``l % weight_buffers``: 61-78 layers of
+    1.4 GB would not fit next to the KV budget, and a buffer of 1.4 GB re-read a few layers
+    later comes from HBM again (L2 is 50 MB), so the traffic and time are the same.
     """
 
-    def __init__(self, model: BenchModel, *, max_batch: int, device: torch.device) -> None:
+    def __init__(self, model: BenchModel, *, max_batch: int, device: torch.device,
+                 weight_buffers: int = 4) -> None:
         self.model, self.device = model, device
         L = model.toy.num_layers
         self.dim = model.toy.item_bytes // 2  # bf16 values per row (576 for 1152-byte MLA rows)
@@ -126,7 +141,8 @@ class ComputeStandIn:
         g = torch.Generator(device="cpu").manual_seed(7)
         self.q = (torch.randn(max_batch, model.heads, self.dim, generator=g) * 0.02).to(device, dt)
         cols = int(model.dense_mb * 2**20) // (2 * HIDDEN)
-        self.w_stream = [torch.zeros(cols, HIDDEN, dtype=dt, device=device) for _ in range(L)] if cols else []
+        nbuf = min(L, weight_buffers)
+        self.w_stream = [torch.zeros(cols, HIDDEN, dtype=dt, device=device) for _ in range(nbuf)] if cols else []
         self.v_stream = torch.ones(HIDDEN, 1, dtype=dt, device=device)
         tok_cols = int(model.dense_mflop * 1e6) // (2 * HIDDEN)
         self.w_tok = torch.zeros(HIDDEN, tok_cols, dtype=dt, device=device) if tok_cols else None
@@ -137,7 +153,10 @@ class ComputeStandIn:
 
     @property
     def weight_bytes(self) -> int:
-        n = sum(w.numel() * w.element_size() for w in self.w_stream)
+        """Bytes streamed per step as if every layer had its own weights."""
+        L = self.model.toy.num_layers
+        per = self.w_stream[0].numel() * self.w_stream[0].element_size() if self.w_stream else 0
+        n = per * L
         return n + (0 if self.w_tok is None else self.w_tok.numel() * self.w_tok.element_size())
 
     def attention(self, kv_layer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -159,6 +178,6 @@ class ComputeStandIn:
         if not self.dense_enabled:
             return
         if self.w_stream:
-            torch.mm(self.w_stream[layer], self.v_stream)
+            torch.mm(self.w_stream[layer % len(self.w_stream)], self.v_stream)
         if self.w_tok is not None:
             torch.mm(self.x[:bs], self.w_tok)

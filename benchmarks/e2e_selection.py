@@ -139,6 +139,31 @@ class CalibratedIndexer:
         return pos.gather(1, top).to(torch.int32)
 
 
+class SelectionTable:
+    """The calibrated selections of one benchmark point, drawn before any mode is timed:
+    ``table`` int32 [A, S, bs, k] for anchors ``anchors`` and seq_lens ``n0 + 1 .. n0 + S``
+    (every mode of a point runs the same steps, so all of them read this one table; a runner
+    with fewer requests reads the first rows, the same requests). Steps past S are drawn on
+    demand (same values)."""
+
+    def __init__(self, spec: SelectionSpec, *, seeds: torch.Tensor, n0: int, k: int,
+                 anchors: list[int], steps: int) -> None:
+        self.indexer = CalibratedIndexer(spec, seeds, n0, k)
+        self.n0, self.anchor_slot = n0, {a: i for i, a in enumerate(anchors)}
+        table = torch.empty(len(anchors), steps, seeds.shape[0], k, dtype=torch.int32, device=seeds.device)
+        for i, a in enumerate(anchors):
+            for t in range(steps):
+                table[i, t] = self.indexer.select(a, n0 + 1 + t)
+        self.table = table
+
+    def get(self, layer: int, n: int, bs: int) -> torch.Tensor:
+        """int32 [bs, k]: the selection of anchor ``layer`` at seq_len ``n``."""
+        t = n - self.n0 - 1
+        if 0 <= t < self.table.shape[1]:
+            return self.table[self.anchor_slot[layer], t, :bs]
+        return self.indexer.select(layer, n)[:bs]
+
+
 # -- calibration -------------------------------------------------------------------------------
 def _unique(sel: np.ndarray) -> np.ndarray:
     _, first = np.unique(sel, return_index=True)

@@ -1,10 +1,11 @@
 """benchmarks/bench_e2e.py --smoke: the GPU benchmark's code path at tiny sizes on CPU.
 
-Checks the JSON's shape (every mode x context, config, environment, notes) and the
-exactness flags (HiSparse sync/prefetch == oracle == full KV on the sampled outputs), plus
-that the batched content helpers equal the toy model's bytes (the oracle depends on it).
-No timing is asserted. The two tests that read the whole smoke's JSON are marked slow (the
-smoke runs every mode at two contexts, ~15 s); the content and refusal checks run by default.
+Checks the JSON's shape (every point x mode, the IO-hiding and low-pressure tables, the
+calibration table, config, environment, notes) and the exactness flags (HiSparse sync /
+prefetch / every IO-hiding change == oracle == full KV on the sampled outputs), plus that the
+batched content helpers equal the toy model's bytes (the oracle depends on it) and that the
+calibrated selections are distinct, in range and batch-independent. No timing is asserted.
+The tests that read the whole smoke's JSON are marked slow (~30 s); the others run by default.
 """
 
 from __future__ import annotations
@@ -29,37 +30,51 @@ def report(bench, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_json_has_every_mode_and_context(report):
+def test_json_has_every_point_and_mode(report):
     assert report["complete"] is True
-    assert [c["context"] for c in report["contexts"]] == [256, 512]
-    for key in ("config", "environment", "notes", "sizes"):
+    kinds = [(p["kind"], p["context"]) for p in report["points"]]
+    assert kinds == [("main", 256), ("main", 512), ("toy", 256), ("low_pressure", 256)]
+    for key in ("config", "environment", "notes", "calibration", "tables"):
         assert report[key]
     assert report["environment"]["torch"] == torch.__version__
-    for c in report["contexts"]:
-        assert set(c["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense"}
-        for rec in c["modes"].values():
+    assert {r["source"].split(" ")[0] for r in report["calibration"]["rows"]} >= {"trace", "calibrated"}
+    for p in report["points"]:
+        assert "error" not in p, p.get("trace")
+        for mode, rec in p["modes"].items():
+            assert "error" not in rec, (mode, rec.get("trace"))
             assert rec["batch"] >= 1 and rec["step_ms"] > 0 and rec["tokens_per_s"] > 0
-            assert rec["checked_outputs"] > 0
-        for mode in ("sync", "prefetch"):
-            assert "exposed_io_us_per_token" in c["modes"][mode]
-            assert 0.0 < c["modes"][mode]["miss_rate"] < 1.0
-        assert set(c["ratios"]) >= {"prefetch_over_full", "prefetch_over_noio", "batch_ratio",
-                                    "prefetch_over_full_no_dense"}
-        # The smoke sizes are chosen so HiSparse admits more requests than full KV.
-        assert c["modes"]["prefetch"]["batch"] > c["modes"]["full"]["batch"]
+            assert rec["checked_outputs"] > 0 and len(rec["step_ms_per_step"]) == 3
+            assert "h2d_gbps" in rec
+        assert c_has(p, ("exposed_io_us_per_token",), "prefetch")
+        assert 0.0 < p["modes"]["prefetch"]["miss_rate"] < 1.0
+    main = [p for p in report["points"] if p["kind"] == "main"]
+    for p in main:
+        assert set(p["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense",
+                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2"}
+        assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
+        assert {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"} <= set(p["ratios"])
+    assert len(report["tables"]["io_hiding"]) == 3 * len(main)
+    (low,) = report["tables"]["low_pressure"]
+    assert low["batch"] == 2 and "prefetch_over_full" in low
+
+
+def c_has(point: dict, keys: tuple[str, ...], mode: str) -> bool:
+    return all(k in point["modes"][mode] for k in keys)
 
 
 @pytest.mark.slow
 def test_exactness_flags(report):
     assert report["exact"] is True
-    for c in report["contexts"]:
-        assert c["exact"] is True
-        assert c["modes"]["full"]["exact_vs_oracle"] is True
-        assert c["modes"]["noio"]["exact_vs_oracle"] is None  # timing oracle: not checked
-        for mode in ("sync", "prefetch", "prefetch_nodense"):
-            rec = c["modes"][mode]
-            assert rec["exact_vs_oracle"] is True and rec["exact_vs_full"] is True
+    for p in report["points"]:
+        assert p["exact"] is True
+        assert p["modes"]["full"]["exact_vs_oracle"] is True
+        assert p["modes"]["noio"]["exact_vs_oracle"] is None  # timing oracle: not checked
+        for mode, rec in p["modes"].items():
+            if mode in ("full", "noio", "full_nodense"):
+                continue
+            assert rec["exact_vs_oracle"] is True and rec["exact_vs_full"] is True, mode
             assert rec["compared_with_full"] > 0 and not rec["full_mismatches"]
+    assert all(r["exact"] for r in report["tables"]["io_hiding"])
 
 
 def test_batched_content_equals_toy_model(bench):
@@ -77,9 +92,50 @@ def test_batched_content_equals_toy_model(bench):
         assert torch.equal(model.index_key_rows(seeds, pos, layer), keys)
 
 
+def test_calibrated_selections_are_distinct_and_batch_independent(bench):
+    from e2e_selection import CalibratedIndexer, SelectionSpec
+
+    k, n0 = 16, 400
+    seeds = torch.arange(1000, 1006, dtype=torch.int64)
+    wide = CalibratedIndexer(SelectionSpec(), seeds, n0, k)
+    alone = CalibratedIndexer(SelectionSpec(), seeds[3:4], n0, k)
+    for n in (n0 + 1, n0 + 5):
+        sel = wide.select(2, n)
+        assert sel.shape == (6, k) and sel.dtype == torch.int32
+        assert int(sel.min()) >= 0 and int(sel.max()) < n
+        assert all(row.unique().numel() == k for row in sel)
+        assert torch.equal(alone.select(2, n)[0], sel[3])
+
+
+def test_forced_selection_wins_in_order(bench):
+    from e2e_model import BenchModel
+
+    from sglang_hisparse.testing.toy_model import ToyModel
+
+    toy = ToyModel(num_layers=1, top_k=4, item_bytes=128, shared=(False,))
+    model = BenchModel(toy)
+    keys = torch.rand(2, 50, toy.index_dim)
+    forced = torch.tensor([[7, 3, 49, 0], [1, 2, 3, 4]], dtype=torch.int32)
+    got = model.select(keys, model.queries(torch.tensor([1, 2]), 50, 0), 50, forced=forced)
+    assert torch.equal(got, forced)
+
+
+def test_glm_anchor_pattern(bench):
+    from e2e_points import shared_pattern
+
+    for layers, anchors in ((78, 21), (61, 16)):
+        pat = shared_pattern(layers, "glm", 4)
+        assert sum(not s for s in pat) == anchors
+        assert [i for i, s in enumerate(pat) if not s][:4] == [0, 1, 5, 9]
+
+
 def test_refuses_when_a_mode_admits_nothing(bench, tmp_path):
+    from e2e_points import build_model, build_points, check_point, plan_point
+
     args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
-    args.budget_gib = 1e-7  # far below one request's KV
-    model = bench.build_model(args)
-    with pytest.raises(SystemExit, match="admits no request"):
-        bench.check_machine(args, model, bench.plan_sizes(args, model), torch.device("cpu"))
+    args.budget_gib = "1e-7"  # far below one request's KV
+    point = build_points(args)[0]
+    model = build_model(args, point["layers"])
+    plan = plan_point(args, point, model, bench.host_pool_bytes(args))
+    with pytest.raises(ValueError, match="admits no request"):
+        check_point(args, model, plan, torch.device("cpu"), 0)

@@ -1,0 +1,142 @@
+"""What one bench_e2e run measures: its points (model shape x context x selection x batch),
+each point's modes and its sizes under the KV budget.
+
+```
+main          every --layers x --contexts: full KV at the largest batch its KV budget admits,
+              HiSparse (sync / prefetch / no-IO oracle / each --io-hiding change) at the largest
+              batch the same budget admits, capped by the pinned host pool
+toy           the first main shape and context with the old toy indexer (--churn): labelled variant
+low_pressure  the first shape and context at each --low-pressure batch b: full KV and HiSparse
+              both at b, with a budget that holds b requests' full KV (HBM is not short)
+```
+
+Anchor rule ``glm`` (default): SGLang's ``index_topk_freq = 4`` offset rule as GLM-5.2 uses it
+(presets/glm-5.2.json): layer l computes its own top-k iff ``max(l - 1, 0) % 4 == 0``, i.e.
+layers 0, 1, 5, 9, ...: 21 anchors of 78, 16 of 61. ``every``: one anchor per ``--anchor-every``.
+
+KV budget ``auto`` (default), per main point: the largest HiSparse batch the host pool holds,
+less one request, times HiSparse's HBM per request, so HBM (not host DRAM) bounds HiSparse's
+batch by one request; raised to one request's full KV when that is larger (then full KV runs
+one request and HiSparse is host-bound: the JSON's ``hisparse_limited_by`` says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from e2e_engine import FullKVRunner, hisparse_bytes_per_request
+from e2e_model import BenchModel
+
+from sglang_hisparse.memory.paged import ceil_div
+from sglang_hisparse.testing.toy_model import ToyModel
+
+GIB = 2**30
+BASE_MODES = ("full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense")
+#: --io-hiding changes: HiSparseCore options of a ``prefetch+<name>`` mode (one at a time)
+IO_HIDING = {
+    "prio": dict(prefetch_priority=-1),
+    "ctas4": dict(replay_ctas=4),
+    "ctas16": dict(replay_ctas=16),
+    "ctas32": dict(replay_ctas=32),
+    "slices2": dict(anchor_slices=2),
+    "slices4": dict(anchor_slices=4),
+}
+
+
+def shared_pattern(layers: int, rule: str, every: int) -> tuple[bool, ...]:
+    """Per layer: True = reuses the previous anchor's top-k."""
+    if rule == "glm":
+        return tuple(max(i - 1, 0) % 4 != 0 for i in range(layers))
+    return tuple(i % every != 0 for i in range(layers))
+
+
+def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = None) -> BenchModel:
+    shared = shared_pattern(layers, args.anchor_rule, args.anchor_every)
+    toy = ToyModel(num_layers=layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
+    return BenchModel(toy, churn=args.churn if churn is None else churn, heads=args.heads,
+                      attention=args.attention, dense_mb=args.dense_mb, dense_mflop=args.dense_mflop)
+
+
+def _ctx(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 else str(n)
+
+
+def build_points(args: argparse.Namespace) -> list[dict]:
+    base = list(args.modes)
+    io = [f"prefetch+{name}" for name in args.io_hiding]
+    points = [dict(kind="main", label=f"{L}L {_ctx(n)}", layers=L, context=n,
+                   selection=args.selection, modes=base + io)
+              for L in args.layers for n in args.contexts]
+    L0, n0 = args.layers[0], args.contexts[0]
+    if args.toy_variant and args.selection != "toy":
+        points.append(dict(kind="toy", label=f"{L0}L {_ctx(n0)} toy churn {args.churn}", layers=L0,
+                           context=n0, selection="toy", modes=["full", "prefetch", "noio"]))
+    for b in args.low_pressure:
+        points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
+                           context=n0, selection=args.selection, batch=b,
+                           modes=["full", "prefetch", "noio"] + list(args.residency_modes)))
+    return points
+
+
+def host_rows_for(host_bytes: int, layers: int, item: int, page: int) -> int:
+    """Rows per layer of a ``layers``-layer view of the pinned pool (a multiple of ``page``)."""
+    return host_bytes // (layers * item) // page * page
+
+
+def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_bytes: int) -> dict:
+    """Batches, budget and bounds of one point (see the module docstring)."""
+    n, page = point["context"], args.page
+    total_steps = args.warmup + args.steps + args.check_steps
+    cap = n + total_steps + 1
+    per_full = FullKVRunner.bytes_per_request(model, cap)
+    per_hs = hisparse_bytes_per_request(model, cap=cap, buffer_size=args.buffer, page=page)
+    host_pages = host_rows_for(host_bytes, model.toy.num_layers, args.item, page) // page - 1
+    hs_host = max(host_pages // (ceil_div(cap, page) + 1), 0)
+    if point["kind"] == "low_pressure":
+        b = point["batch"]
+        budget = b * per_full
+        full_bs = hs = b
+        limit = "fixed batch"
+        hs_hbm = budget // per_hs
+        if hs_host < b:
+            limit = "host_dram (refused)"
+    else:
+        if args.budget_gib == "auto":
+            budget = max(per_full, max(hs_host - 1, 1) * per_hs)
+        else:
+            budget = int(float(args.budget_gib) * GIB)
+        full_bs = min(budget // per_full, args.max_batch)
+        hs_hbm = budget // per_hs
+        hs = min(hs_hbm, hs_host, args.max_batch)
+        limit = "hbm" if hs == hs_hbm else ("host_dram" if hs == hs_host else "max_batch")
+    return dict(context=n, cap=cap, budget_bytes=budget, budget_gib=budget / GIB,
+                full_bytes_per_request=per_full, hisparse_bytes_per_request=per_hs,
+                full_batch_admitted=budget // per_full, full_batch=full_bs,
+                hisparse_batch_admitted_hbm=hs_hbm, hisparse_batch_host_limit=hs_host,
+                hisparse_batch=hs, hisparse_limited_by=limit)
+
+
+def check_point(args: argparse.Namespace, model: BenchModel, plan: dict, device: torch.device,
+                weight_bytes: int) -> None:
+    """Refuse (ValueError, with the figures) a point the machine cannot hold."""
+    if min(plan["full_batch"], plan["hisparse_batch"]) < 1:
+        raise ValueError(f"a mode admits no request (full {plan['full_batch']}, HiSparse "
+                         f"{plan['hisparse_batch']}); raise --budget-gib/--host-gib")
+    if plan["hisparse_batch"] > plan["hisparse_batch_host_limit"]:
+        raise ValueError(f"the pinned pool holds {plan['hisparse_batch_host_limit']} requests, "
+                         f"the point needs {plan['hisparse_batch']}")
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        bs = max(plan["hisparse_batch"], plan["full_batch"])
+        scratch = 4 * bs * args.top_k * args.item + 3 * bs * plan["cap"] * 4 * model.toy.index_dim
+        need = plan["budget_bytes"] + weight_bytes + scratch + 2 * GIB
+        plan["device_need_gib"] = need / GIB
+        if need > 0.95 * total:
+            raise ValueError(f"needs {need / GIB:.1f} GiB of HBM, the GPU has {total / GIB:.1f} GiB")
+
+
+def describe(point: dict, plan: dict) -> str:
+    return (f"{point['label']}: KV budget {plan['budget_gib']:.2f} GiB; full-KV batch {plan['full_batch']}, "
+            f"HiSparse {plan['hisparse_batch']} (HBM admits {plan['hisparse_batch_admitted_hbm']}, host pool "
+            f"{plan['hisparse_batch_host_limit']}; bound by {plan['hisparse_limited_by']})")
