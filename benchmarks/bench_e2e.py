@@ -45,13 +45,16 @@ from e2e_points import (  # noqa: E402
     BASE_MODES,
     GIB,
     IO_HIDING,
+    RESIDENCY,
     build_model,
     build_points,
     check_point,
     describe,
     host_rows_for,
     plan_point,
+    residency_supported,
 )
+from e2e_ramp import make_ramp_runner, ramp_levels, ramp_total_steps, run_ramp_mode, summarize_ramp  # noqa: E402
 from e2e_report import compare_modes, environment, notes, summarize, tables, write_plot  # noqa: E402
 from e2e_selection import SelectionSpec, SelectionTable, calibration_table  # noqa: E402
 
@@ -61,7 +64,7 @@ from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
 SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, budget_gib="auto",
              host_gib=0.003, warmup=2, steps=3, check_steps=2, check_requests=2, heads=2,
              dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu",
-             io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2])
+             io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2], ramp_steps=1)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,6 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     choices=sorted(IO_HIDING), help="prefetch+<change> modes, one change each")
     ap.add_argument("--low-pressure", type=int, nargs="*", default=[1, 4, 16],
                     help="batches at which full KV and HiSparse run side by side, budget = their full KV")
+    ap.add_argument("--ramp-steps", type=int, default=2,
+                    help="timed steps per ramp level (0: no ramp point)")
+    ap.add_argument("--residency", action=argparse.BooleanOptionalAction, default=None,
+                    help="pressure / always_hot modes (issue 29); default: when the core has them")
     ap.add_argument("--calibration", type=Path, default=None,
                     help="calibration table JSON to embed (python benchmarks/e2e_selection.py --json); "
                          "default: compute the quick one")
@@ -118,8 +125,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             float(args.budget_gib)
         except ValueError:
             ap.error(f"--budget-gib {args.budget_gib!r}: a number of GiB or auto")
-    #: residency modes join the low-pressure points once the core has them (issue 29)
-    args.residency_modes = []
+    if args.residency is None:
+        args.residency = residency_supported()
+    elif args.residency and not residency_supported():
+        ap.error("--residency: this checkout's HiSparseCore has no residency option yet")
     if args.device == "cuda" and not torch.cuda.is_available() and not args.plan_only:
         ap.error("--device cuda but CUDA is not available; use --smoke (CPU) or a GPU machine")
     return args
@@ -215,11 +224,20 @@ def make_runner(mode: str, point: dict, plan: dict, model, compute, storage, sel
     if base == "full":
         return FullKVRunner(model, compute, bs=plan["full_batch"], n=n, cap=cap, device=device,
                             selections=selections)
-    options = dict(IO_HIDING[change]) if change else {}
     return HiSparseRunner(model, compute, bs=plan["hisparse_batch"], n=n, cap=cap,
                           buffer_size=args.buffer, page=args.page, storage=storage,
                           prefetch=base != "sync", skip_io=base == "noio", device=device,
-                          selections=selections, core_options=options)
+                          selections=selections, core_options=core_options(base, change, args),
+                          device_rows=plan["hisparse_device_rows"])
+
+
+def core_options(base: str, change: str, args) -> dict:
+    """HiSparseCore options of a mode: its IO-hiding change, and with residency in the core
+    ``pressure`` for the pressure modes and ``always_hot`` (today's behaviour) for the rest."""
+    options = dict(IO_HIDING[change]) if change else {}
+    if args.residency:
+        options.update(RESIDENCY["pressure" if base == "pressure" else "always_hot"])
+    return options
 
 
 def run_point(args, point: dict, plan: dict, model, compute, storage, device) -> dict:
@@ -227,12 +245,16 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
     check_full = list(range(min(args.check_requests, plan["full_batch"])))
     selections = None
     t0 = time.perf_counter()
+    ramp = point["kind"] == "ramp"
+    steps = ramp_total_steps(args, plan["hisparse_batch"]) if ramp else args.warmup + args.steps + args.check_steps
     if point["selection"] == "calibrated":
         bs = max(plan["full_batch"], plan["hisparse_batch"])
         seeds = torch.arange(1000, 1000 + bs, dtype=torch.int64, device=device)
         selections = SelectionTable(SelectionSpec(), seeds=seeds, n0=point["context"], k=args.top_k,
-                                    anchors=model.anchors, steps=args.warmup + args.steps + args.check_steps)
+                                    anchors=model.anchors, steps=steps)
     sel_s = time.perf_counter() - t0
+    if ramp:
+        return run_ramp_point(args, point, plan, model, compute, storage, selections, device, sel_s)
     ceiling = link_ceiling(storage, args.item, device)
     filled = False
     for mode in point["modes"]:
@@ -272,6 +294,31 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
     compute.dense_enabled = True
     out = compare_modes(plan, results, args, ceiling=ceiling)
     return dict(point, **out, selection_table_s=sel_s)
+
+
+def run_ramp_point(args, point, plan, model, compute, storage, selections, device, sel_s) -> dict:
+    levels = ramp_levels(plan["hisparse_batch"])
+    modes: dict[str, dict] = {}
+    for mode in point["modes"]:
+        gc.collect()
+        runner = None
+        try:
+            options = core_options(mode, "", args)
+            runner = make_ramp_runner(mode, plan, model, compute, storage, selections, args, device, options)
+            modes[mode] = run_ramp_mode(runner, levels, args, device)
+            print(f"  {point['label']:<22} {mode:<18} levels {levels}: median step "
+                  f"{sorted(s['step_ms'] for s in modes[mode]['steps'])[len(modes[mode]['steps']) // 2]:.2f} ms  "
+                  f"exact {modes[mode]['exact_vs_oracle']}", flush=True)
+        except Exception as exc:
+            print(f"  {point['label']} ramp {mode}: FAILED {exc!r}", flush=True)
+            modes[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
+        finally:
+            if runner is not None and hasattr(runner, "destroy"):
+                runner.destroy()
+            del runner
+    exact = all(m.get("exact_vs_oracle", False) for m in modes.values())
+    return dict(point, plan=plan, ramp=dict(modes=modes, summary=summarize_ramp(modes)), exact=exact,
+                selection_table_s=sel_s)
 
 
 def _report(args, host_bytes, device, points, calibration, t_start, planned: int) -> dict:
@@ -353,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         computes.clear()
         carrier.destroy()
     print(summarize(report))
-    print(write_plot(report, args.out / "bench_e2e.png"))
+    try:
+        print(write_plot(report, args.out / "bench_e2e.png"))
+    except Exception as exc:  # the JSON holds every figure; a plot bug must not cost the run
+        print(f"plot failed: {exc!r}")
     print(f"wrote {args.out / 'bench_e2e.json'}")
     return 0 if report["exact"] else 1
 

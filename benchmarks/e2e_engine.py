@@ -63,12 +63,26 @@ class _Runner:
         self.model, self.compute, self.device = model, compute, device
         self.bs, self.n, self.cap = bs, n, cap
         self.selections = selections
-        self.seeds = torch.arange(seed0, seed0 + bs, dtype=torch.int64, device=device)
-        self.seeds_cpu = self.seeds.cpu().tolist()
-        self.req_index = torch.arange(bs, dtype=torch.int64, device=device)
+        self._seeds_all = torch.arange(seed0, seed0 + bs, dtype=torch.int64, device=device)
+        self._seeds_cpu_all = self._seeds_all.cpu().tolist()
+        self._req_index_all = torch.arange(bs, dtype=torch.int64, device=device)
         #: int64 [bs, cap]: token id (full: device row; HiSparse: logical id) per position
-        self.req_to_token = torch.zeros(bs, cap, dtype=torch.int64, device=device)
+        self._r2t_all = torch.zeros(bs, cap, dtype=torch.int64, device=device)
         self._prev_topk: dict[int, torch.Tensor] = {}
+        #: request slots 0..active-1 decode (all ``bs`` unless a ramp changes it)
+        self.active = bs
+        self._views(bs)
+
+    @property
+    def slots(self) -> int:
+        """Request slots this runner was built for (a ramp's largest level)."""
+        return self._r2t_all.shape[0]
+
+    def _views(self, c: int) -> None:
+        """Point the per-step tensors at the first ``c`` request slots (views: writes land)."""
+        self.bs = c
+        self.seeds, self.seeds_cpu = self._seeds_all[:c], self._seeds_cpu_all[:c]
+        self.req_index, self.req_to_token = self._req_index_all[:c], self._r2t_all[:c]
 
     # hooks ------------------------------------------------------------------------------------
     def _index_table(self, layer: int) -> torch.Tensor:
@@ -93,7 +107,7 @@ class _Runner:
     # per step ---------------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, seq_lens: torch.Tensor, check: list[int] | None,
                  log: CheckLog | None) -> None:
-        m, toy, n = self.model, self.model.toy, self.n
+        toy, n = self.model.toy, self.n
         pos = torch.full((self.bs,), n - 1, dtype=torch.int64, device=self.device)
         top_k = None
         for layer in range(toy.num_layers):
@@ -169,7 +183,9 @@ class FullKVRunner(_Runner):
         self.kv = torch.empty(toy.num_layers, bs * cap, toy.item_bytes, dtype=torch.uint8, device=device)
         self.anchor_slot = {a: i for i, a in enumerate(model.anchors)}
         self.keys = torch.empty(len(model.anchors), bs * cap, toy.index_dim, dtype=torch.float32, device=device)
-        self.req_to_token.copy_(torch.arange(bs * cap, device=device).view(bs, cap))
+        self._r2t_all.copy_(torch.arange(bs * cap, device=device).view(bs, cap))
+        #: per slot: positions 0..written-1 hold its KV (a ramp's late joiner catches up)
+        self._written = [n] * bs
 
     @staticmethod
     def bytes_per_request(model: BenchModel, cap: int) -> int:
@@ -190,6 +206,22 @@ class FullKVRunner(_Runner):
         self.n += 1
         ids = self.req_to_token[:, self.n - 1]
         self._forward(ids, None, check, log)
+        self._written[: self.bs] = [self.n] * self.bs
+
+    def set_concurrency(self, c: int) -> None:
+        """Ramp: slots 0..c-1 decode; a joining slot gets the positions it did not decode."""
+        toy = self.model.toy
+        for b in range(self.active, c):
+            pos = torch.arange(self._written[b], self.n, device=self.device)
+            if pos.numel():
+                seed, rows = self._seeds_cpu_all[b], self._r2t_all[b, pos]
+                for layer in range(toy.num_layers):
+                    self.kv[layer, rows] = toy.kv(seed, pos, layer)
+                    if layer in self.anchor_slot:
+                        self.keys[self.anchor_slot[layer], rows] = toy.index_keys(seed, pos, layer)
+            self._written[b] = self.n
+        self.active = c
+        self._views(c)
 
     def _write_layer(self, layer, ids, pos):
         self.kv[layer].index_copy_(0, ids, self.model.kv_rows(self.seeds, pos, layer))
@@ -218,9 +250,10 @@ class HiSparsePlan:
     max_ctx: int
 
 
-def hisparse_plan(*, bs: int, cap: int, buffer_size: int, page: int) -> HiSparsePlan:
+def hisparse_plan(*, bs: int, cap: int, buffer_size: int, page: int, device_rows: int = 0) -> HiSparsePlan:
+    """``device_rows``: at least this many (the KV budget's rows, so residency has room)."""
     hot = ceil_div(buffer_size + 1, page) * page
-    device_rows = bs * hot + page
+    device_rows = max(bs * hot + page, ceil_div(device_rows, page) * page)
     logical = bs * ceil_div(cap, page) * page + page
     return HiSparsePlan(page, device_rows, ceil_div(logical, device_rows), ceil_div(cap, page) * page)
 
@@ -240,10 +273,11 @@ class HiSparseRunner(_Runner):
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
                  buffer_size: int, page: int, storage: torch.Tensor, prefetch: bool,
                  skip_io: bool, device: torch.device, selections: SelectionTable | None = None,
-                 core_options: dict[str, Any] | None = None) -> None:
+                 core_options: dict[str, Any] | None = None, device_rows: int = 0) -> None:
         super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device, selections=selections)
         toy = model.toy
-        plan = hisparse_plan(bs=bs, cap=cap, buffer_size=buffer_size, page=page)
+        plan = hisparse_plan(bs=bs, cap=cap, buffer_size=buffer_size, page=page, device_rows=device_rows)
+        self.device_rows = plan.device_rows
         self.allocator = DualSpaceAllocator(plan.device_rows, host_to_device_ratio=plan.ratio,
                                             page_size=page, device=device)
         self.pool = DeviceKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
@@ -252,11 +286,20 @@ class HiSparseRunner(_Runner):
         self.host = HostKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
                                capacity_tokens=host_capacity, page_size=page, max_requests=bs,
                                max_context=plan.max_ctx, device=device, storage=storage)
+        options = dict(core_options or {})
+        #: int32 [bs, max_ctx]: logical ids per position, as SGLang's req_to_token (residency)
+        self.r2t32 = None
+        if "residency" in options:
+            self.r2t32 = torch.zeros(bs, plan.max_ctx, dtype=torch.int32, device=device)
+            options["req_to_token"] = self.r2t32
+            frac = options.pop("watermark", None)
+            if frac is not None:
+                options["watermark_rows"] = int(frac * plan.device_rows)
         self.core = HiSparseCore(
             top_k=toy.top_k, buffer_size=buffer_size, num_reqs=bs, allocator=self.allocator,
             host=self.host, device_kv=list(self.pool.kv), host_kv=list(self.host.kv),
             device=device, shared_index_layers=list(toy.shared), max_batch=bs,
-            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, **(core_options or {}),
+            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, **options,
         )
         #: anchors resolve in row slices, attention per slice (``--io-hiding slicesN``)
         self.sliced = self.core.resolver.anchor_slices > 1
@@ -265,27 +308,52 @@ class HiSparseRunner(_Runner):
     def admit(self, fill_host: bool) -> None:
         """PD direct admission; ``fill_host``: write the prompt KV into the host rows (skip
         when an earlier engine on the same storage already did: same seeds, same rows)."""
+        for b in range(self.bs):
+            self._admit_one(b, fill_host)
+
+    def _admit_one(self, b: int, fill_host: bool) -> None:
         toy, n, dev = self.model.toy, self.n, self.device
+        seed = self._seeds_cpu_all[b]
         pos = torch.arange(n, device=dev)
         zero, none = torch.zeros(1, dtype=torch.int64), torch.full((1,), -1, dtype=torch.int64)
-        for b, seed in enumerate(self.seeds_cpu):
-            ids = self.allocator.alloc_logical_extend(zero, torch.tensor([n]), none)
-            if ids is None or not self.host.ensure(b, n):
-                raise RuntimeError(f"admit: request {b} does not fit (logical ids or host rows)")
-            self.req_to_token[b, :n] = ids
-            for a in self.model.anchors:
-                self.pool.write_index(a, ids, toy.index_keys(seed, pos, a).view(torch.uint8))
-            if fill_host:
-                rows = self.host.host_row_ids(b, 0, n)
-                start = int(rows[0])
-                contiguous = bool(torch.equal(rows, torch.arange(start, start + n)))
-                for layer in range(toy.num_layers):
-                    data = toy.kv(seed, pos, layer)
-                    if contiguous:  # one bulk device->pinned copy per layer
-                        self.host.kv[layer, start : start + n].copy_(data)
-                    else:
-                        self.host.kv[layer, rows] = data.cpu()
-            self.core.admit_direct(b, n)
+        ids = self.allocator.alloc_logical_extend(zero, torch.tensor([n]), none)
+        if ids is None or not self.host.ensure(b, n):
+            raise RuntimeError(f"admit: request {b} does not fit (logical ids or host rows)")
+        self._r2t_all[b, :n] = ids
+        if self.r2t32 is not None:
+            self.r2t32[b, :n] = ids
+        for a in self.model.anchors:
+            self.pool.write_index(a, ids, toy.index_keys(seed, pos, a).view(torch.uint8))
+        if fill_host:
+            rows = self.host.host_row_ids(b, 0, n)
+            start = int(rows[0])
+            contiguous = bool(torch.equal(rows, torch.arange(start, start + n)))
+            for layer in range(toy.num_layers):
+                data = toy.kv(seed, pos, layer)
+                if contiguous:  # one bulk device->pinned copy per layer
+                    self.host.kv[layer, start : start + n].copy_(data)
+                else:
+                    self.host.kv[layer, rows] = data.cpu()
+        self.core.admit_direct(b, n)
+
+    def start_empty(self) -> None:
+        """A ramp starts with no request admitted (``set_concurrency`` admits them)."""
+        self.active = 0
+        self._views(0)
+        self.req_cpu = []
+
+    def set_concurrency(self, c: int) -> None:
+        """Ramp: slots 0..c-1 decode. A joining slot is admitted (PD) at the current length,
+        so every active request keeps one length; a leaving one is finished and freed."""
+        _sync(self.device)
+        for b in range(self.active, c):
+            self._admit_one(b, fill_host=True)
+        for b in reversed(range(c, self.active)):
+            self.core.finish(b)
+            self.allocator.free(self._r2t_all[b, : self.n])
+        self.active = c
+        self._views(c)
+        self.req_cpu = list(range(c))
 
     def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
         self.n += 1
@@ -296,6 +364,8 @@ class HiSparseRunner(_Runner):
         if new_ids is None:
             raise RuntimeError("step: logical ids exhausted")
         self.req_to_token[:, n - 1] = new_ids
+        if self.r2t32 is not None:
+            self.r2t32[: self.bs, n - 1] = new_ids
         seq_lens = torch.full((self.bs,), n, dtype=torch.int64, device=dev)
         self.core.map_last_loc(req_index=self.req_index, seq_lens=seq_lens, new_logical=new_ids,
                                req_index_cpu=self.req_cpu, seq_lens_cpu=seq_cpu.tolist())

@@ -8,7 +8,16 @@ main          every --layers x --contexts: full KV at the largest batch its KV b
 toy           the first main shape and context with the old toy indexer (--churn): labelled variant
 low_pressure  the first shape and context at each --low-pressure batch b: full KV and HiSparse
               both at b, with a budget that holds b requests' full KV (HBM is not short)
+ramp          the first shape and context, concurrency 1, 2, 4, ... up to the HiSparse batch and
+              back (--ramp-steps timed steps per level), per step: step time (and, with
+              residency, resident/hot counts and free rows); full KV runs the levels it holds
 ```
+
+HiSparse's device rows are the KV budget's (less its per-request state), at least its hot
+buffers: room that pressure-driven residency (issue 29) can use; always-hot modes leave it
+unused, as a server's pool would be. Once the core has residency, every HiSparse mode runs
+``residency="always_hot"`` (today's behaviour, the "before") and ``pressure`` modes are added:
+main points (high pressure, same batch), low-pressure points and the ramp.
 
 Anchor rule ``glm`` (default): SGLang's ``index_topk_freq = 4`` offset rule as GLM-5.2 uses it
 (presets/glm-5.2.json): layer l computes its own top-k iff ``max(l - 1, 0) % 4 == 0``, i.e.
@@ -32,6 +41,18 @@ from sglang_hisparse.memory.paged import ceil_div
 from sglang_hisparse.testing.toy_model import ToyModel
 
 GIB = 2**30
+#: HiSparseCore options of the residency modes (issue 29); ``watermark``: fraction of device rows
+RESIDENCY = {"always_hot": dict(residency="always_hot"),
+             "pressure": dict(residency="pressure", watermark=0.05)}
+
+
+def residency_supported() -> bool:
+    """Whether this checkout's HiSparseCore has pressure-driven residency (issue 29)."""
+    import inspect
+
+    from sglang_hisparse.coordinator.core import HiSparseCore
+
+    return "residency" in inspect.signature(HiSparseCore.__init__).parameters
 BASE_MODES = ("full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense")
 #: --io-hiding changes: HiSparseCore options of a ``prefetch+<name>`` mode (one at a time)
 IO_HIDING = {
@@ -65,8 +86,9 @@ def _ctx(n: int) -> str:
 def build_points(args: argparse.Namespace) -> list[dict]:
     base = list(args.modes)
     io = [f"prefetch+{name}" for name in args.io_hiding]
+    res = ["pressure"] if args.residency else []
     points = [dict(kind="main", label=f"{L}L {_ctx(n)}", layers=L, context=n,
-                   selection=args.selection, modes=base + io)
+                   selection=args.selection, modes=base + io + res)
               for L in args.layers for n in args.contexts]
     L0, n0 = args.layers[0], args.contexts[0]
     if args.toy_variant and args.selection != "toy":
@@ -75,7 +97,10 @@ def build_points(args: argparse.Namespace) -> list[dict]:
     for b in args.low_pressure:
         points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
                            context=n0, selection=args.selection, batch=b,
-                           modes=["full", "prefetch", "noio"] + list(args.residency_modes)))
+                           modes=["full", "prefetch", "noio"] + res))
+    if args.ramp_steps > 0:
+        points.append(dict(kind="ramp", label=f"{L0}L {_ctx(n0)} ramp", layers=L0, context=n0,
+                           selection=args.selection, modes=["full", "prefetch"] + res))
     return points
 
 
@@ -88,6 +113,9 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
     """Batches, budget and bounds of one point (see the module docstring)."""
     n, page = point["context"], args.page
     total_steps = args.warmup + args.steps + args.check_steps
+    if point["kind"] == "ramp":
+        # at most 2 * 11 + 1 levels (batch <= 1024), each ramp_steps timed + 1 checked step
+        total_steps = max(total_steps, args.warmup + 23 * (args.ramp_steps + 1))
     cap = n + total_steps + 1
     per_full = FullKVRunner.bytes_per_request(model, cap)
     per_hs = hisparse_bytes_per_request(model, cap=cap, buffer_size=args.buffer, page=page)
@@ -110,7 +138,11 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
         hs_hbm = budget // per_hs
         hs = min(hs_hbm, hs_host, args.max_batch)
         limit = "hbm" if hs == hs_hbm else ("host_dram" if hs == hs_host else "max_batch")
+    row = model.toy.num_layers * args.item  # one token's KV, every layer
+    state = per_hs - row * ceil_div(args.buffer + 1, page) * page  # HiSparse's non-row bytes per request
+    device_rows = max((budget - hs * state) // row, 0)
     return dict(context=n, cap=cap, budget_bytes=budget, budget_gib=budget / GIB,
+                hisparse_device_rows=device_rows,
                 full_bytes_per_request=per_full, hisparse_bytes_per_request=per_hs,
                 full_batch_admitted=budget // per_full, full_batch=full_bs,
                 hisparse_batch_admitted_hbm=hs_hbm, hisparse_batch_host_limit=hs_host,

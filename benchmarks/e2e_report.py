@@ -97,7 +97,9 @@ def tables(points: list[dict]) -> dict:
     """The JSON's summary tables: IO-hiding before/after and low pressure."""
     io_rows, low_rows = [], []
     for p in points:
-        modes = p.get("modes", {})
+        modes = p.get("modes")
+        if p.get("kind") == "ramp" or not isinstance(modes, dict):
+            continue
         pf, noio = modes.get("prefetch"), modes.get("noio")
         if not pf or not noio or "error" in pf:
             continue
@@ -179,6 +181,9 @@ def summarize(report: dict) -> str:
         if "error" in p:
             lines.append(f"{p['label']:<26}FAILED {p['error']}")
             continue
+        if p["kind"] == "ramp":
+            lines.extend(_ramp_lines(p))
+            continue
         for mode, r in p["modes"].items():
             if "error" in r:
                 lines.append(f"{p['label']:<26}{mode:<18}FAILED {r['error'][:60]}")
@@ -211,6 +216,20 @@ def summarize(report: dict) -> str:
             lines.append(f"  batch {r['batch']:>4}: full {r['full_step_ms']:.2f} ms  {extra}")
     lines.append(f"exact: {report['exact']}  targets met: {report['targets_met']}  total {report['total_s']:.0f} s")
     return "\n".join(lines)
+
+
+def _ramp_lines(p: dict) -> list[str]:
+    summ = p["ramp"]["summary"]
+    lines = [f"{p['label']}: per level median step ms (c = concurrency)"]
+    for row in summ["per_level"]:
+        vals = "  ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_ms"))
+        extra = row.get("pressure_over_slower_pure")
+        lines.append(f"  c {row['c']:>4}: {vals}" + ("" if extra is None else f"  pressure/slower pure {extra:.3f}"))
+    for mode, rec in p["ramp"]["modes"].items():
+        if "error" in rec:
+            lines.append(f"  {mode}: FAILED {rec['error'][:80]}")
+    lines.append(f"  worst pressure/slower pure: {summ['worst_pressure_over_slower_pure']} (target {summ['target']})")
+    return lines
 
 
 def write_plot(report: dict, path: Path) -> str:
@@ -248,17 +267,32 @@ def write_plot(report: dict, path: Path) -> str:
         axes[1, 0].set_ylim(0, 1.1)
         axes[1, 0].legend(fontsize=7)
     axes[1, 0].set_title("IO hiding: throughput / no-IO oracle, one change at a time")
-    ramp = report.get("ramp")
+    ramp = next((p["ramp"] for p in report["points"] if p.get("kind") == "ramp" and "ramp" in p), None)
     low = report["tables"]["low_pressure"]
-    if ramp and "steps" in ramp:
+    if ramp:
         ax = axes[1, 1]
-        ax.plot([s["step_ms"] for s in ramp["steps"]], label="step ms")
         ax2 = ax.twinx()
-        for key in ("resident", "hot", "free_rows_k"):
-            ax2.plot([s.get(key, 0) for s in ramp["steps"]], ls="--", label=key)
-        ax.set_title("ramp")
+        for mode, rec in ramp["modes"].items():
+            steps = rec.get("steps", [])
+            seen: dict[int, int] = {}
+            xs = []
+            for st in steps:  # steps of one level side by side, 0.1 apart
+                xs.append(st["level"] + 0.1 * seen.get(st["level"], 0))
+                seen[st["level"]] = seen.get(st["level"], 0) + 1
+            ax.plot(xs, [st["step_ms"] for st in steps], marker=".", label=f"{mode} step ms")
+            if mode == "pressure":
+                for key in ("resident", "hot", "free_rows"):
+                    if steps and key in steps[0]:
+                        ax2.plot([s["level"] for s in steps], [s[key] for s in steps], ls="--", label=key)
+        levels = next((r["levels"] for r in ramp["modes"].values() if "levels" in r), [])
+        ax.set_xticks(range(len(levels)))
+        ax.set_xticklabels([str(c) for c in levels], fontsize=7)
+        ax.set_xlabel("ramp level (concurrency)")
+        ax2.set_yscale("symlog")
+        ax.set_title("ramp: step time per step; resident/hot requests and free rows (pressure)")
         ax.legend(loc="upper left", fontsize=7)
-        ax2.legend(loc="upper right", fontsize=7)
+        if ax2.get_legend_handles_labels()[0]:
+            ax2.legend(loc="upper right", fontsize=7)
     elif low:
         keys = sorted({k for r in low for k in r if k.endswith("_over_full")})
         for key in keys:

@@ -33,13 +33,15 @@ def report(bench, tmp_path_factory):
 def test_json_has_every_point_and_mode(report):
     assert report["complete"] is True
     kinds = [(p["kind"], p["context"]) for p in report["points"]]
-    assert kinds == [("main", 256), ("main", 512), ("toy", 256), ("low_pressure", 256)]
+    assert kinds == [("main", 256), ("main", 512), ("toy", 256), ("low_pressure", 256), ("ramp", 256)]
     for key in ("config", "environment", "notes", "calibration", "tables"):
         assert report[key]
     assert report["environment"]["torch"] == torch.__version__
     assert {r["source"].split(" ")[0] for r in report["calibration"]["rows"]} >= {"trace", "calibrated"}
     for p in report["points"]:
         assert "error" not in p, p.get("trace")
+        if p["kind"] == "ramp":
+            continue
         for mode, rec in p["modes"].items():
             assert "error" not in rec, (mode, rec.get("trace"))
             assert rec["batch"] >= 1 and rec["step_ms"] > 0 and rec["tokens_per_s"] > 0
@@ -58,6 +60,21 @@ def test_json_has_every_point_and_mode(report):
     assert low["batch"] == 2 and "prefetch_over_full" in low
 
 
+@pytest.mark.slow
+def test_ramp_rises_past_the_full_kv_limit_and_back(report):
+    (p,) = [p for p in report["points"] if p["kind"] == "ramp"]
+    modes = p["ramp"]["modes"]
+    assert p["exact"] is True
+    levels = modes["prefetch"]["levels"]
+    assert levels[0] == levels[-1] == 1 and max(levels) == p["plan"]["hisparse_batch"]
+    assert max(levels) > p["plan"]["full_batch"]
+    # full KV runs only the levels its budget holds; HiSparse every level, one step each
+    assert {s["c"] for s in modes["full"]["steps"]} == {c for c in levels if c <= p["plan"]["full_batch"]}
+    assert [s["c"] for s in modes["prefetch"]["steps"]] == levels
+    assert all(m["exact_vs_oracle"] and m["checked_outputs"] > 0 for m in modes.values())
+    assert len(p["ramp"]["summary"]["per_level"]) == len(levels)
+
+
 def c_has(point: dict, keys: tuple[str, ...], mode: str) -> bool:
     return all(k in point["modes"][mode] for k in keys)
 
@@ -67,6 +84,8 @@ def test_exactness_flags(report):
     assert report["exact"] is True
     for p in report["points"]:
         assert p["exact"] is True
+        if p["kind"] == "ramp":
+            continue
         assert p["modes"]["full"]["exact_vs_oracle"] is True
         assert p["modes"]["noio"]["exact_vs_oracle"] is None  # timing oracle: not checked
         for mode, rec in p["modes"].items():
