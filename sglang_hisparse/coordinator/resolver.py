@@ -150,6 +150,8 @@ class Resolver:
         #: int32 [S]: real rows of each anchor slice (filled per sliced resolve)
         self._slice_real = torch.zeros(self.anchor_slices, dtype=torch.int32, device=dev)
         self.slice_events = [self.ctx.streams.new_event() for _ in range(self.anchor_slices)]
+        #: batch size -> (row bounds, int32 [S] slice starts, int32 [S] slice lengths)
+        self._slice_bounds: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}
         if dev.type == "cuda":
             self._reserve(dev, max_batch)  # the kernel's per-row counters, before capture
 
@@ -255,13 +257,20 @@ class Resolver:
                         on_slice: Callable[[int, int], None]) -> None:
         """S row slices resolved on the prefetch stream, each consumed behind its own event."""
         streams = self.ctx.streams
-        bounds = [bs * i // S for i in range(S + 1)]
+        if bs not in self._slice_bounds:
+            # NOTE: allocated once per batch size (eagerly, like _alloc), not per call.
+            bounds = [bs * i // S for i in range(S + 1)]
+            dev = self.ctx.device
+            starts = torch.tensor(bounds[:-1], dtype=torch.int32, device=dev)
+            lens = torch.tensor([b - a for a, b in zip(bounds, bounds[1:], strict=False)], dtype=torch.int32, device=dev)
+            self._slice_bounds[bs] = (bounds, starts, lens)
+        bounds, starts, lens = self._slice_bounds[bs]
         real = self._slice_real[:S]
-        # NOTE: rows of slice i that are real = clamp(num_real - a_i, 0, b_i - a_i), computed on
-        # the device (no host read of num_real_reqs: capture-safe).
-        for i in range(S):
-            a, b = bounds[i], bounds[i + 1]
-            real[i : i + 1].copy_((self.num_real_reqs - a).clamp(min=0, max=b - a))
+        # Real rows of slice i = clamp(num_real - a_i, 0, b_i - a_i), on the device with out=
+        # ops: no host read of num_real_reqs, no allocation.
+        torch.sub(self.num_real_reqs.expand(S), starts, out=real)
+        real.clamp_(min=0)
+        torch.minimum(real, lens, out=real)
         streams.prefetch.wait_stream(streams.current())
         for i in range(S):
             a, b = bounds[i], bounds[i + 1]
