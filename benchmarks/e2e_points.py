@@ -141,7 +141,7 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
     row = model.toy.num_layers * args.item  # one token's KV, every layer
     state = per_hs - row * ceil_div(args.buffer + 1, page) * page  # HiSparse's non-row bytes per request
     device_rows = max((budget - hs * state) // row, 0)
-    return dict(context=n, cap=cap, budget_bytes=budget, budget_gib=budget / GIB,
+    return dict(context=n, layers=model.toy.num_layers, cap=cap, budget_bytes=budget, budget_gib=budget / GIB,
                 hisparse_device_rows=device_rows,
                 full_bytes_per_request=per_full, hisparse_bytes_per_request=per_hs,
                 full_batch_admitted=budget // per_full, full_batch=full_bs,

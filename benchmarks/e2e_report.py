@@ -78,7 +78,24 @@ def compare_modes(plan: dict, results: dict, args, *, ceiling: dict | None) -> d
     if "pressure" in ok and "prefetch" in ok:
         ratios["pressure_over_always_hot"] = ok["pressure"]["tokens_per_s"] / ok["prefetch"]["tokens_per_s"]
     return dict(plan=plan, link_ceiling=ceiling, modes=results, ratios=ratios,
-                targets=_targets(plan, ratios, args), exact=exact)
+                targets=_targets(plan, ratios, args), exact=exact,
+                planner_check=_planner_check(plan, ok, ceiling, args))
+
+
+def _planner_check(plan: dict, ok: dict, ceiling: dict | None, args) -> dict | None:
+    """The planner's step-time model (planner._plan_context: IO ms per step = batch x L x k x
+    miss rate x row bytes / link) with this run's miss rate and ceiling, against the measured
+    extra step time over the no-IO oracle (sync: every copy on the critical path; prefetch)."""
+    pf, noio = ok.get("prefetch"), ok.get("noio")
+    if ceiling is None or pf is None or noio is None:
+        return None
+    model_ms = pf["batch"] * plan["layers"] * args.top_k * pf["miss_rate"] * args.item / (ceiling["gbps"] * 1e9) * 1e3
+    out = dict(planner_io_ms=model_ms, moved_at_ceiling_ms=pf["h2d_mb_per_step"] * 2**20 / (ceiling["gbps"] * 1e9) * 1e3,
+               prefetch_extra_ms=pf["step_ms"] - noio["step_ms"])
+    if "sync" in ok:
+        out["sync_extra_ms"] = ok["sync"]["step_ms"] - noio["step_ms"]
+        out["sync_extra_over_planner"] = out["sync_extra_ms"] / model_ms if model_ms else None
+    return out
 
 
 def _targets(plan: dict, ratios: dict, args) -> dict:
@@ -208,6 +225,10 @@ def summarize(report: dict) -> str:
             lines.append(f"{'':<26}prefetch/full {rt['prefetch_over_full']:.2f}x (batch {rt['batch_ratio']:.2f}x), "
                          f"prefetch/noio {rt['prefetch_over_noio']:.2f}; bound by {p['plan']['hisparse_limited_by']}; "
                          f"targets met: {p['targets']['met']}")
+        pc = p.get("planner_check")
+        if pc:
+            lines.append(f"{'':<26}planner IO model {pc['planner_io_ms']:.2f} ms/step; measured over no-IO: "
+                         f"sync {pc.get('sync_extra_ms', float('nan')):.2f}, prefetch {pc['prefetch_extra_ms']:.2f} ms")
     t = report["tables"]
     if t["io_hiding"]:
         lines.append("IO hiding (one change at a time; step ms and x of the no-IO oracle's throughput):")
