@@ -1,8 +1,13 @@
-"""Cross-mode comparison, link figures, tables, notes, the terminal summary and the plot of bench_e2e."""
+"""Cross-mode comparison, link figures, tables, notes, the terminal summary and the plot of bench_e2e.
+
+    python benchmarks/e2e_report.py bench_e2e.json [plot.png]   # summary (+ plot) of a finished run
+"""
 
 from __future__ import annotations
 
+import json
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -340,3 +345,10 @@ def write_plot(report: dict, path: Path) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return f"plot: {path}"
+
+
+if __name__ == "__main__":
+    rep = json.loads(Path(sys.argv[1]).read_text())
+    print(summarize(rep))
+    if len(sys.argv) > 2:
+        print(write_plot(rep, Path(sys.argv[2])))

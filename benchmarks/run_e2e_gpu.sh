@@ -11,8 +11,9 @@
 #   OUT=/tmp/out bash benchmarks/run_e2e_gpu.sh [extra bench_e2e.py flags]
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
 WORK=$(mktemp -d /tmp/e2e.XXXXXX)
+
+main() {
 if ! python3 -c "import tvm_ffi" 2>/dev/null; then
   # The lent GPU machine has no tvm-ffi; its wheel is carried in .whl/ (DEVICE.md).
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -48,5 +49,12 @@ timeout "$left" python3 benchmarks/bench_e2e.py --out "$OUT" "${CAL_ARG[@]}" "$@
 rc=$?
 echo "bench_e2e rc=$rc at $SECONDS s (1: an output not exact, a point failed or refused; 124: timed out,"
 echo "  bench_e2e.json then holds the points that finished)"
+[ -f "$OUT/bench_e2e.png" ] || echo "no plot here: python benchmarks/e2e_report.py $OUT/bench_e2e.json out.png (needs matplotlib)"
+return "$rc"
+}
+
+# One log for everything; tee has written all of it before the script exits.
+main "$@" 2>&1 | tee -a "$OUT/run.log"
+rc=${PIPESTATUS[0]}
 rm -rf "$WORK"
 exit "$rc"
