@@ -24,6 +24,7 @@ and compared with the same output on recomputed oracle bytes (what full-KV resid
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,11 +288,13 @@ class HiSparseRunner(_Runner):
                                capacity_tokens=host_capacity, page_size=page, max_requests=bs,
                                max_context=plan.max_ctx, device=device, storage=storage)
         options = dict(core_options or {})
-        #: int32 [bs, max_ctx]: logical ids per position, as SGLang's req_to_token (residency)
+        #: int32 [bs, max_ctx]: logical ids per position, as SGLang's req_to_token, for a core
+        #: whose residency takes it (the planned API did; the one that landed may not)
         self.r2t32 = None
         if "residency" in options:
-            self.r2t32 = torch.zeros(bs, plan.max_ctx, dtype=torch.int32, device=device)
-            options["req_to_token"] = self.r2t32
+            if "req_to_token" in inspect.signature(HiSparseCore.__init__).parameters:
+                self.r2t32 = torch.zeros(bs, plan.max_ctx, dtype=torch.int32, device=device)
+                options["req_to_token"] = self.r2t32
             frac = options.pop("watermark", None)
             if frac is not None:
                 options["watermark_rows"] = int(frac * plan.device_rows)
