@@ -123,7 +123,14 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
     hs_host = max(host_pages // (ceil_div(cap, page) + 1), 0)
     if point["kind"] == "low_pressure":
         b = point["batch"]
-        budget = b * per_full
+        # HBM not short for either mode: b requests' full KV, or b fully resident HiSparse
+        # requests (rows + index keys on every layer + slot state) with the pressure mode's
+        # watermark still free, whichever is larger.
+        L, D = model.toy.num_layers, model.toy.index_dim
+        capp = ceil_div(cap, page) * page
+        per_res = capp * (L * args.item + L * 4 * D + 24) + (L * 6 + 4) * (args.buffer + 1)
+        spare = 1.0 - RESIDENCY["pressure"]["watermark"]
+        budget = int(b * max(per_full, per_res) / spare) + 2 * page * L * args.item
         full_bs = hs = b
         limit = "fixed batch"
         hs_hbm = budget // per_hs
