@@ -25,7 +25,7 @@ groups), ``streams`` (CUDA streams or CPU no-ops), ``telemetry`` (counters).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -298,7 +298,7 @@ class HiSparseCore:
 
     def swap_in(
         self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int,
-        on_slice: Any = None,
+        on_slice: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor:
         return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id, on_slice=on_slice)
 
