@@ -29,12 +29,13 @@ _RESOLVE_ARGS = (
     "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
     "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
     "TensorView plan_dst, TensorView plan_count, TensorView arrivals, TensorView resident, "
+    "TensorView rr_flag, TensorView rr_pages, TensorView rr_ring, int64_t rr_page, "
     "int64_t ctas, int64_t block, int64_t write_plan, int64_t copy, int64_t stage_rows"
 )
 _RESOLVE_CALL = (
     "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, ctas, block, "
-    "write_plan, copy, stage_rows"
+    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, rr_flag, "
+    "rr_pages, rr_ring, rr_page, ctas, block, write_plan, copy, stage_rows"
 )
 _VERIFY_ARGS = (
     "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
