@@ -63,6 +63,8 @@ class CoreContext:
     recorder: Any = None
     #: CUDA views of ``host_kv`` (``transfer.cuda_alias``) for sync-free row copies, or None
     host_kv_cuda: Sequence[torch.Tensor] | None = None
+    #: ``coordinator.residency.Residency`` when ``"residency": "pressure"`` applies, else None
+    residency: Any = None
 
     @property
     def num_layers(self) -> int:

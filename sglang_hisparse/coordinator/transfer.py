@@ -92,7 +92,7 @@ def to_host_async(
     after_forward: bool = True,
 ) -> None:
     """:func:`to_host` on the side stream ``side``, then ``done.record()`` there (an event, or
-    a ``streams.Fence``). ``after_forward``: order the copy after the forward stream's KV writes
+    a ``streams.Fence``; None: nothing recorded). ``after_forward``: order the copy after the forward stream's KV writes
     and the caller's stream; False: after the caller's stream only (KV the host has already
     seen written, see ``Lifecycle.admit_staging``). The row tensors are kept alive for
     ``side`` (they may be temporaries of the caller)."""
@@ -103,7 +103,8 @@ def to_host_async(
         streams.after_current(side)
     with streams.on(side):
         to_host(ctx, dev_rows, host_rows)
-        done.record()
+        if done is not None:
+            done.record()
     streams.keep_alive(dev_rows, side)
     streams.keep_alive(host_rows, side)
 

@@ -275,7 +275,8 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         if requests and self._hot_size:
             slots = [int(r.req_pool_idx) for r in requests if getattr(r, "req_pool_idx", None) is not None]
             rows += self.core.hot.rows_to_grow(slots, self._hot_size)
-        return self.core.logical.available_size() >= num_tokens and self.core.rows.available_size() >= rows
+        # resident requests' cold rows count: the coordinator shrinks them before the step grows
+        return self.core.logical.available_size() >= num_tokens and self.core.available_rows() >= rows
 
     # ---- speculative decoding reserve ----------------------------------------------------
     def configure_spec_scratch(self, capacity: int, *, device_buffer_size: int = 0) -> None:
