@@ -30,11 +30,11 @@ def main() -> int:
             keep = snapshot(dst)
             reference_copy_rows(src=st, dst=dt, src_rows=s_rows[:n], dst_rows=d_rows[:n])
             want = snapshot(dst)
-            for t, k in zip(dst, keep):
+            for t, k in zip(dst, keep, strict=True):
                 t.copy_(k)
             copy_rows(src=st, dst=dt, src_rows=s_rows, dst_rows=d_rows)
             torch.cuda.synchronize()
-            bad = [l for l in range(num_layers) if not torch.equal(dst[l], want[l])]
+            bad = [li for li in range(num_layers) if not torch.equal(dst[li], want[li])]
             if bad:
                 failed += 1
                 print(f"MISMATCH {name} L={num_layers} item={item} n={n}: layers {bad[:8]}")

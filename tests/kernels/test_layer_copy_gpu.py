@@ -27,7 +27,7 @@ def make_side(num_layers: int, rows: int, item: int, *, host: bool, seed: int, p
         assert view is not None, "pinned host memory has no device-mapped view"
     else:
         view = full.cuda()
-    return [view[l, :, :item] for l in range(num_layers)], full
+    return [view[li, :, :item] for li in range(num_layers)], full
 
 
 def rows_pair(n: int, src_rows: int, dst_rows: int, seed: int):
@@ -42,7 +42,7 @@ def snapshot(layers):
 
 
 def restore(layers, saved):
-    for t, s in zip(layers, saved):
+    for t, s in zip(layers, saved, strict=True):
         t.copy_(s)
 
 
@@ -61,8 +61,8 @@ def test_kernel_matches_reference(item, num_layers, n, direction):
     restore(dst, before)
     copy_rows(src=st, dst=dt, src_rows=s_rows, dst_rows=d_rows)
     torch.cuda.synchronize()
-    for l in range(num_layers):
-        assert torch.equal(dst[l], want[l]), f"layer {l} differs"
+    for li in range(num_layers):
+        assert torch.equal(dst[li], want[li]), f"layer {li} differs"
 
 
 def test_out_of_range_pairs_are_skipped():
@@ -73,9 +73,9 @@ def test_out_of_range_pairs_are_skipped():
     dst = torch.tensor([2, 3, -1, 4, 32], device="cuda")
     copy_rows(src=LayerTable.build(dev), dst=LayerTable.build(host), src_rows=src, dst_rows=dst)
     torch.cuda.synchronize()
-    for l in range(4):
-        assert torch.equal(host[l][2], dev[l][1])
-        assert torch.equal(host[l][3:], before[l][3:]) and torch.equal(host[l][:2], before[l][:2])
+    for li in range(4):
+        assert torch.equal(host[li][2], dev[li][1])
+        assert torch.equal(host[li][3:], before[li][3:]) and torch.equal(host[li][:2], before[li][:2])
 
 
 def test_capture_and_replay_with_new_rows():
@@ -104,8 +104,8 @@ def test_capture_and_replay_with_new_rows():
         torch.cuda.synchronize()
         graph.replay()
         torch.cuda.synchronize()
-        for l in range(61):
-            assert torch.equal(host[l], want[l]), f"replay {step}: layer {l} differs"
+        for li in range(61):
+            assert torch.equal(host[li], want[li]), f"replay {step}: layer {li} differs"
 
 
 def test_launcher_checks_report_the_source_line():

@@ -17,10 +17,10 @@ def test_every_layer_copies_the_same_row_pairs():
     before = [d.clone() for d in dst]
     s, d = torch.tensor([5, 0, 7]), torch.tensor([9, 2, 3])
     copy_rows(src=LayerTable.build(src), dst=LayerTable.build(dst), src_rows=s, dst_rows=d)
-    for l in range(3):
-        assert torch.equal(dst[l][[9, 2, 3]], src[l][[5, 0, 7]])
+    for li in range(3):
+        assert torch.equal(dst[li][[9, 2, 3]], src[li][[5, 0, 7]])
         untouched = [i for i in range(10) if i not in (9, 2, 3)]
-        assert torch.equal(dst[l][untouched], before[l][untouched])
+        assert torch.equal(dst[li][untouched], before[li][untouched])
 
 
 def test_table_rows_are_address_stride_rows():
@@ -35,7 +35,7 @@ def test_empty_copy_is_a_no_op():
     before = [d.clone() for d in dst]
     e = torch.empty(0, dtype=torch.int64)
     reference_copy_rows(src=LayerTable.build(src), dst=LayerTable.build(dst), src_rows=e, dst_rows=e)
-    assert all(torch.equal(a, b) for a, b in zip(dst, before))
+    assert all(torch.equal(a, b) for a, b in zip(dst, before, strict=True))
 
 
 def test_table_refuses_what_the_kernel_cannot_copy():
@@ -79,7 +79,7 @@ def test_transfer_paths_move_the_same_bytes(monkeypatch, unfused):
     transfer.to_host(ctx, torch.tensor([1, 6]), torch.tensor([11, 0]))
     transfer.to_device(ctx, torch.tensor([3]), torch.tensor([2]))
     assert (ctx.layer_tables is False) == (unfused == "1")
-    for l in range(4):
-        ref_host[l][[11, 0]] = ref_dev[l][[1, 6]]
-        ref_dev[l][2] = ref_host[l][3]
-        assert torch.equal(host[l], ref_host[l]) and torch.equal(dev[l], ref_dev[l])
+    for li in range(4):
+        ref_host[li][[11, 0]] = ref_dev[li][[1, 6]]
+        ref_dev[li][2] = ref_host[li][3]
+        assert torch.equal(host[li], ref_host[li]) and torch.equal(dev[li], ref_dev[li])
