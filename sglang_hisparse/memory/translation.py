@@ -102,7 +102,9 @@ class ForwardTranslation:
 
     def __call__(self, mapping: torch.Tensor, loc: torch.Tensor, layer_id: int) -> torch.Tensor:
         """``translate(mapping, loc)`` for layer ``layer_id`` of the current forward."""
-        if not self.fused:
+        # under torch.compile tracing the cache's Python state (identity, version counters)
+        # is not part of the graph; translate plainly and let the compiler see the ops
+        if not self.fused or torch.compiler.is_compiling():
             self.computed += 1
             return self._translate(mapping, loc)
         key = (loc.data_ptr(), tuple(loc.shape), loc.stride(), loc.dtype, _version(loc),
