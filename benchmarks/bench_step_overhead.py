@@ -110,8 +110,14 @@ def _counted_copy_rows(**kw):
 transfer.copy_rows = _counted_copy_rows  # one launch, whatever the CPU reference dispatches
 
 
+#: requests admitted next to the batch and never stepped, so that every batch size has
+#: releases to time (a release's cost does not depend on whether the request decoded)
+EXTRA_RELEASES = 8
+
+
 class StepRig:
-    """``bs`` long requests (PD-admitted, ``n0 > B``) decoding on one coordinator."""
+    """``bs`` long requests (PD-admitted, ``n0 > B``) decoding on one coordinator, plus
+    ``EXTRA_RELEASES`` admitted ones outside the batch."""
 
     def __init__(self, *, layers: int, item: int, bs: int, buffer: int, page: int,
                  logical_ids: int, steps: int, device: torch.device, unfused: bool) -> None:
@@ -119,17 +125,18 @@ class StepRig:
         self.device, self.bs, self.layers = device, bs, layers
         self.n0 = buffer + page + 1
         ctx_len = self.n0 + steps + 2 * page
-        rows = (bs * (buffer + 1 + 2 * page) // page + 2) * page
+        slots = bs + EXTRA_RELEASES
+        rows = (slots * (buffer + 1 + 2 * page) // page + 2) * page
         ratio = max(1, math.ceil(logical_ids / rows))
         self.allocator = DualSpaceAllocator(rows, host_to_device_ratio=ratio, page_size=page,
                                             device=device)
         self.pool = DeviceKVPool(num_layers=layers, item_bytes=item, allocator=self.allocator)
         self.host = HostKVPool(num_layers=layers, item_bytes=item,
-                               capacity_tokens=(bs + 1) * ((ctx_len // page + 1) * page),
-                               page_size=page, max_requests=bs + 1, max_context=ctx_len,
+                               capacity_tokens=(slots + 1) * ((ctx_len // page + 1) * page),
+                               page_size=page, max_requests=slots + 1, max_context=ctx_len,
                                device=device)
         self.core = HiSparseCore(
-            top_k=min(64, buffer), buffer_size=buffer, num_reqs=bs + 1, allocator=self.allocator,
+            top_k=min(64, buffer), buffer_size=buffer, num_reqs=slots + 1, allocator=self.allocator,
             host=self.host, device_kv=list(self.pool.kv), host_kv=list(self.host.kv), device=device,
             max_batch=bs, prefetch=False, log_interval_s=0,
         )
@@ -140,10 +147,10 @@ class StepRig:
             hot.mapping = device_side(hot.mapping)
             hot._released = device_side(hot._released_scratch())
         self.translation = ForwardTranslation(translate_locations, fused=not unfused)
-        self.req_to_token = torch.zeros(bs + 1, ctx_len, dtype=torch.int64, device=device)
-        self.seq = [self.n0] * bs
+        self.req_to_token = torch.zeros(slots + 1, ctx_len, dtype=torch.int64, device=device)
+        self.seq = [self.n0] * slots
         zero = torch.zeros(1, dtype=torch.int64)
-        for r in range(bs):
+        for r in range(slots):
             ids = self.allocator.alloc_logical_extend(zero, torch.tensor([self.n0]),
                                                       torch.full((1,), -1, dtype=torch.int64))
             self.req_to_token[r, : self.n0] = ids.to(device)
@@ -154,18 +161,19 @@ class StepRig:
 
     def next_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """SGLang's part before the call: seq_lens += 1 and one logical id per request."""
-        new_lens = [n + 1 for n in self.seq]
-        last = self.req_to_token[self.req_index, torch.tensor(self.seq, device=self.device) - 1]
+        seq = self.seq[: self.bs]
+        new_lens = [n + 1 for n in seq]
+        last = self.req_to_token[self.req_index, torch.tensor(seq, device=self.device) - 1]
         ids = self.allocator.alloc_decode(torch.tensor(new_lens), last)
-        self.req_to_token[self.req_index, torch.tensor(self.seq, device=self.device)] = ids
+        self.req_to_token[self.req_index, torch.tensor(seq, device=self.device)] = ids
         return self._mark(ids), self._mark(torch.tensor(new_lens, device=self.device))
 
     def map_last_loc(self, ids: torch.Tensor, lens: torch.Tensor) -> None:
         self.core.map_last_loc(req_index=self._mark(self.req_index), seq_lens=lens,
                                new_logical=ids, req_index_cpu=list(range(self.bs)),
-                               seq_lens_cpu=[n + 1 for n in self.seq])
+                               seq_lens_cpu=[n + 1 for n in self.seq[: self.bs]])
         self.core.wait_for_pending_backup()
-        self.seq = [n + 1 for n in self.seq]
+        self.seq[: self.bs] = [n + 1 for n in self.seq[: self.bs]]
 
     def translate_forward(self, ids: torch.Tensor) -> None:
         for layer in range(self.layers):
@@ -174,7 +182,7 @@ class StepRig:
     def backup_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         st = self.core.state
         dev_rows = st.slot_rows[self.req_index, self.core.buffer_size].to(torch.int64)
-        q = torch.tensor([n - 2 for n in self.seq], device=self.device)
+        q = torch.tensor([n - 2 for n in self.seq[: self.bs]], device=self.device)
         return dev_rows, self.host.host_rows[self.req_index, q]
 
     def release(self, r: int) -> None:
@@ -271,7 +279,7 @@ def run_config(*, layers: int, item: int, bs: int, mode: str, args, device) -> d
                         raw["backup"].append({"launches": count_launches(backup)})
                     else:
                         raw["backup"].append(measure(device, backup, profile=phase == "prof"))
-        for r in range(bs):
+        for r in range(bs + EXTRA_RELEASES):
             phase = "count" if r == 0 else "prof" if r <= args.profile_reps else "time"
             fn = lambda r=r: rig.release(r)  # noqa: E731
             if phase == "count":

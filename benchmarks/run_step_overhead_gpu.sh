@@ -85,16 +85,18 @@ if not p.exists():
     print("no benchmark JSON (see step_overhead_gpu.log)")
     sys.exit(0)
 d = json.loads(p.read_text())
-print(f"{d['gpu']}, torch {d['torch']}, {d['seconds']} s; launches = CUDA runtime launch/copy "
-      "calls per section (profiler); gpu_us = summed device time; host_us = host wall time")
-print(f"{'L':>3} {'item':>5} {'bs':>3}  {'section':13} {'launches b/a':>13} {'gpu us b/a':>17} {'host us b/a':>17}")
+print(f"{d['gpu']}, torch {d['torch']}, {d['seconds']} s, complete={d.get('complete')}; cuda = CUDA "
+      "runtime launch/copy calls per section (profiler); dispatch = device-side aten ops + tvm-ffi "
+      "kernels; gpu us = summed device time; host us = host wall time (medians)")
+print(f"{'L':>3} {'item':>5} {'bs':>3}  {'section':13} {'cuda b/a':>11} {'dispatch b/a':>13} "
+      f"{'gpu us b/a':>17} {'host us b/a':>17}")
 for r in d["ratios"]:
     for sec in ("map_last_loc", "backup", "translation", "release"):
         def pair(key):
             v = r.get(f"{sec}.{key}")
             return "-" if v is None else f"{v['before']:.1f}/{v['after']:.1f}"
-        print(f"{r['layers']:>3} {r['item']:>5} {r['batch']:>3}  {sec:13} {pair('cuda_launches'):>13} "
-              f"{pair('gpu_us'):>17} {pair('host_us'):>17}")
+        print(f"{r['layers']:>3} {r['item']:>5} {r['batch']:>3}  {sec:13} {pair('cuda_launches'):>11} "
+              f"{pair('launches'):>13} {pair('gpu_us'):>17} {pair('host_us'):>17}")
 EOF
 say "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $TEST_RC
