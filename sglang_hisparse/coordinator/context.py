@@ -65,6 +65,9 @@ class CoreContext:
     host_kv_cuda: Sequence[torch.Tensor] | None = None
     #: ``coordinator.residency.Residency`` when ``"residency": "pressure"`` applies, else None
     residency: Any = None
+    #: ``transfer.layer_tables``' (device, host) tables of the one-launch copy (``HiSparseCore``
+    #: builds them at construction); False: copies run per layer; None: not built yet
+    layer_tables: Any = None
 
     @property
     def num_layers(self) -> int:

@@ -179,6 +179,7 @@ class HiSparseCore:
             state=self.state, streams=self.streams, telemetry=self.telemetry,
             recorder=_make_recorder(), host_kv_cuda=_host_alias(host_kv, device),
         )
+        transfer.layer_tables(self.ctx)  # built here, outside any graph capture or sync guard
         #: int32 [1]: real batch size of the current forward (the model runner fills it)
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
         self.skip_io = env_skip_io if skip_io is None else skip_io

@@ -19,11 +19,11 @@ orders the current stream after the backup stream's fence.
 
 NOTE: the previous newest token's mapping entry is left in place rather than cleared: with
 the overlap scheduler the previous forward may still be translating it on the forward
-stream. Stale entries point only into the request's own hot rows, and
-``allocator.hot.release`` clears them at finish.
+stream. Stale entries are the request's own ids pointing into its own hot rows; the
+caller's ``allocator.free`` of those ids at finish unmaps them (``memory/hot.py``, release).
 
 Host work is O(batch) Python on ``seq_lens_cpu`` / ``req_pool_indices_cpu`` (SGLang passes
-both); device work is a handful of indexed writes plus one gather/scatter per layer for the
+both); device work is a handful of indexed writes plus one all-layer copy launch for the
 backup, with no host sync on CUDA beyond the transfer fallback noted in ``transfer``.
 """
 

@@ -216,7 +216,7 @@ class DualSpaceAllocator:
         return self.logical.alloc_extend(prefix_lens, seq_lens, last_loc)
 
     def free(self, logical_ids: torch.Tensor) -> None:
-        """Free logical ids (whole pages), their prefill rows, and unmap them.
+        """Free logical ids (whole pages), their prefill rows, and unmap every id of those pages.
 
         Hot-buffer rows a freed id was mapped into are only unmapped. Raises ValueError,
         nothing changed, on a double free or foreign id. Reads ``logical_ids`` on the CPU.
@@ -237,7 +237,11 @@ class DualSpaceAllocator:
         self.logical.free_pages(log_pages)
         self.rows.free_pages(pages)
         self._prefill_row[ids] = UNMAPPED
-        self.mapping[ids.to(self.device)] = UNMAPPED
+        # NOTE: every id of the freed pages is unmapped, not only the listed ones: a freed page
+        # can hold ids the caller no longer lists that still point at hot rows (a rejected
+        # draft in the page of the last accepted token), and hot.release leaves unmapping to
+        # this free (memory/hot.py). Proportional to the pages freed.
+        self.mapping[self.logical.page_ids_to_ids(log_pages).to(self.device)] = UNMAPPED
 
     # ---- hot buffers (the ownership itself is ``self.hot``) ----------------------------------
     def shrink_to_hot_buffer(

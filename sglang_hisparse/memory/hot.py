@@ -22,8 +22,8 @@ positions it keeps into those rows), freeing every other page::
     after the shrink:     pages  P0 P1 .. P(B/ps-1) |              P((n-1)/ps)   (rest freed)
 
 ``HotBuffers`` is composed into the allocator and handed what it touches when it is built:
-the device-row allocator it takes pages from and the logical -> device ``mapping`` it clears
-on release. Prefill ownership (which logical id owns which device row) stays with
+the device-row allocator it takes pages from and the logical -> device ``mapping``. Prefill
+ownership (which logical id owns which device row) stays with
 ``DualSpaceAllocator``, which turns prefill rows into a hot buffer with :meth:`adopt`.
 """
 
@@ -60,11 +60,19 @@ class HotBuffers:
 
     rows: the device-row allocator (pages come from and go back to it); mapping: int64
     [logical ids + 1] on the device, the allocator's logical -> device table (mutated in
-    place, never reassigned), of which :meth:`release` clears entries pointing into the
-    released rows.
+    place, never reassigned). scan_on_release: :meth:`release` also clears every mapping
+    entry pointing into the released rows by scanning the whole mapping, as before it was made
+    proportional (default: only with ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING``).
     """
 
-    def __init__(self, rows: PagedIdAllocator, mapping: torch.Tensor) -> None:
+    def __init__(
+        self, rows: PagedIdAllocator, mapping: torch.Tensor, *, scan_on_release: bool | None = None
+    ) -> None:
+        if scan_on_release is None:
+            from sglang_hisparse import envs
+
+            scan_on_release = bool(envs.get("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"))
+        self.scan_on_release = scan_on_release
         self.rows = rows
         self.mapping = mapping
         self.page_size = rows.page_size
@@ -272,12 +280,16 @@ class HotBuffers:
         return self.rows.page_ids_to_ids(drop_t)
 
     def unmap_rows(self, rows: torch.Tensor) -> None:
-        """Clear every mapping entry pointing into ``rows`` (int64, CPU; freed rows)."""
+        """Clear every mapping entry pointing into ``rows`` (int64, CPU; freed rows): a gather
+        and a masked fill over the whole mapping on its device, no host sync. A shrink needs it
+        (its request lives on, so no free of its ids follows); :meth:`release` only with
+        ``scan_on_release``."""
         if rows.numel() == 0:
             return
         released = self._released_scratch()
         dev_rows = rows.to(released.device, non_blocking=True)
         released[dev_rows] = True
+        # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
         self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
         released[dev_rows] = False
 
@@ -330,18 +342,26 @@ class HotBuffers:
         return torch.tensor(out, dtype=torch.int64)
 
     def release(self, req_slot: int) -> None:
-        """Return all pages of a request's hot buffer and unmap any logical id pointing there."""
+        """Return all pages of a request's hot buffer, in time proportional to its pages.
+
+        The mapping is left to the caller's ``free(logical_ids)``, which follows at once
+        (``DualSpaceAllocator.free_request``; in a server SGLang's ``release_kv_cache`` right
+        after ``request_finished``) and unmaps every id it frees. NOTE: that is enough because
+        only the request's own logical ids ever point into its hot rows: prefill maps a token's
+        own id, a decode step maps the new token's id onto its slot (``map_last_loc``: the
+        previous newest stays mapped, harmlessly, until now), a verify round maps the window's
+        ids (``prepare_spec``); and the caller frees all of them (an id freed earlier, a
+        rejected draft, was unmapped then). The rejected alternative, clearing entries here by
+        scanning the whole mapping (``scan_on_release``), costs O(logical ids) per finished
+        request: a 10^7-entry gather + fill on the GPU for one request of a few thousand rows.
+        Between this call and the free the stale entries point at free rows; nothing
+        translates a finished request's ids then, and ``check_integrity`` runs after the free.
+        """
         buf = self._buffer(req_slot, "hot.release")
         pages = torch.tensor(buf.pages, dtype=torch.int64)
         self.rows.check_freeable(pages)
-        # A device-side lookup table instead of a CPU scan of the mapping: no host sync, and
-        # O(logical ids) of trivially parallel work on the GPU.
-        released = self._released_scratch()
-        rows = self.rows.page_ids_to_ids(pages).to(released.device, non_blocking=True)
-        released[rows] = True
-        # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
-        self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
-        released[rows] = False
+        if self.scan_on_release:
+            self.unmap_rows(self.rows.page_ids_to_ids(pages))
         self.rows.free_pages(pages)
         for pg in buf.pages:
             del self._page_owner[pg]
