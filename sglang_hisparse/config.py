@@ -41,6 +41,10 @@ DEFAULT_HOST_TO_DEVICE_RATIO = 2
 #: None = auto: the resolve op picks 1024 threads when the batch fits one CTA per SM, else 512
 #: (``kernels.ops.auto_block_size``; measured in benchmarks/RESOLVE.md).
 DEFAULT_SWAP_IN_BLOCK_SIZE = None
+#: requests stay fully resident while HBM has room (coordinator/residency.py)
+DEFAULT_RESIDENCY = "pressure"
+RESIDENCY_MODES = ("pressure", "always_hot")
+DEFAULT_RESIDENCY_WATERMARK = 0.05
 
 
 @dataclass(frozen=True)
@@ -53,12 +57,23 @@ class HiSparseConfig:
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
     swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024);
                           None (the default): chosen per batch by the resolve op
+    residency:            "pressure" (default): a request keeps all its device rows until HBM is
+                          short, then the longest shrink to hot buffers; "always_hot": every request
+                          in its hot buffer once it decodes (docs/coordinator.md, "Residency")
+    residency_watermark:  share of device rows kept free under "pressure" (0 <= w < 0.5): a step
+                          that finds fewer free shrinks resident requests first
     """
 
     top_k: int = DEFAULT_TOP_K
     device_buffer_size: int = 2 * DEFAULT_TOP_K
     host_to_device_ratio: int = DEFAULT_HOST_TO_DEVICE_RATIO
     swap_in_block_size: int | None = DEFAULT_SWAP_IN_BLOCK_SIZE
+    residency: str = DEFAULT_RESIDENCY
+    residency_watermark: float = DEFAULT_RESIDENCY_WATERMARK
+
+    def watermark_rows(self, device_rows: int) -> int:
+        """Free device rows kept in reserve under ``"pressure"`` (0 for ``"always_hot"``)."""
+        return int(self.residency_watermark * device_rows) if self.residency == "pressure" else 0
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -101,7 +116,10 @@ class HiSparseConfig:
                 f"accepts 'algorithm', 'backend', 'min_sparse_prompt_len', 'page_size' and passes "
                 f"any other key through). Remove or rename them, or {IN_TREE_HINT}."
             )
+        residency, watermark = _check_residency(raw)
         for key, value in raw.items():
+            if key in ("residency", "residency_watermark"):
+                continue
             if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
                 _require_int(key, value)
 
@@ -155,9 +173,10 @@ class HiSparseConfig:
                 f"work in whole warps of {WARP} threads (SGLang's in-tree parser accepts "
                 f"1..{MAX_BLOCK_SIZE} for its own kernel; {IN_TREE_HINT}). Try {fixed}."
             )
-        return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio, swap_in_block_size=block)
+        return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio,
+                   swap_in_block_size=block, residency=residency, residency_watermark=watermark)
 
-    def to_dict(self) -> dict[str, int | None]:
+    def to_dict(self) -> dict[str, int | float | str | None]:
         return asdict(self)
 
     def to_json(self) -> str:
@@ -318,6 +337,31 @@ def _require_int(key: str, value: Any) -> None:
     if abs(value) >= MAX_INT:
         raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} is out of range: every value must be below "
                          f"2**31 (sizes are int32 on the device); e.g. 'device_buffer_size': 4096.")
+
+
+def _check_residency(raw: dict[str, Any]) -> tuple[str, float]:
+    """The residency keys: a mode name and a share of device rows."""
+    mode = raw.get("residency", DEFAULT_RESIDENCY)
+    if mode not in RESIDENCY_MODES:
+        raise ValueError(
+            f"{FLAG}: 'residency' = {_shown(mode)} must be one of {', '.join(map(repr, RESIDENCY_MODES))}: "
+            f"'pressure' keeps requests fully on the GPU until HBM is short (no host IO while there "
+            f"is room), 'always_hot' cuts every request to its hot buffer (the in-tree behaviour, "
+            f"for A/B). e.g. {FLAG} '{{\"residency\": \"pressure\"}}'."
+        )
+    w = raw.get("residency_watermark", DEFAULT_RESIDENCY_WATERMARK)
+    if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < 0.5:
+        raise ValueError(
+            f"{FLAG}: 'residency_watermark' = {_shown(w)} must be a number in [0, 0.5): the share of "
+            f"device KV rows kept free before resident requests shrink to hot buffers. "
+            f"e.g. {FLAG} '{{\"residency_watermark\": {DEFAULT_RESIDENCY_WATERMARK}}}'."
+        )
+    if "residency_watermark" in raw and mode != "pressure":
+        raise ValueError(
+            f"{FLAG}: 'residency_watermark' applies only to 'residency': 'pressure' (got "
+            f"'residency': {mode!r}); remove it or use 'pressure'."
+        )
+    return mode, float(w)
 
 
 def _check_model_top_k(value: Any) -> int | None:

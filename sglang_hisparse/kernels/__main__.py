@@ -1,6 +1,6 @@
 """``python -m sglang_hisparse.kernels``: precompile every kernel specialization a setup needs.
 
-Builds the resolve module for each ``(top_k, B, item)`` and the replay module for each item
+Builds the resolve module for each ``(top_k, B, item)`` and the replay and all-layer copy modules for each item
 size into the JIT cache (see ``_jit.py``), in parallel, so that the first decode step does not
 pay for nvcc. Examples::
 
@@ -35,14 +35,15 @@ ITEMS = (656, 1152)
 
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
                verify_specs=()) -> None:
-    """Build the given resolve ``(k, B, item)`` specs, replay ``items``, verify ``(k, B, W,
+    """Build the given resolve ``(k, B, item)`` specs, replay and all-layer copy ``items``, verify ``(k, B, W,
     item)`` specs (and the benchmark's gather ceiling when ``gather``) with ``jobs`` parallel
     builds."""
     tasks = [("resolve", s) for s in resolve_specs] + [("replay", (i,)) for i in items]
-    tasks += [("verify", s) for s in verify_specs]
+    tasks += [("verify", s) for s in verify_specs] + [("layer_copy", (i,)) for i in items]
     tasks += [("gather", (i,)) for i in items] if gather else []
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
-               "gather": _jit.gather_module, "verify": _jit.verify_module}
+               "gather": _jit.gather_module, "verify": _jit.verify_module,
+               "layer_copy": _jit.layer_copy_module}
 
     def one(task):
         kind, args = task

@@ -16,10 +16,12 @@ from ._jit import replay_module, resolve_module
 from .contract import (
     DEFAULT_BLOCK_SIZE,
     MissPlan,
+    ResidentRows,
     ResolveMode,
     check_block_size,
     check_plan_shapes,
     check_resident,
+    check_resident_rows,
     check_resolve_shapes,
     validate_replay,
     validate_resolve,
@@ -27,7 +29,12 @@ from .contract import (
 )
 from .workspace import ArrivalCounters
 
-__all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
+__all__ = ["MissPlan", "ResidentRows", "ResolveMode", "reserve_workspace", "resolve", "replay"]
+
+
+def _rr_args(rr: ResidentRows) -> tuple:
+    """The launcher's (flag, pages, ring, page_size) arguments of a :class:`ResidentRows`."""
+    return rr.flag, rr.pages, rr.ring, rr.page_size
 
 #: Most CTAs one request's misses are spread over.
 MAX_CTAS_PER_REQUEST = 32
@@ -93,6 +100,7 @@ def resolve(
     mode: ResolveMode = ResolveMode.COPY, block_size: int | None = None,
     ctas_per_request: int | None = None, validate: bool | None = None,
     resident: torch.Tensor | None = None, early_rows: int | None = None,
+    resident_rows: ResidentRows | None = None,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
 
@@ -117,6 +125,8 @@ def resolve(
             has finished; results never depend on it.
         early_rows: rows per CTA the fetch warps may hold in registers (default
             ``FETCH_EARLY_ROWS``; lowered to what fits; 0 = keep the hint, fetch nothing early).
+        resident_rows: optional :class:`ResidentRows`: flagged request slots are fully
+            resident and resolve through their page table only (the first level).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -125,13 +135,15 @@ def resolve(
     if early_rows is not None and early_rows < 0:
         raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:
-        reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident)
+        reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident,
+                          resident_rows=resident_rows)
         return
     if validation_enabled(validate):
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
     check_resident(resident, lru=lru, host_rows=host_rows)
+    check_resident_rows(resident_rows, lru=lru, top_k=top_k)
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
@@ -142,7 +154,9 @@ def resolve(
     resolve_module(k, B, item).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
-        resident if resident is not None else arrivals, ctas, block, int(plan is not None),
+        resident if resident is not None else arrivals,
+        *(_rr_args(resident_rows) if resident_rows is not None else (arrivals, arrivals, arrivals, 0)),
+        ctas, block, int(plan is not None),
         int(mode is ResolveMode.COPY), stage,
     )
 

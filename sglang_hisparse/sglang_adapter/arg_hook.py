@@ -209,6 +209,23 @@ def parse_hisparse_config() -> HiSparseConfig:
     return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
+def published_config() -> HiSparseConfig:
+    """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
+    config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
+    in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``) here."""
+    from sglang.srt.runtime_context import get_memory
+
+    try:
+        text = get_memory().hisparse_config
+    except ValueError:  # SGLang raises this when no config is published: not a server
+        return HiSparseConfig()
+    return HiSparseConfig.from_dict(_parse_json_object(text), num_draft_tokens=None)
+
+
+def _parse_json_object(text: str | None) -> dict:
+    return json.loads(text) if text else {}
+
+
 def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
     """``device_buffer_size`` for a coordinator built with the model's ``top_k``.
 
@@ -230,4 +247,5 @@ def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: 
     return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
 
 
-__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "SUPPORTED_SGLANG"]
+__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "published_config",
+           "SUPPORTED_SGLANG"]

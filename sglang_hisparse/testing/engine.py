@@ -129,6 +129,8 @@ class DecodeEngine:
         num_draft_tokens: int = 0,
         new_token_ratio: float = 1.0,
         guard_device_reads: bool = False,
+        residency: str = "always_hot",
+        watermark_rows: int = 0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         self.new_token_ratio = new_token_ratio
@@ -155,6 +157,7 @@ class DecodeEngine:
             allocator=self.allocator, host=self.host, device_kv=self.pool.kv,
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
+            residency=residency, watermark_rows=watermark_rows,
         )
         self.guard = guard_device_reads
         if self.guard:
@@ -196,7 +199,7 @@ class DecodeEngine:
         ratio = self.new_token_ratio
         return (
             self.allocator.logical.available_size() >= _pages(n, ps) + ps + int(ratio * grow_ids + 0.999)
-            and self.allocator.rows.available_size() >= prompt_rows + int(ratio * grow_rows + 0.999)
+            and self.allocator.available_rows() >= prompt_rows + int(ratio * grow_rows + 0.999)
         )
 
     def _rows_ahead(self, req: ToyRequest, *, prompt: bool = False) -> int:
@@ -219,7 +222,7 @@ class DecodeEngine:
 
     def check_decode_mem(self, batch: list[ToyRequest]) -> bool:
         ids, rows = self.decode_demand(batch)
-        return self.allocator.logical.available_size() >= ids and self.allocator.rows.available_size() >= rows
+        return self.allocator.logical.available_size() >= ids and self.allocator.available_rows() >= rows
 
     def retract_decode(self) -> tuple[list[ToyRequest], list[ToyRequest]]:
         """SGLang 0.5.23's ``retract_decode``: (retracted, aborted). Keeps the requests with the

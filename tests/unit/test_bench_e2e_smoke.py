@@ -52,12 +52,13 @@ def test_json_has_every_point_and_mode(report):
     main = [p for p in report["points"] if p["kind"] == "main"]
     for p in main:
         assert set(p["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense",
-                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2"}
+                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure"}
         assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
         assert {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"} <= set(p["ratios"])
     assert len(report["tables"]["io_hiding"]) == 3 * len(main)
     (low,) = report["tables"]["low_pressure"]
-    assert low["batch"] == 2 and "prefetch_over_full" in low
+    assert low["batch"] == 2 and "prefetch_over_full" in low and "pressure_over_full" in low
+    assert [r["point"] for r in report["tables"]["high_pressure"]] == [p["label"] for p in main]
 
 
 @pytest.mark.slow
@@ -72,6 +73,10 @@ def test_ramp_rises_past_the_full_kv_limit_and_back(report):
     assert {s["c"] for s in modes["full"]["steps"]} == {c for c in levels if c <= p["plan"]["full_batch"]}
     assert [s["c"] for s in modes["prefetch"]["steps"]] == levels
     assert all(m["exact_vs_oracle"] and m["checked_outputs"] > 0 for m in modes.values())
+    # residency counts per pressure step; the first request is resident, later ones shrink it
+    steps = modes["pressure"]["steps"]
+    assert {"resident", "hot", "free_rows"} <= set(steps[0]) and steps[0]["resident"] == 1
+    assert steps[-1]["resident"] + steps[-1]["hot"] == 1
     assert len(p["ramp"]["summary"]["per_level"]) == len(levels)
 
 
