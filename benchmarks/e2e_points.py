@@ -37,13 +37,15 @@ import torch
 from e2e_engine import FullKVRunner, hisparse_bytes_per_request
 from e2e_model import BenchModel
 
+from sglang_hisparse.config import DEFAULT_RESIDENCY_WATERMARK
 from sglang_hisparse.memory.paged import ceil_div
 from sglang_hisparse.testing.toy_model import ToyModel
 
 GIB = 2**30
 #: HiSparseCore options of the residency modes (issue 29); ``watermark``: fraction of device rows
+#: kept free, the server's default (``residency_watermark``)
 RESIDENCY = {"always_hot": dict(residency="always_hot"),
-             "pressure": dict(residency="pressure", watermark=0.05)}
+             "pressure": dict(residency="pressure", watermark=DEFAULT_RESIDENCY_WATERMARK)}
 
 
 def residency_supported() -> bool:
