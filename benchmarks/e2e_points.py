@@ -2,6 +2,7 @@
 each point's modes and its sizes under the KV budget.
 
 ```
+(in this order)
 main          every --layers x --contexts: full KV at the largest batch its KV budget admits,
               HiSparse (sync / prefetch / no-IO oracle / each --io-hiding change) at the largest
               batch the same budget admits, capped by the pinned host pool
@@ -93,9 +94,6 @@ def build_points(args: argparse.Namespace) -> list[dict]:
                    selection=args.selection, modes=base + io + res)
               for L in args.layers for n in args.contexts]
     L0, n0 = args.layers[0], args.contexts[0]
-    if args.toy_variant and args.selection != "toy":
-        points.append(dict(kind="toy", label=f"{L0}L {_ctx(n0)} toy churn {args.churn}", layers=L0,
-                           context=n0, selection="toy", modes=["full", "prefetch", "noio"]))
     for b in args.low_pressure:
         points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
                            context=n0, selection=args.selection, batch=b,
@@ -103,6 +101,10 @@ def build_points(args: argparse.Namespace) -> list[dict]:
     if args.ramp_steps > 0:
         points.append(dict(kind="ramp", label=f"{L0}L {_ctx(n0)} ramp", layers=L0, context=n0,
                            selection=args.selection, modes=["full", "prefetch"] + res))
+    # the labelled old-toy variant last: the least needed if a time limit cuts the run short
+    if args.toy_variant and args.selection != "toy":
+        points.append(dict(kind="toy", label=f"{L0}L {_ctx(n0)} toy churn {args.churn}", layers=L0,
+                           context=n0, selection="toy", modes=["full", "prefetch", "noio"]))
     return points
 
 

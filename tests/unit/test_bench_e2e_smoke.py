@@ -33,7 +33,7 @@ def report(bench, tmp_path_factory):
 def test_json_has_every_point_and_mode(report):
     assert report["complete"] is True
     kinds = [(p["kind"], p["context"]) for p in report["points"]]
-    assert kinds == [("main", 256), ("main", 512), ("toy", 256), ("low_pressure", 256), ("ramp", 256)]
+    assert kinds == [("main", 256), ("main", 512), ("low_pressure", 256), ("ramp", 256), ("toy", 256)]
     for key in ("config", "environment", "notes", "calibration", "tables"):
         assert report[key]
     assert report["environment"]["torch"] == torch.__version__
