@@ -39,8 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from e2e_engine import CheckLog, FullKVRunner, HiSparseRunner  # noqa: E402
+from e2e_engine import FullKVRunner, HiSparseRunner  # noqa: E402
+from e2e_measure import link_ceiling, run_mode, sync  # noqa: E402
 from e2e_model import ComputeStandIn  # noqa: E402
+from e2e_plot import write_plot  # noqa: E402
 from e2e_points import (  # noqa: E402
     BASE_MODES,
     GIB,
@@ -54,8 +56,8 @@ from e2e_points import (  # noqa: E402
     plan_point,
     residency_supported,
 )
-from e2e_ramp import make_ramp_runner, ramp_levels, ramp_total_steps, run_ramp_mode, summarize_ramp  # noqa: E402
-from e2e_report import compare_modes, environment, notes, summarize, tables, write_plot  # noqa: E402
+from e2e_ramp import ramp_total_steps, run_ramp_point  # noqa: E402
+from e2e_report import compare_modes, environment, notes, summarize, tables  # noqa: E402
 from e2e_selection import SelectionSpec, SelectionTable, calibration_table  # noqa: E402
 
 from sglang_hisparse.memory.budget import available_host_bytes  # noqa: E402
@@ -140,84 +142,6 @@ def host_pool_bytes(args) -> int:
     return int((args.host_gib if args.host_gib is not None else auto_gib) * GIB)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def link_ceiling(storage: torch.Tensor, item: int, device: torch.device, rows: int = 32768,
-                 reps: int = 10) -> dict | None:
-    """Same-run link ceiling: the plain scattered gather (jit_kernels/gather.cuh) of ``rows``
-    random rows of this point's pinned pool into the device, median of ``reps``."""
-    if device.type != "cuda":
-        return None
-    from sglang_hisparse.kernels import _jit
-
-    gather = _jit.gather_module(item).gather
-    host = storage[0]
-    g = torch.Generator(device="cpu").manual_seed(5)
-    src = torch.randint(0, host.shape[0], (rows,), generator=g).to(device)
-    dst = torch.arange(rows, dtype=torch.int32, device=device)
-    dev_cache = torch.empty(rows, item, dtype=torch.uint8, device=device)
-    gather(src, dst, host, dev_cache)
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        gather(src, dst, host, dev_cache)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    ms = sorted(times)[len(times) // 2]
-    return dict(rows=rows, item=item, ms=ms, gbps=rows * item / (ms * 1e-3) / 1e9)
-
-
-def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) -> dict:
-    """Warm up, time ``args.steps`` steps (one CUDA event pair per step), then the checked
-    steps; return the mode's record."""
-    for _ in range(args.warmup):
-        runner.step()
-    _sync(device)
-    core = getattr(runner, "core", None)
-    before = core.telemetry.snapshot() if core else None
-    t0 = time.perf_counter()
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
-        events[0].record()
-        for i in range(args.steps):
-            runner.step()
-            events[i + 1].record()
-        events[-1].synchronize()
-        per_step = [events[i].elapsed_time(events[i + 1]) for i in range(args.steps)]
-    else:
-        per_step = []
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            runner.step()
-            per_step.append((time.perf_counter() - t) * 1e3)
-    step_ms = sum(per_step) / len(per_step)
-    wall_ms = (time.perf_counter() - t0) * 1e3 / args.steps
-    after = core.telemetry.snapshot() if core else None
-    log = CheckLog()
-    for _ in range(args.check_steps):
-        runner.step(check=check, log=log)
-    _sync(device)
-    rec = dict(batch=runner.bs, step_ms=step_ms, step_ms_per_step=per_step, wall_step_ms=wall_ms,
-               tokens_per_s=runner.bs * 1e3 / step_ms, tpot_ms=step_ms,
-               checked_outputs=log.compared, oracle_mismatches=log.mismatches[:5],
-               topk_churn=sum(log.churn) / len(log.churn) if log.churn else None)
-    if before is not None and after is not None:
-        sel, miss = after.selected - before.selected, after.misses - before.misses
-        rec.update(miss_rate=miss / sel if sel else 0.0,
-                   h2d_mb_per_step=(after.h2d_bytes - before.h2d_bytes) / args.steps / 2**20)
-    if hasattr(runner, "backup_path"):
-        rec["backup_path"] = runner.backup_path
-    rec.update(runner.profile())
-    rec["exact_vs_oracle"] = None if mode == "noio" else not log.mismatches
-    rec["_log"] = log
-    return rec
-
-
 def make_runner(mode: str, point: dict, plan: dict, model, compute, storage, selections, args, device):
     base, _, change = mode.removesuffix("_nodense").partition("+")
     n, cap = point["context"], plan["cap"]
@@ -254,7 +178,9 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
                                     anchors=model.anchors, steps=steps)
     sel_s = time.perf_counter() - t0
     if ramp:
-        return run_ramp_point(args, point, plan, model, compute, storage, selections, device, sel_s)
+        out = run_ramp_point(args, point, plan, model, compute, storage, selections, device,
+                             options=lambda mode: core_options(mode, "", args))
+        return dict(out, selection_table_s=sel_s)
     ceiling = link_ceiling(storage, args.item, device)
     filled = False
     for mode in point["modes"]:
@@ -272,7 +198,7 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
             else:
                 runner.admit(fill_host=not filled)
                 filled = True
-            _sync(device)
+            sync(device)
             setup_s = time.perf_counter() - t0
             kv_alloc = (torch.cuda.memory_allocated(device) - mem0) if device.type == "cuda" else None
             rec = run_mode(mode, runner, args, device, check_full)
@@ -294,31 +220,6 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
     compute.dense_enabled = True
     out = compare_modes(plan, results, args, ceiling=ceiling)
     return dict(point, **out, selection_table_s=sel_s)
-
-
-def run_ramp_point(args, point, plan, model, compute, storage, selections, device, sel_s) -> dict:
-    levels = ramp_levels(plan["hisparse_batch"])
-    modes: dict[str, dict] = {}
-    for mode in point["modes"]:
-        gc.collect()
-        runner = None
-        try:
-            options = core_options(mode, "", args)
-            runner = make_ramp_runner(mode, plan, model, compute, storage, selections, args, device, options)
-            modes[mode] = run_ramp_mode(runner, levels, args, device)
-            print(f"  {point['label']:<22} {mode:<18} levels {levels}: median step "
-                  f"{sorted(s['step_ms'] for s in modes[mode]['steps'])[len(modes[mode]['steps']) // 2]:.2f} ms  "
-                  f"exact {modes[mode]['exact_vs_oracle']}", flush=True)
-        except Exception as exc:
-            print(f"  {point['label']} ramp {mode}: FAILED {exc!r}", flush=True)
-            modes[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
-        finally:
-            if runner is not None and hasattr(runner, "destroy"):
-                runner.destroy()
-            del runner
-    exact = all(m.get("exact_vs_oracle", False) for m in modes.values())
-    return dict(point, plan=plan, ramp=dict(modes=modes, summary=summarize_ramp(modes)), exact=exact,
-                selection_table_s=sel_s)
 
 
 def _report(args, host_bytes, device, points, calibration, t_start, planned: int) -> dict:
@@ -396,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                                  exact=False))
             report = _report(args, host_bytes, device, done, calibration, t_start, len(points))
     finally:
-        _sync(device)
+        sync(device)
         computes.clear()
         carrier.destroy()
     print(summarize(report))

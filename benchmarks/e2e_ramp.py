@@ -13,8 +13,10 @@ concurrency (full KV where it fits, always-hot HiSparse), target <= 1.10.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+import traceback
 
 import torch
 from e2e_engine import CheckLog, FullKVRunner, HiSparseRunner
@@ -108,3 +110,28 @@ def summarize_ramp(modes: dict) -> dict:
         rows.append(row)
     return dict(per_level=rows, worst_pressure_over_slower_pure=worst,
                 target=f"<= {RAMP_TARGET}", met=None if worst is None else worst <= RAMP_TARGET)
+
+
+def run_ramp_point(args, point, plan, model, compute, storage, selections, device, *, options) -> dict:
+    """Every mode of the ramp point; ``options(mode)``: its HiSparseCore options."""
+    levels = ramp_levels(plan["hisparse_batch"])
+    modes: dict[str, dict] = {}
+    for mode in point["modes"]:
+        gc.collect()
+        runner = None
+        try:
+            runner = make_ramp_runner(mode, plan, model, compute, storage, selections, args, device,
+                                      options(mode))
+            modes[mode] = run_ramp_mode(runner, levels, args, device)
+            print(f"  {point['label']:<22} {mode:<18} levels {levels}: median step "
+                  f"{sorted(s['step_ms'] for s in modes[mode]['steps'])[len(modes[mode]['steps']) // 2]:.2f} ms  "
+                  f"exact {modes[mode]['exact_vs_oracle']}", flush=True)
+        except Exception as exc:
+            print(f"  {point['label']} ramp {mode}: FAILED {exc!r}", flush=True)
+            modes[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
+        finally:
+            if runner is not None and hasattr(runner, "destroy"):
+                runner.destroy()
+            del runner
+    exact = all(m.get("exact_vs_oracle", False) for m in modes.values())
+    return dict(point, plan=plan, ramp=dict(modes=modes, summary=summarize_ramp(modes)), exact=exact)
