@@ -143,7 +143,7 @@ def host_pool_bytes(args) -> int:
 
 
 def make_runner(mode: str, point: dict, plan: dict, model, compute, storage, selections, args, device):
-    base, _, change = mode.removesuffix("_nodense").partition("+")
+    base, _, change = mode.split("#")[0].removesuffix("_nodense").partition("+")
     n, cap = point["context"], plan["cap"]
     if base == "full":
         return FullKVRunner(model, compute, bs=plan["full_batch"], n=n, cap=cap, device=device,

@@ -90,8 +90,11 @@ def build_points(args: argparse.Namespace) -> list[dict]:
     base = list(args.modes)
     io = [f"prefetch+{name}" for name in args.io_hiding]
     res = ["pressure"] if args.residency else []
+    # NOTE: "prefetch#2" repeats prefetch after the changes (A, B..., A): the two prefetch runs
+    # bracket every change, so their spread is the noise a change's speedup must exceed.
+    again = ["prefetch#2"] if io and "prefetch" in base else []
     points = [dict(kind="main", label=f"{L}L {_ctx(n)}", layers=L, context=n,
-                   selection=args.selection, modes=base + io + res)
+                   selection=args.selection, modes=base + io + res + again)
               for L in args.layers for n in args.contexts]
     L0, n0 = args.layers[0], args.contexts[0]
     for b in args.low_pressure:

@@ -52,10 +52,11 @@ def test_json_has_every_point_and_mode(report):
     main = [p for p in report["points"] if p["kind"] == "main"]
     for p in main:
         assert set(p["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense",
-                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure"}
+                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure", "prefetch#2"}
         assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
         assert {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"} <= set(p["ratios"])
     assert len(report["tables"]["io_hiding"]) == 3 * len(main)
+    assert all(len(r["before_runs_ms"]) == 2 for r in report["tables"]["io_hiding"])
     (low,) = report["tables"]["low_pressure"]
     assert low["batch"] == 2 and "prefetch_over_full" in low and "pressure_over_full" in low
     assert [r["point"] for r in report["tables"]["high_pressure"]] == [p["label"] for p in main]
