@@ -113,6 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dense-mflop", type=float, default=88.0, help="dense MFLOP per token per layer")
     ap.add_argument("--page", type=int, default=64, help="page size (SGLang DSA uses 64)")
     ap.add_argument("--modes", nargs="+", default=["full", "sync", "prefetch", "noio"], choices=BASE_MODES)
+    ap.add_argument("--deadline-s", type=float, default=0.0,
+                    help="skip the points not started this many seconds after the start (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plan-only", action="store_true", help="print the sizes and the machine check, then exit")
     args = ap.parse_args(argv)
@@ -277,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for p, plan in zip(points, plans, strict=True):
             L = p["layers"]
+            if args.deadline_s and time.perf_counter() - t_start > args.deadline_s:
+                # past the deadline: record the point as skipped so the JSON, summary and plot
+                # still get written (a wall-clock kill would leave neither summary nor plot)
+                print(f"point {p['label']} skipped: past --deadline-s {args.deadline_s}", flush=True)
+                done.append(dict(p, plan=plan, error=f"skipped: past --deadline-s {args.deadline_s}", exact=False))
+                report = _report(args, host_bytes, device, done, calibration, t_start, len(points))
+                continue
             model = models[L] if p["selection"] != "toy" else build_model(args, L)
             try:
                 if L not in computes:
