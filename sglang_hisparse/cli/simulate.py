@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..traces.policies import POLICIES
+from ..traces.policies import POLICIES, make_policy
 
 DESCRIPTION = """\
 Replay a selection trace (docs/traces.md) through a hot-buffer replacement policy and
@@ -94,7 +94,7 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..traces.format import load_trace
-    from ..traces.simulator import DEFAULT_ITEM_BYTES, simulate
+    from ..traces.simulator import DEFAULT_ITEM_BYTES, prepare, simulate
     from .inputs import check_output_path
 
     items = args.item_bytes or list(DEFAULT_ITEM_BYTES)
@@ -108,10 +108,14 @@ def run(args: argparse.Namespace) -> int:
             trace = load_trace(args.trace)
         except (ValueError, OSError) as e:
             raise ValueError(f"--trace {args.trace}: {e}") from None
+        policies = _policies(args.policy)
+        for pol in policies:
+            make_policy(pol)  # a bad name fails before any work
+        # Each row is de-duplicated once for every policy and B (prepare), not per replay.
+        streams = prepare(trace, top_k=args.top_k)
         results = {
-            pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items,
-                          initial=args.initial)
-            for pol in _policies(args.policy)
+            pol: simulate(streams, pol, args.buffer, seed=args.seed, item_bytes=items, initial=args.initial)
+            for pol in policies
         }
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
