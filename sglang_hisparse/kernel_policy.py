@@ -1,6 +1,7 @@
 """Replacement policies of the resolve kernel: names, per-slot state and the ``fra`` score.
 
-Torch-free (numpy only), so the simulator, the planner and the config share it with the
+Stdlib only at import (numpy inside the two array functions), so the simulator, the planner
+and the config share it with the
 kernel's pure-torch reference (``kernels/reference.py``) and ``jit_kernels/resolve.cuh``,
 which implement the same integer arithmetic bit for bit.
 
@@ -35,7 +36,10 @@ missed many), and falls with its distance from the newest token (local attention
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 POLICIES: tuple[str, ...] = ("lru", "fra")
 DEFAULT_POLICY = "lru"
@@ -64,13 +68,18 @@ def state_words_per_slot(name: str) -> int:
 def lg8(x: np.ndarray) -> np.ndarray:
     """Piecewise linear log2 in 1/8 units of int64 ``x >= 1``: ``8 * e + ((x << 3) >> e & 7)``
     with ``e = floor(log2 x)``."""
+    import numpy as np
+
     x = np.asarray(x, dtype=np.int64)
     e = np.frexp(x.astype(np.float64))[1].astype(np.int64) - 1  # exact for x < 2**53
     return 8 * e + (((x << 3) >> e) & 7)
 
 
 def fra_bucket(hits: np.ndarray, last: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
-    """fra's bucket (int64, 0..255) of slots with ``hits``, ``last`` holding ``pos`` at length ``n``."""
+    """fra's bucket (int64, 0..255) of slots with ``hits``, ``last`` holding ``pos`` at length ``n``
+    (the simulator's slots are never empty here: it fills empty slots before asking)."""
+    import numpy as np
+
     s = (FRA_W_HITS * lg8(1 + np.asarray(hits, np.int64))
          - FRA_W_GAP * lg8(1 + n - np.asarray(last, np.int64))
          - FRA_W_AGE * lg8(np.maximum(n - np.asarray(pos, np.int64), 1)))

@@ -182,6 +182,8 @@ class Resolver:
         top_k = top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32)
         st = ctx.state
         extra = {**self._fixed, "resident": st.resident[li]} if self._hint else self._fixed
+        if st.policy_state is not None:  # a policy with per-slot words (not lru)
+            extra = {**extra, "policy": st.policy, "policy_state": st.policy_state[li]}
         self._kernel(
             top_k=top_k,
             req_index=req_index,

@@ -13,6 +13,9 @@ lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
 resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds position p
                                    (P = host pool columns; None under speculative decoding,
                                    whose verify kernel does not read it, even at W = 1)
+policy_state   [L, R, B]   int32   the replacement policy's word per history slot (policy
+                                   "fra": hits and last selection, kernel_policy); None for
+                                   "lru". Zero for a fresh request: its slots never selected
 ```
 
 The resident hint lets the resolve kernel start fetching probable misses before its
@@ -53,6 +56,7 @@ import enum
 import torch
 
 from ..kernels.reference import position_bits
+from ..kernel_policy import state_words_per_slot
 from ..memory.state_bytes import hint_words, tail_slots
 
 
@@ -67,7 +71,7 @@ class SlotState:
 
     def __init__(
         self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
-        num_draft_tokens: int = 0, hint_positions: int = 0,
+        num_draft_tokens: int = 0, hint_positions: int = 0, policy: str = "lru",
     ) -> None:
         if num_draft_tokens < 0:
             raise ValueError(
@@ -92,6 +96,18 @@ class SlotState:
         if words := hint_words(max_context=hint_positions, num_draft_tokens=num_draft_tokens):
             self.resident = torch.zeros(
                 (num_layers, num_reqs, words), dtype=torch.int32, device=self.device
+            )
+        #: the replacement policy and its per-slot words (module docstring)
+        self.policy = policy
+        self.policy_state: torch.Tensor | None = None
+        if state_words_per_slot(policy):
+            if num_draft_tokens:
+                raise ValueError(
+                    f"policy {policy!r} with speculative decoding: the verify kernel implements "
+                    f"only 'lru'; use policy 'lru' or num_draft_tokens = 0."
+                )
+            self.policy_state = torch.zeros(
+                (num_layers, num_reqs, B), dtype=torch.int32, device=self.device
             )
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs
@@ -128,6 +144,8 @@ class SlotState:
         self.lru[:, r].copy_(self._lru_init)
         if self.resident is not None:
             self.resident[:, r].zero_()
+        if self.policy_state is not None:
+            self.policy_state[:, r].zero_()
         self.phase[r] = Phase.FREE
         self.seq_len[r] = 0
         self.skip_backup[r] = False
@@ -150,6 +168,8 @@ class SlotState:
         self.slot_rows[r].fill_(-1)
         self.slot_rows[r, :n_rows] = rows.to(torch.int32)
         self.lru[:, r].copy_(self._lru_init)
+        if self.policy_state is not None:
+            self.policy_state[:, r].zero_()
         self.slot_tokens[:, r].fill_(-1)
         if seq_len <= B:
             if resident:

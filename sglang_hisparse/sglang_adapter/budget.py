@@ -64,12 +64,13 @@ class StateShape:
     num_draft_tokens: int  # W, 0 without speculative decoding
     extra_rows: int  # req_to_token rows beyond max_running_requests (padding row, PD pre-alloc)
     cuda: bool
+    policy: str = "lru"  # the replacement policy (its per-slot words count)
 
     def bytes_for(self, request_slots: int) -> int:
         return coordinator_state_bytes(
             request_slots=request_slots, num_layers=self.num_layers,
             buffer_size=self.buffer_size, max_context=self.max_context, top_k=self.top_k,
-            num_draft_tokens=self.num_draft_tokens, cuda=self.cuda,
+            num_draft_tokens=self.num_draft_tokens, cuda=self.cuda, policy=self.policy,
         )
 
 
@@ -124,6 +125,7 @@ def state_shape(kvc: Any) -> StateShape:
         num_draft_tokens=int(get_spec().speculative_num_draft_tokens or 0) if spec_on else 0,
         extra_rows=int(extra_rows),
         cuda=str(kvc.device).startswith("cuda"),
+        policy=cfg.policy,
     )
 
 

@@ -111,8 +111,12 @@ class SGLangHiSparseCoordinator:
         swap_in_block_size: int | None = None,
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
+        policy: str | None = None,
     ) -> None:
-        from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size
+        from sglang_hisparse.sglang_adapter.arg_hook import configured_policy, model_buffer_size
+
+        # SGLang's ModelRunner passes no policy: it comes from --hisparse-config ("policy")
+        policy = policy or configured_policy(num_draft_tokens=num_draft_tokens)
 
         # parse_hisparse_config could not size a default buffer for the model's top_k
         device_buffer_size = model_buffer_size(
@@ -145,7 +149,7 @@ class SGLangHiSparseCoordinator:
             start_layer=start_layer, tp_group=tp_group, block_size=swap_in_block_size,
             # no decode batch (CUDA-graph padded ones included) exceeds the request slots, so
             # the per-step buffers never grow, in particular not during graph capture
-            max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
+            max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0), policy=policy,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -171,14 +175,14 @@ class SGLangHiSparseCoordinator:
             state_bytes=coordinator_state_bytes(
                 request_slots=num_reqs, num_layers=len(device_kv), buffer_size=device_buffer_size,
                 max_context=max_ctx, top_k=top_k, num_draft_tokens=W,
-                cuda=torch.device(device).type == "cuda",
+                cuda=torch.device(device).type == "cuda", policy=policy,
             ),
             request_slots=num_reqs,
         )
         logger.info(
-            "HiSparse (sglang-hisparse): top_k=%d, B=%d, %d layers, %d request slots, host pool "
-            "%.2f GiB, shared-index prefetch %s, speculative verify window %d",
-            top_k, device_buffer_size, len(device_kv), num_reqs,
+            "HiSparse (sglang-hisparse): top_k=%d, B=%d, policy %s, %d layers, %d request slots, "
+            "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d",
+            top_k, device_buffer_size, policy, len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
         )
