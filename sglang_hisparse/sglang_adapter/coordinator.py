@@ -111,12 +111,12 @@ class SGLangHiSparseCoordinator:
         swap_in_block_size: int | None = None,
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
-        policy: str | None = None,
     ) -> None:
         from sglang_hisparse.sglang_adapter.arg_hook import configured_policy, model_buffer_size
 
-        # SGLang's ModelRunner passes no policy: it comes from --hisparse-config ("policy")
-        policy = policy or configured_policy(num_draft_tokens=num_draft_tokens)
+        # The native keyword arguments carry no policy: it comes from --hisparse-config's
+        # "policy", as published to SGLang's runtime context ("lru" when none is).
+        policy = configured_policy(num_draft_tokens=num_draft_tokens)
 
         # parse_hisparse_config could not size a default buffer for the model's top_k
         device_buffer_size = model_buffer_size(

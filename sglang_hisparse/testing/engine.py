@@ -129,6 +129,7 @@ class DecodeEngine:
         num_draft_tokens: int = 0,
         new_token_ratio: float = 1.0,
         guard_device_reads: bool = False,
+        policy: str = "lru",
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         self.new_token_ratio = new_token_ratio
@@ -155,6 +156,7 @@ class DecodeEngine:
             allocator=self.allocator, host=self.host, device_kv=self.pool.kv,
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
+            policy=policy,
         )
         self.guard = guard_device_reads
         if self.guard:
