@@ -60,9 +60,9 @@ __device__ __forceinline__ int fra_lg8(uint32_t x) {
 __device__ __forceinline__ int fra_bucket(int32_t word, int32_t pos, int64_t n) {
   if (pos < 0) return 0;
   const uint32_t hits = static_cast<uint32_t>(word) & 0xffu;
-  const int64_t last = word >> 8;
+  const int64_t last = word >> 8, gap = n - last > 0 ? n - last : 0;  // (a later last: gap 0)
   const int64_t age = n - pos > 1 ? n - pos : 1;
-  const int sc = kFraWHits * fra_lg8(1u + hits) - kFraWGap * fra_lg8(static_cast<uint32_t>(1 + n - last)) -
+  const int sc = kFraWHits * fra_lg8(1u + hits) - kFraWGap * fra_lg8(static_cast<uint32_t>(1 + gap)) -
                  kFraWAge * fra_lg8(static_cast<uint32_t>(age));
   const int b = (sc >> kFraShift) + kFraOffset;
   return b < 0 ? 0 : (b >= kFraBuckets ? kFraBuckets - 1 : b);

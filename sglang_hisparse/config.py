@@ -22,13 +22,13 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES
 from sglang_hisparse.kernel_limits import (
     SM90_MAX_SMEM_PER_BLOCK,
     largest_buffer,
     resolve_smem_bytes,
     verify_smem_bytes,
 )
+from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES
 
 FLAG = "--hisparse-config"
 #: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours

@@ -15,7 +15,7 @@ which implement the same integer arithmetic bit for bit.
 
 Per long step of length ``n`` each evictable slot (holding position ``p``) gets a bucket::
 
-    s      = 13 * lg(1 + hits) - 16 * lg(1 + n - last) - 5 * lg(max(n - p, 1))   (1/128 log2)
+    s      = 13 * lg(1 + hits) - 16 * lg(1 + max(n - last, 0)) - 5 * lg(max(n - p, 1))  (1/128 log2)
     bucket = clamp((s >> 4) + 184, 0, 255)                                         (1/8 log2)
 
 with ``lg(x) = 8 * floor(log2 x) + the 3 bits after x's leading one`` (a piecewise linear
@@ -81,6 +81,6 @@ def fra_bucket(hits: np.ndarray, last: np.ndarray, pos: np.ndarray, n: int) -> n
     import numpy as np
 
     s = (FRA_W_HITS * lg8(1 + np.asarray(hits, np.int64))
-         - FRA_W_GAP * lg8(1 + n - np.asarray(last, np.int64))
+         - FRA_W_GAP * lg8(1 + np.maximum(n - np.asarray(last, np.int64), 0))
          - FRA_W_AGE * lg8(np.maximum(n - np.asarray(pos, np.int64), 1)))
     return np.clip((s >> FRA_SHIFT) + FRA_OFFSET, 0, FRA_BUCKETS - 1)

@@ -55,8 +55,8 @@ import enum
 
 import torch
 
-from ..kernels.reference import position_bits
 from ..kernel_policy import state_words_per_slot
+from ..kernels.reference import position_bits
 from ..memory.state_bytes import hint_words, tail_slots
 
 

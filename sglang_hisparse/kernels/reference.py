@@ -133,7 +133,7 @@ def fra_buckets(words: torch.Tensor, tokens: torch.Tensor, n: int) -> torch.Tens
     """fra's bucket (int64, ``kernel_policy``) of slots with policy ``words`` holding ``tokens``
     (-1 = empty: bucket 0) at length ``n``."""
     w, pos = words.long(), tokens.long()
-    s = (FRA_W_HITS * _lg8(1 + (w & 0xFF)) - FRA_W_GAP * _lg8(1 + n - (w >> 8))
+    s = (FRA_W_HITS * _lg8(1 + (w & 0xFF)) - FRA_W_GAP * _lg8(1 + (n - (w >> 8)).clamp(min=0))
          - FRA_W_AGE * _lg8((n - pos).clamp(min=1)))
     return torch.where(pos < 0, 0, ((s >> FRA_SHIFT) + FRA_OFFSET).clamp(0, FRA_BUCKETS - 1))
 

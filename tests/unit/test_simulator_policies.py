@@ -7,7 +7,13 @@ import pytest
 
 from sglang_hisparse.traces.format import Stream
 from sglang_hisparse.traces.policies import POLICIES, make_policy
-from sglang_hisparse.traces.simulator import prepare, prepare_stream, simulate, simulate_stream, summarize
+from sglang_hisparse.traces.simulator import (
+    prepare,
+    prepare_stream,
+    simulate,
+    simulate_stream,
+    summarize,
+)
 from sglang_hisparse.traces.synthetic import SyntheticSpec, generate
 
 

@@ -164,3 +164,16 @@ def test_kernel_policy_matches_reference_on_real_trace(policy):
     assert _assert_same(one, 96, policy=policy) > 0
     if policy != "lru":  # not vacuous: the policy's misses differ from lru's
         assert _assert_same(one, 96, policy=policy) != _assert_same(one, 96)
+
+
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
+def test_kernel_replay_helper_counts_like_the_simulator(policy):
+    # traces.kernel_replay (what the GPU tests and benchmarks/bench_policy.py replay through the
+    # CUDA kernel) on the CPU reference: the simulator's misses, step by step.
+    from sglang_hisparse.traces.kernel_replay import kernel_misses
+
+    trace = _messy_trace(seed=3, streams=3, steps=30, k=20, starts=[10, 40, 80])
+    got = kernel_misses(trace, 32, policy, device="cpu", item=16)
+    assert sum(int(c.sum()) for c in got.values()) > 0
+    for st in trace.streams():
+        np.testing.assert_array_equal(simulate_stream(st, policy, 32).misses_per_step, got[(st.stream, st.layer)])
