@@ -20,7 +20,8 @@ policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
   lru-plain  hits and misses renewed in top-k order
   fifo / random (seeded) / topk-only (only the last selection stays)
   belady     offline optimum on the same trace (a lower bound)
-  fra        ours (proposed kernel option): frequency, recency and token age
+  fra        the kernel's --hisparse-config "policy": "fra" (frequency, recency, token age)
+  fra-float  fra's first proposal in floating point (comparison only)
   lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
   lru-2      ours: evict by second-to-last selection
 example:
