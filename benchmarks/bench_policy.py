@@ -1,7 +1,8 @@
 """Replacement policy on the H200: fra against lru in the same run (JSON out).
 
 1. Resolve time per call, no-IO (bookkeeping only) and COPY, batch 1 / 16 / 64, k 2048, B 4096,
-   32K context, 656- and 1152-byte rows, 5 % and 15 % churn: the same selections and state for
+   32K context, 656- and 1152-byte rows, 5 % and 15 % churn, with an exact resident hint (as the
+   coordinator calls it: COPY runs the early fetch): the same selections and state for
    both policies (the miss count of one step does not depend on the policy, only the victims
    do), fra with random words. Each call restores the state and flushes L2 (a 256 MB memset)
    outside the timed region; lru and fra calls alternate, which goes first swapping each rep;
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sglang_hisparse.kernels import ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
+from sglang_hisparse.kernels.reference import resident_hint  # noqa: E402
 from sglang_hisparse.kernels.synthetic import make_state, make_topk  # noqa: E402
 from sglang_hisparse.traces.format import load_trace  # noqa: E402
 from sglang_hisparse.traces.kernel_replay import kernel_misses  # noqa: E402
@@ -47,8 +49,11 @@ def bench_config(*, bs: int, item: int, churn: float, reps: int, flush: torch.Te
     st = make_state(seq_lens=[CTX] * R, B=B, item=item, max_ctx=CTX,
                     host_pool_rows=min(R * CTX, 1 << 18), pin=True, seed=seed)
     tk = make_topk(st, list(range(R)), k=K, churn=churn, seed=seed).cuda()
-    init = {name: getattr(st, name).cuda() for name in ("slot_tokens", "lru", "device_cache")}
+    # the coordinator's call: an exact resident hint, so COPY runs the early fetch
+    hint = resident_hint(st.slot_tokens, B, (st.host_rows.shape[1] + 31) // 32)
+    init = {"slot_tokens": st.slot_tokens.cuda(), "lru": st.lru.cuda(), "resident": hint.cuda()}
     live = {name: t.clone() for name, t in init.items()}
+    device_cache = st.device_cache.cuda()  # its bytes do not matter here: not restored
     words0 = random_words(R, st.seq_lens, seed).cuda()
     words = words0.clone()
     common = dict(top_k=tk, req_index=torch.arange(R, device="cuda"),
@@ -59,8 +64,8 @@ def bench_config(*, bs: int, item: int, churn: float, reps: int, flush: torch.Te
 
     def call(policy: str, mode: ResolveMode) -> None:
         extra = dict(policy="fra", policy_state=words) if policy == "fra" else {}
-        ops.resolve(**common, slot_tokens=live["slot_tokens"], lru=live["lru"],
-                    device_cache=live["device_cache"], mode=mode, **extra)
+        ops.resolve(**common, slot_tokens=live["slot_tokens"], lru=live["lru"], resident=live["resident"],
+                    device_cache=device_cache, mode=mode, **extra)
 
     def timed(policy: str, mode: ResolveMode) -> float:
         for name, t in init.items():
