@@ -7,7 +7,7 @@
 #   bench_policy.json   timings with samples, trace misses per step, verdicts
 #   bench_policy.log    the benchmark's stdout
 # Expected wall time on an H200: ~1 min builds (18 specializations, 8 at a time), ~1 min tests,
-# ~1 min benchmark, ~0.5 min sanitizer (step 4, appended to policy_pytest.log).
+# ~1 min benchmark, <= 75 s racecheck (step 4, appended to policy_pytest.log).
 #   OUT=/tmp/out bash benchmarks/run_policy_gpu.sh
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -61,7 +61,8 @@ timeout 180 python3 benchmarks/bench_policy.py --out "$OUT/bench_policy.json" 2>
   | tee "$OUT/bench_policy.log"
 echo "bench rc=${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a "$OUT/bench_policy.log"
 
-# 4. compute-sanitizer racecheck and memcheck of two small fra launches (appended to the test log).
+# 4. compute-sanitizer racecheck of two small fra launches (appended to the test log; the new
+#    shared-memory traffic is the histogram, the victim split and the per-slot buckets).
 cat > /tmp/policy_sanitize.py <<'PY'
 import sys
 sys.path.insert(0, "tests/kernels")
@@ -72,8 +73,8 @@ for k, B, item, bs, block, ctas in ((64, 128, 1152, 3, 96, 2), (512, 1024, 656, 
     run(ops.resolve, sc, words_for(sc, seed=8), cuda=True, block_size=block, ctas_per_request=ctas)
 print("sanitized launches done")
 PY
-for tool in racecheck memcheck; do
-  timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/policy_sanitize.py 2>&1 \
+for tool in racecheck; do
+  timeout 75 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/policy_sanitize.py 2>&1 \
     | tail -6 | tee -a "$LOG"
   echo "$tool rc=${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a "$LOG"
 done
