@@ -157,6 +157,9 @@ def _one_stream(path: str, layer: int, stream: int = 0) -> Trace:
     return Trace(real.header, real.stream[keep], real.layer[keep], real.seq_len[keep], offs, pos)
 
 
+HELD = os.path.join(os.path.dirname(__file__), "..", "data", "gemma3_lear_32k.npz")
+
+
 @pytest.mark.skipif(not os.path.exists(REAL), reason="tests/data/smollm2_shakespeare.npz not present")
 @pytest.mark.parametrize("policy", KERNEL_POLICIES)
 def test_kernel_policy_matches_reference_on_real_trace(policy):
@@ -177,3 +180,10 @@ def test_kernel_replay_helper_counts_like_the_simulator(policy):
     assert sum(int(c.sum()) for c in got.values()) > 0
     for st in trace.streams():
         np.testing.assert_array_equal(simulate_stream(st, policy, 32).misses_per_step, got[(st.stream, st.layer)])
+
+
+@pytest.mark.skipif(not os.path.exists(HELD), reason="tests/data/gemma3_lear_32k.npz not present")
+def test_fra_matches_reference_on_a_32k_trace():
+    # Gemma 3 270M over King Lear at 32K (a held-aside trace), its first 128 picks per step.
+    one = _one_stream(HELD, 11).truncated(128)
+    assert _assert_same(one, 256, policy="fra") != _assert_same(one, 256)
