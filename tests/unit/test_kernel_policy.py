@@ -158,3 +158,17 @@ def test_slot_state_keeps_zeroed_words_for_fra_only():
                                               - slot_state_bytes(num_layers=2, buffer_size=4, max_context=0))
     with pytest.raises(ValueError, match="verify kernel implements only 'lru'"):
         SlotState(num_layers=1, num_reqs=1, buffer_size=8, device="cpu", num_draft_tokens=2, policy="fra")
+
+
+def test_planner_counts_fra_and_suggests_it():
+    from sglang_hisparse import planner
+    from sglang_hisparse.presets import load_preset
+
+    model = load_preset("GLM-5.1")
+    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40))
+    fra = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="fra"))
+    n = 128 * 1024
+    extra = planner._state_bytes(fra.inputs, n) - planner._state_bytes(lru.inputs, n)
+    assert extra == model.layers * lru.inputs.hot_slots * 4  # one int32 per slot and layer
+    assert "policy" not in lru.suggested_config and fra.suggested_config["policy"] == "fra"
+    assert HiSparseConfig.from_dict(fra.suggested_config).policy == "fra"  # a valid launch config
