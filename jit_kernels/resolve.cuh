@@ -31,6 +31,10 @@ struct ResolveArgs {
   // Resident hint [R, words] (null: none): bit p of request r set iff some history slot holds
   // position p. Only decides which rows are fetched early; a wrong bit costs time, not output.
   uint32_t* resident; int64_t res_stride;
+  // Fully resident requests (null flag: none): flag [R] int32, 1 = every position has a device
+  // row, pages [R, cols] int32 its page table, ring [1] int32 the record block this step.
+  const int32_t* rr_flag; const int32_t* rr_pages; int64_t rr_stride; const int32_t* rr_ring;
+  int rr_page;
   int ctas;           // CTAs per request (gridDim.x)
   int words;          // position bitmap words: ceil(host_rows columns / 32)
   int stage_cap;      // rows the fetch warps of each CTA may hold (EARLY builds; else 0)
@@ -286,6 +290,21 @@ __device__ __forceinline__ void place_policy_victims(const uint8_t* pbucket, con
   }
 }
 
+// First level, fully resident request: position p -> pages[p / page] * page + p % page; the
+// selection (p < n-1, else -1) is recorded in slot-token block `ring` for a later shrink.
+// Nothing else is read or written: no bitmap, no LRU, no host row.
+template <int K>
+__device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* pages, int page,
+                                              int64_t n, int32_t* out, int32_t* record, int tid,
+                                              int T) {
+  for (int i = tid; i < K; i += T) {
+    const int p = tk[i];
+    const bool ok = p >= 0 && p < n;
+    out[i] = ok ? pages[p / page] * page + p % page : -1;
+    record[i] = ok && p < n - 1 ? p : -1;
+  }
+}
+
 // One grid row (blockIdx.y) per batch row, gridDim.x CTAs per request. Every CTA of a request
 // does the (cheap, smem-only) bookkeeping; each copies its share of the misses and writes its
 // share of out_rows and the plan; the CTA that arrives last after all have read the old state
@@ -385,10 +404,20 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int e = fetch_entry(u);
     p0[u] = EARLY && tid >= T && e < n_own ? tk[c + e * a.ctas] : -1;
   }
-  if (b >= n_real || n <= B) cp_async_wait<0>();  // no copy may outlive the CTA's smem
+  const bool full = a.rr_flag != nullptr && b < n_real && a.rr_flag[r] != 0;
+  if (b >= n_real || n <= B || full) cp_async_wait<0>();  // no copy may outlive the CTA's smem
   if (b >= n_real) {  // padding row: inert
     if (c == 0) {
       for (int i = tid; i < K; i += T) out[i] = -1;
+      if (a.write_plan && tid == 0) a.plan_count[b] = 0;
+    }
+    return;
+  }
+  if (full) {  // every CTA of the row returns here, so none takes an arrival ticket
+    if (c == 0) {
+      resolve_resident<K>(tk, a.rr_pages + r * a.rr_stride, a.rr_page, n, out,
+                          a.slot_tokens + r * a.st_stride + static_cast<int64_t>(*a.rr_ring) * K,
+                          tid, T);
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
     }
     return;
@@ -849,8 +878,10 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView lru, TensorView host_rows, TensorView host_cache,
                     TensorView device_cache, TensorView out_rows, TensorView plan_src,
                     TensorView plan_dst, TensorView plan_count, TensorView arrivals,
-                    TensorView resident, int64_t ctas, int64_t block, int64_t write_plan,
-                    int64_t copy, int64_t stage_rows, const TensorView* policy_state = nullptr) {
+                    TensorView resident, TensorView rr_flag, TensorView rr_pages,
+                    TensorView rr_ring, int64_t rr_page, int64_t ctas, int64_t block,
+                    int64_t write_plan, int64_t copy, int64_t stage_rows,
+                    const TensorView* policy_state = nullptr) {
   check_tensor(top_k, "top_k", 2, kDLInt, 32);
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
@@ -886,6 +917,18 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
     check_cuda(resident, "resident", dev);
     HS_CHECK(resident.size(0) == R && resident.size(1) == words,
              "resident must be int32 [R=" << R << ", " << words << "] (one bit per host_rows column)");
+  }
+  const bool full = rr_page > 0;
+  if (full) {
+    check_tensor(rr_flag, "resident_rows.flag", 1, kDLInt, 32);
+    check_tensor(rr_pages, "resident_rows.pages", 2, kDLInt, 32);
+    check_tensor(rr_ring, "resident_rows.ring", 1, kDLInt, 32);
+    check_cuda(rr_flag, "resident_rows.flag", dev);
+    check_cuda(rr_pages, "resident_rows.pages", dev);
+    check_cuda(rr_ring, "resident_rows.ring", dev);
+    HS_CHECK(rr_flag.size(0) == R && rr_pages.size(0) == R,
+             "resident_rows.flag / .pages must have R=" << R << " rows");
+    HS_CHECK(B >= K, "the resident selection record needs B >= k");
   }
   const size_t base = L::total(static_cast<size_t>(words));
   const SmemLimits lim = smem_limits(dev);
@@ -944,6 +987,11 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
     a.pstate = ptr<int32_t>(*policy_state);
     a.ps_stride = policy_state->stride(0);
   }
+  a.rr_flag = full ? ptr<const int32_t>(rr_flag) : nullptr;
+  a.rr_pages = full ? ptr<const int32_t>(rr_pages) : nullptr;
+  a.rr_stride = full ? rr_pages.stride(0) : 0;
+  a.rr_ring = full ? ptr<const int32_t>(rr_ring) : nullptr;
+  a.rr_page = static_cast<int>(rr_page);
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.

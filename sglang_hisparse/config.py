@@ -45,6 +45,10 @@ DEFAULT_HOST_TO_DEVICE_RATIO = 2
 #: None = auto: the resolve op picks 1024 threads when the batch fits one CTA per SM, else 512
 #: (``kernels.ops.auto_block_size``; measured in benchmarks/RESOLVE.md).
 DEFAULT_SWAP_IN_BLOCK_SIZE = None
+#: requests stay fully resident while HBM has room (coordinator/residency.py)
+DEFAULT_RESIDENCY = "pressure"
+RESIDENCY_MODES = ("pressure", "always_hot")
+DEFAULT_RESIDENCY_WATERMARK = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class HiSparseConfig:
                           None (the default): chosen per batch by the resolve op
     policy:               replacement policy of the hot buffers: "lru" (default) or "fra"
                           (frequency, recency and token age; one int32 per slot and layer more)
+    residency:            "pressure" (default): a request keeps all its device rows until HBM is
+                          short, then the longest shrink to hot buffers; "always_hot": every request
+                          in its hot buffer once it decodes (docs/coordinator.md, "Residency")
+    residency_watermark:  share of device rows kept free under "pressure" (0 <= w < 0.5): a step
+                          that finds fewer free shrinks resident requests first
     """
 
     top_k: int = DEFAULT_TOP_K
@@ -66,6 +75,12 @@ class HiSparseConfig:
     host_to_device_ratio: int = DEFAULT_HOST_TO_DEVICE_RATIO
     swap_in_block_size: int | None = DEFAULT_SWAP_IN_BLOCK_SIZE
     policy: str = DEFAULT_POLICY
+    residency: str = DEFAULT_RESIDENCY
+    residency_watermark: float = DEFAULT_RESIDENCY_WATERMARK
+
+    def watermark_rows(self, device_rows: int) -> int:
+        """Free device rows kept in reserve under ``"pressure"`` (0 for ``"always_hot"``)."""
+        return int(self.residency_watermark * device_rows) if self.residency == "pressure" else 0
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -108,9 +123,12 @@ class HiSparseConfig:
                 f"accepts 'algorithm', 'backend', 'min_sparse_prompt_len', 'page_size' and passes "
                 f"any other key through). Remove or rename them, or {IN_TREE_HINT}."
             )
+        residency, watermark = _check_residency(raw)
         for key, value in raw.items():
             if key == "policy":
                 continue  # a string, checked below
+            if key in ("residency", "residency_watermark"):
+                continue
             if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
                 _require_int(key, value)
         policy = _check_policy(raw.get("policy", DEFAULT_POLICY), W)
@@ -166,9 +184,10 @@ class HiSparseConfig:
                 f"1..{MAX_BLOCK_SIZE} for its own kernel; {IN_TREE_HINT}). Try {fixed}."
             )
         return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio,
-                   swap_in_block_size=block, policy=policy)
+                   swap_in_block_size=block, policy=policy, residency=residency,
+                   residency_watermark=watermark)
 
-    def to_dict(self) -> dict[str, int | str | None]:
+    def to_dict(self) -> dict[str, int | float | str | None]:
         return asdict(self)
 
     def to_json(self) -> str:
@@ -347,6 +366,31 @@ def _require_int(key: str, value: Any) -> None:
     if abs(value) >= MAX_INT:
         raise ValueError(f"{FLAG}: {key!r} = {_shown(value)} is out of range: every value must be below "
                          f"2**31 (sizes are int32 on the device); e.g. 'device_buffer_size': 4096.")
+
+
+def _check_residency(raw: dict[str, Any]) -> tuple[str, float]:
+    """The residency keys: a mode name and a share of device rows."""
+    mode = raw.get("residency", DEFAULT_RESIDENCY)
+    if mode not in RESIDENCY_MODES:
+        raise ValueError(
+            f"{FLAG}: 'residency' = {_shown(mode)} must be one of {', '.join(map(repr, RESIDENCY_MODES))}: "
+            f"'pressure' keeps requests fully on the GPU until HBM is short (no host IO while there "
+            f"is room), 'always_hot' cuts every request to its hot buffer (the in-tree behaviour, "
+            f"for A/B). e.g. {FLAG} '{{\"residency\": \"pressure\"}}'."
+        )
+    w = raw.get("residency_watermark", DEFAULT_RESIDENCY_WATERMARK)
+    if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < 0.5:
+        raise ValueError(
+            f"{FLAG}: 'residency_watermark' = {_shown(w)} must be a number in [0, 0.5): the share of "
+            f"device KV rows kept free before resident requests shrink to hot buffers. "
+            f"e.g. {FLAG} '{{\"residency_watermark\": {DEFAULT_RESIDENCY_WATERMARK}}}'."
+        )
+    if "residency_watermark" in raw and mode != "pressure":
+        raise ValueError(
+            f"{FLAG}: 'residency_watermark' applies only to 'residency': 'pressure' (got "
+            f"'residency': {mode!r}); remove it or use 'pressure'."
+        )
+    return mode, float(w)
 
 
 def _check_model_top_k(value: Any) -> int | None:

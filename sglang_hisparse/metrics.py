@@ -17,6 +17,14 @@ into counter increments; it runs on the telemetry report cadence
 | ``sglang:hisparse_direct_admissions_total`` | counter | PD requests admitted from the host pool |
 | ``sglang:hisparse_decode_steps_total`` | counter | decode steps mapped |
 | ``sglang:hisparse_hit_rate`` | gauge | hit rate over the last report interval |
+| ``sglang:hisparse_residency_shrinks_total`` | counter | resident requests shrunk to hot buffers (``"residency": "pressure"``) |
+| ``sglang:hisparse_resident_requests`` | gauge | requests holding all their device rows, at the last report |
+| ``sglang:hisparse_hot_requests`` | gauge | decoding requests in their B-slot hot buffer, at the last report |
+| ``sglang:hisparse_free_device_rows`` | gauge | free device KV rows, at the last report |
+
+The residency series exist with ``"residency": "pressure"`` only. Resident requests make no
+host->device copies; a rising ``hot_requests`` with ``free_device_rows`` near the watermark
+means HBM is the bound and HiSparse is trading IO for capacity.
 
 Hit rate over any window: ``1 - rate(misses_total) / rate(selected_total)``.
 """
@@ -41,6 +49,12 @@ COUNTERS = {
     "direct_admissions": ("direct_admissions", "PD requests admitted straight from the host pool."),
     "steps": ("decode_steps", "Decode steps mapped by the coordinator."),
 }
+#: residency count -> (gauge name without prefix, help); ``shrinks`` is a counter
+GAUGES = {
+    "resident": ("resident_requests", "Requests holding all their device rows (residency pressure)."),
+    "hot": ("hot_requests", "Decoding requests in their B-slot hot buffer."),
+    "free_rows": ("free_device_rows", "Free device KV rows."),
+}
 
 
 class PrometheusSink:
@@ -51,9 +65,11 @@ class PrometheusSink:
     """
 
     def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
-        counters, hit_rate = _families(registry, tuple(sorted(labels)))
+        counters, hit_rate, gauges, shrinks = _families(registry, tuple(sorted(labels)))
         self._counters = {field: family.labels(**labels) for field, family in counters.items()}
         self._hit_rate = hit_rate.labels(**labels)
+        self._gauges = {key: family.labels(**labels) for key, family in gauges.items()}
+        self._shrinks = shrinks.labels(**labels)
 
     def __call__(self, snap: TelemetrySnapshot, prev: TelemetrySnapshot | None, elapsed_s: float) -> None:
         for field, counter in self._counters.items():
@@ -64,16 +80,22 @@ class PrometheusSink:
         misses = snap.misses - (prev.misses if prev is not None else 0)
         if selected > 0:
             self._hit_rate.set(1.0 - misses / selected)
+        if snap.residency is not None:
+            for key, gauge in self._gauges.items():
+                gauge.set(snap.residency[key])
+            before = prev.residency["shrinks"] if prev is not None and prev.residency else 0
+            if snap.residency["shrinks"] > before:
+                self._shrinks.inc(snap.residency["shrinks"] - before)
 
 
 # Keyed by the registry itself, held weakly. NOTE: keyed by id(), a registry created after
 # another was freed could get its id and be handed the dead registry's families, so its series
 # were never registered (190 of 200 fresh registries in a loop; a CI failure of
 # test_two_sinks_share_one_registry that depended on test order).
-_FAMILIES: weakref.WeakKeyDictionary[Any, tuple[dict[str, Any], Any]] = weakref.WeakKeyDictionary()
+_FAMILIES: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
 
 
-def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any]:
+def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any, dict[str, Any], Any]:
     """The metric families, created once per registry (a second coordinator in one process,
     or a test, would otherwise register the same series twice and fail)."""
     from prometheus_client import REGISTRY, Counter, Gauge
@@ -90,7 +112,13 @@ def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, An
             PREFIX + "hit_rate", "Hit rate over the last report interval.", label_names,
             registry=reg, multiprocess_mode="mostrecent",
         )
-        _FAMILIES[reg] = (counters, hit_rate)
+        gauges = {
+            key: Gauge(PREFIX + name, help_, label_names, registry=reg, multiprocess_mode="mostrecent")
+            for key, (name, help_) in GAUGES.items()
+        }
+        shrinks = Counter(PREFIX + "residency_shrinks", "Resident requests shrunk to hot buffers.",
+                          label_names, registry=reg)
+        _FAMILIES[reg] = (counters, hit_rate, gauges, shrinks)
     return _FAMILIES[reg]
 
 

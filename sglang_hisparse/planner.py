@@ -242,8 +242,11 @@ def _state_bytes(inputs: PlanInputs, n: int) -> int:
     buffers (the planned batch is the request count). The server reserves the same formula per
     request slot out of its KV budget at startup (``sglang_adapter.budget``)."""
     m, B = inputs.model, inputs.hot_slots
+    # the resident page table of "residency": "pressure" (the default) over SGLang's 64-token
+    # DSA pages (its pool asserts that page size on CUDA)
     return coordinator_state_bytes(request_slots=1, num_layers=m.layers, buffer_size=B,
-                                   max_context=n, top_k=inputs.top_k, policy=inputs.policy)
+                                   max_context=n, top_k=inputs.top_k, policy=inputs.policy,
+                                   residency_page_size=64)
 
 
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:

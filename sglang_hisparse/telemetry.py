@@ -46,6 +46,9 @@ class TelemetrySnapshot:
     staged_tokens: int
     direct_admissions: int
     preload_tokens: int
+    #: residency ("pressure"): requests resident / hot now, free device rows, shrinks so far;
+    #: None when residency is off (always_hot)
+    residency: dict[str, int] | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -56,7 +59,9 @@ class TelemetrySnapshot:
         return self.misses / self.steps if self.steps else 0.0
 
     def as_dict(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = dict(self.__dict__)
+        out: dict[str, float | int] = {k: v for k, v in self.__dict__.items() if k != "residency"}
+        for k, v in (self.residency or {}).items():
+            out[f"residency_{k}"] = v
         out["hit_rate"] = self.hit_rate
         out["misses_per_step"] = self.misses_per_step
         return out
@@ -81,6 +86,8 @@ class Telemetry:
         self.preload_bytes = 0
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
+        #: () -> residency counts (``Residency.counts``), set by the core when residency is on
+        self.residency_counts: Callable[[], dict[str, int]] | None = None
         self._last_snapshot: TelemetrySnapshot | None = None
         #: called with (snapshot, previous snapshot or None, seconds) at every report, e.g.
         #: ``metrics.PrometheusSink``; they share the one sync the report costs
@@ -136,6 +143,7 @@ class Telemetry:
             staged_tokens=self.staged_tokens,
             direct_admissions=self.direct_admissions,
             preload_tokens=self.preload_tokens,
+            residency=self.residency_counts() if self.residency_counts is not None else None,
         )
 
     def maybe_log(self) -> None:
@@ -171,4 +179,12 @@ def format_line(
         f"backed up {snap.backup_tokens - base.backup_tokens} tokens | totals: "
         f"hit rate {snap.hit_rate:.2%}, {snap.h2d_bytes / 1e9:.3f} GB moved, "
         f"{snap.staged_requests} staged, {snap.direct_admissions} direct"
+        + _residency_part(snap.residency)
     )
+
+
+def _residency_part(c: dict[str, int] | None) -> str:
+    if c is None:
+        return ""
+    return (f" | residency: {c['resident']} resident, {c['hot']} hot, {c['free_rows']} device rows "
+            f"free (watermark {c['watermark_rows']}), {c['shrinks']} shrinks")

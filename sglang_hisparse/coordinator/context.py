@@ -63,6 +63,11 @@ class CoreContext:
     recorder: Any = None
     #: CUDA views of ``host_kv`` (``transfer.cuda_alias``) for sync-free row copies, or None
     host_kv_cuda: Sequence[torch.Tensor] | None = None
+    #: ``coordinator.residency.Residency`` when ``"residency": "pressure"`` applies, else None
+    residency: Any = None
+    #: ``transfer.layer_tables``' (device, host) tables of the one-launch copy (``HiSparseCore``
+    #: builds them at construction); False: copies run per layer; None: not built yet
+    layer_tables: Any = None
 
     @property
     def num_layers(self) -> int:

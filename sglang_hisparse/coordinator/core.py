@@ -34,6 +34,7 @@ from sglang_hisparse.config import check_buffer_holds_selection
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext, HostTable
 from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
+from sglang_hisparse.coordinator.residency import RESIDENCY_MODES, Residency
 from sglang_hisparse.coordinator.resolver import Resolver
 from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState
@@ -118,6 +119,10 @@ class HiSparseCore:
     verify rows per request under speculative decoding (0: off, as SGLang passes it); needs
     ``buffer_size >= W * top_k``. ``policy``: the hot buffers' replacement policy
     (``--hisparse-config`` ``"policy"``; ``"lru"`` only with speculative decoding).
+    ``residency``: ``"always_hot"`` (every request in its hot
+    buffer once it decodes; the default here) or ``"pressure"`` (requests keep all their device
+    rows until fewer than ``watermark_rows`` are free: ``coordinator/residency.py``; the
+    server's config defaults to it); speculative decoding always runs ``always_hot``.
     """
 
     def __init__(
@@ -141,7 +146,14 @@ class HiSparseCore:
         block_size: int | None = None,
         num_draft_tokens: int = 0,
         policy: str = "lru",
+        residency: str = "always_hot",
+        watermark_rows: int = 0,
     ) -> None:
+        if residency not in RESIDENCY_MODES:
+            raise ValueError(
+                f"residency = {residency!r}: use 'pressure' (requests keep their device rows "
+                f"until HBM is short) or 'always_hot' (every request in its hot buffer)."
+            )
         if num_draft_tokens < 0:
             raise ValueError(
                 f"num_draft_tokens = {num_draft_tokens} must be >= 0 (0 = no speculative decoding)."
@@ -162,6 +174,8 @@ class HiSparseCore:
             num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
             num_draft_tokens=num_draft_tokens, hint_positions=int(host.host_rows.shape[1]),
             policy=policy,
+            residency_page_size=(int(allocator.page_size)
+                                 if residency == "pressure" and num_draft_tokens == 0 else 0),
         )
         self.ctx = CoreContext(
             top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
@@ -169,6 +183,7 @@ class HiSparseCore:
             state=self.state, streams=self.streams, telemetry=self.telemetry,
             recorder=_make_recorder(), host_kv_cuda=_host_alias(host_kv, device),
         )
+        transfer.layer_tables(self.ctx)  # built here, outside any graph capture or sync guard
         #: int32 [1]: real batch size of the current forward (the model runner fills it)
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
         self.skip_io = env_skip_io if skip_io is None else skip_io
@@ -191,6 +206,18 @@ class HiSparseCore:
         )
         #: the verify windows (speculative decoding), or None; W is ``state.num_draft_tokens``
         self.spec = SpecWindow(self.ctx) if self.state.speculative else None
+        self.residency = Residency(self.ctx, mode=residency, watermark_rows=watermark_rows,
+                                   record_layer=self.resolver.record_layers())
+        if self.residency.enabled:
+            self.ctx.residency = self.residency
+            self.telemetry.residency_counts = self.residency.counts
+            logger.info(
+                "HiSparse residency: pressure (requests keep all their device rows while more "
+                "than %d of %d rows are free; then the longest shrink to B = %d hot slots).",
+                self.residency.watermark_rows, allocator.size_device, buffer_size)
+        elif residency == "pressure":
+            logger.info("HiSparse residency: always_hot (speculative decoding: the verify kernel "
+                        "has no resident level).")
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -237,6 +264,10 @@ class HiSparseCore:
         if self.spec is not None:
             self.spec.finish(r)  # before the lifecycle releases (and unmaps) the window rows
         self.lifecycle.finish(r)
+
+    def residency_counts(self) -> dict[str, int]:
+        """Requests resident / hot, free device rows, shrinks (``Residency.counts``)."""
+        return self.residency.counts()
 
     @property
     def num_draft_tokens(self) -> int:

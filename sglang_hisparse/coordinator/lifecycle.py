@@ -113,6 +113,8 @@ class Lifecycle:
         ctx, B = self.ctx, self.ctx.buffer_size
         for entry in ready:
             r, n = entry.req_slot, entry.logical_ids.numel()
+            if ctx.residency is not None and ctx.residency.admit_prefilled(r, entry.logical_ids, n):
+                continue  # keeps every prefill row (coordinator/residency.py)
             slot_rows = ctx.allocator.shrink_to_hot_buffer(r, entry.logical_ids, B)
             rows = slot_rows[slot_rows >= 0]  # slots 0..min(n,B)-1, then slot B when n > B
             ctx.state.install(r, rows.to(ctx.device, non_blocking=True), n, resident=True)
@@ -135,7 +137,12 @@ class Lifecycle:
         if seq_len < 1:
             raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 1.")
         self._ensure_host(r, seq_len, "admit_direct")
+        if ctx.residency is not None and ctx.residency.admit_direct(r, seq_len):
+            return
         slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
+        if slot_rows is None and ctx.residency is not None:
+            ctx.residency.reclaim(ctx.allocator.hot.max_pages(B) * ctx.allocator.page_size)
+            slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
         if slot_rows is None:
             raise RuntimeError(
                 f"admit_direct: no device rows for request slot {r}'s hot buffer "

@@ -107,6 +107,9 @@ class Resolver:
         self._hint = st.resident is not None
         if self._hint:
             self._fixed["early_rows"] = None if early_fetch else 0
+        if st.resident_rows is not None and not W:
+            # first level: fully resident requests resolve through their page table
+            self._fixed["resident_rows"] = st.resident_rows
         L = ctx.num_layers
         shared = [False] * L
         if shared_index_layers is not None:
@@ -120,6 +123,15 @@ class Resolver:
         self.is_shared = shared if self.prefetch else [False] * L
         self.events = {s: ctx.streams.new_event() for g in self.groups.values() for s in g}
         self._alloc(max_batch)
+
+    def record_layers(self) -> list[int]:
+        """Per local layer, the layer whose resolve runs for it (its anchor when it replays a
+        shared index, else itself): where a resident request's selection record is kept."""
+        out = list(range(len(self.is_shared)))
+        for anchor, members in self.groups.items():
+            for s in members:
+                out[s] = anchor
+        return out
 
     def _alloc(self, max_batch: int) -> None:
         """``out_rows`` int32 [max_batch, *row_shape], a plan of ``prod(row_shape)`` columns,

@@ -29,8 +29,8 @@ padding row 0 instead), so the host learns the committed length from the next ``
 
 NOTE: the window rows come from ``allocator.hot.grow`` at admission rather than a
 separate reservation at ``allocate_spec_scratch`` time: as hot-buffer rows they are owned in
-exactly one place (``check_integrity`` holds) and ``allocator.hot.release`` returns and unmaps
-them at finish. ``reserve`` therefore only checks capacity.
+exactly one place (``check_integrity`` holds) and ``allocator.hot.release`` returns them at
+finish (the caller's free unmaps the window ids mapped onto them). ``reserve`` therefore only checks capacity.
 """
 
 from __future__ import annotations

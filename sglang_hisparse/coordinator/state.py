@@ -16,7 +16,15 @@ resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds
 policy_state   [L, R, B]   int32   the replacement policy's word per history slot (policy
                                    "fra": hits and last selection, kernel_policy); None for
                                    "lru". Zero for a fresh request: its slots never selected
+res_flag       [R]          int32  1 = fully resident request ("residency": "pressure"):
+                                   every position has a device row, slot state unused
+res_pages      [R, P/ps]    int32  its device page per ps positions, -1 none
+res_ring       [1]          int32  the selection-record block this step (ResidentRows)
 ```
+
+The last three exist only with residency (``residency_page_size`` > 0); a resident request's
+``slot_tokens`` history holds the record of its recent selections instead of slots
+(``kernels.contract.ResidentRows``), which a shrink to a hot buffer reads.
 
 The resident hint lets the resolve kernel start fetching probable misses before its
 bookkeeping ends (``kernels.reference`` says what it means). The kernel keeps it in step with
@@ -56,8 +64,9 @@ import enum
 import torch
 
 from ..kernel_policy import state_words_per_slot
+from ..kernels.contract import ResidentRows
 from ..kernels.reference import position_bits
-from ..memory.state_bytes import hint_words, tail_slots
+from ..memory.state_bytes import hint_words, residency_columns, tail_slots
 
 
 class Phase(enum.Enum):
@@ -71,7 +80,8 @@ class SlotState:
 
     def __init__(
         self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
-        num_draft_tokens: int = 0, hint_positions: int = 0, policy: str = "lru",
+        num_draft_tokens: int = 0, hint_positions: int = 0, residency_page_size: int = 0,
+        policy: str = "lru",
     ) -> None:
         if num_draft_tokens < 0:
             raise ValueError(
@@ -109,8 +119,19 @@ class SlotState:
             self.policy_state = torch.zeros(
                 (num_layers, num_reqs, B), dtype=torch.int32, device=self.device
             )
+        #: fully resident requests' page tables (see the module docstring), or None
+        self.resident_rows: ResidentRows | None = None
+        if cols := residency_columns(max_context=hint_positions, page_size=residency_page_size):
+            self.resident_rows = ResidentRows(
+                flag=torch.zeros(num_reqs, dtype=torch.int32, device=self.device),
+                pages=torch.full((num_reqs, cols), -1, dtype=torch.int32, device=self.device),
+                page_size=residency_page_size,
+                ring=torch.zeros(1, dtype=torch.int32, device=self.device),
+            )
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs
+        #: fully resident (``res_flag`` on the host; rows follow from the page table)
+        self.is_resident = [False] * num_reqs
         self.seq_len = [0] * num_reqs
         self.skip_backup = [False] * num_reqs
 
@@ -146,9 +167,47 @@ class SlotState:
             self.resident[:, r].zero_()
         if self.policy_state is not None:
             self.policy_state[:, r].zero_()
+        if self.is_resident[r]:
+            self.clear_resident(r)
         self.phase[r] = Phase.FREE
         self.seq_len[r] = 0
         self.skip_backup[r] = False
+
+    def install_resident(self, r: int, pages: list[int], seq_len: int, *, host_has_all: bool = True) -> None:
+        """Make request ``r`` of length ``seq_len`` fully resident over device ``pages`` (its
+        page table, in position order). ``host_has_all``: the host holds every token (staged or
+        transferred), so the next step skips the write-through of the newest."""
+        rr = self.resident_rows
+        if rr is None:
+            raise ValueError("install_resident: this state was built without residency (residency_page_size = 0).")
+        rr.pages[r].fill_(-1)
+        rr.pages[r, : len(pages)] = torch.tensor(pages, dtype=torch.int32).to(self.device, non_blocking=True)
+        rr.flag[r] = 1
+        # The history slots become the selection record: nothing recorded yet.
+        self.slot_tokens[:, r].fill_(-1)
+        self.is_resident[r] = True
+        if self.phase[r] is not Phase.DECODING:
+            self.slot_rows[r].fill_(-1)
+            self.lru[:, r].copy_(self._lru_init)
+            if self.resident is not None:
+                self.resident[:, r].zero_()
+            if self.policy_state is not None:
+                self.policy_state[:, r].zero_()
+            self.skip_backup[r] = host_has_all
+        self.seq_len[r] = seq_len
+        self.phase[r] = Phase.DECODING
+
+    def set_resident_page(self, r: int, index: int, page: int) -> None:
+        """Page ``index`` of resident request ``r``'s table (a new page as it grows)."""
+        assert self.resident_rows is not None
+        self.resident_rows.pages[r, index] = page
+
+    def clear_resident(self, r: int) -> None:
+        """Request ``r`` is no longer fully resident (shrunk or released)."""
+        if self.resident_rows is not None:
+            self.resident_rows.flag[r] = 0
+            self.resident_rows.pages[r].fill_(-1)
+        self.is_resident[r] = False
 
     def install(self, r: int, rows: torch.Tensor, seq_len: int, *, resident: bool) -> None:
         """Give request ``r`` of length ``seq_len`` its hot buffer ``rows`` (int32 device).

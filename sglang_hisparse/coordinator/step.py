@@ -19,11 +19,11 @@ orders the current stream after the backup stream's fence.
 
 NOTE: the previous newest token's mapping entry is left in place rather than cleared: with
 the overlap scheduler the previous forward may still be translating it on the forward
-stream. Stale entries point only into the request's own hot rows, and
-``allocator.hot.release`` clears them at finish.
+stream. Stale entries are the request's own ids pointing into its own hot rows; the
+caller's ``allocator.free`` of those ids at finish unmaps them (``memory/hot.py``, release).
 
 Host work is O(batch) Python on ``seq_lens_cpu`` / ``req_pool_indices_cpu`` (SGLang passes
-both); device work is a handful of indexed writes plus one gather/scatter per layer for the
+both); device work is a handful of indexed writes plus one all-layer copy launch for the
 backup, with no host sync on CUDA beyond the transfer fallback noted in ``transfer``.
 """
 
@@ -63,11 +63,17 @@ class StepMapper:
             raise ValueError(
                 f"map_last_loc: {len(req_index_cpu)} request slots but {len(seq_lens_cpu)} seq_lens."
             )
+        residency = ctx.residency
+        if residency is not None:
+            residency.begin_step(req_index_cpu)
+        hot = ctx.allocator.hot
         back_r: list[int] = []
         back_slot: list[int] = []
         back_pos: list[int] = []
+        res_back: list[tuple[int, int, int]] = []  # (request slot, row, position) of residents
+        res_new: list[tuple[int, int]] = []  # (batch index, row) of residents' new tokens
         new_slot: list[int] = []
-        for r, n in zip(req_index_cpu, seq_lens_cpu, strict=True):
+        for i, (r, n) in enumerate(zip(req_index_cpu, seq_lens_cpu, strict=True)):
             if st.phase[r] is not Phase.DECODING:
                 raise ValueError(
                     f"map_last_loc: request slot {r} is {st.phase[r].value}; only collected or "
@@ -81,15 +87,24 @@ class StepMapper:
             p, q = n - 1, n - 2
             if st.skip_backup[r]:
                 st.skip_backup[r] = False
+            elif st.is_resident[r]:
+                res_back.append((r, hot.resident_row(r, q), q))
             else:
                 back_r.append(r)
                 back_slot.append(q if q < B else B)
                 back_pos.append(q)
             new_slot.append(p if p < B else B)
+            if p == B and not st.is_resident[r] and residency is not None:
+                residency.make_resident(r, B)  # a short request reaching slot B may stay resident
+            if st.is_resident[r]:
+                res_new.append((i, residency.next_row(r)))
 
         if back_r:
             self._backup(back_r, back_slot, back_pos)
-        self._grow(req_index_cpu, new_slot)
+        if res_back:
+            self._backup_resident(res_back)
+        grow = [(r, s) for r, s in zip(req_index_cpu, new_slot, strict=True) if not st.is_resident[r]]
+        self._grow([r for r, _ in grow], [s for _, s in grow])
         for r, n in zip(req_index_cpu, seq_lens_cpu, strict=True):
             st.seq_len[r] = n
 
@@ -99,11 +114,17 @@ class StepMapper:
         st.slot_tokens[:, r_dev, s_dev] = (seq_lens.to(dev) - 1).to(torch.int32)
         if st.resident is not None:
             self._hint_short_growth(req_index_cpu, new_slot)
-        ctx.allocator.rebind(new_logical, st.slot_rows[r_dev, s_dev], logical_ids_cpu=new_logical_cpu)
+        rows = st.slot_rows[r_dev, s_dev]
+        if res_new:
+            at = torch.tensor([i for i, _ in res_new], dtype=torch.int64).to(dev, non_blocking=True)
+            got = torch.tensor([row for _, row in res_new], dtype=rows.dtype).to(dev, non_blocking=True)
+            rows = rows.index_copy(0, at, got)
+        ctx.allocator.rebind(new_logical, rows, logical_ids_cpu=new_logical_cpu)
         if ctx.recorder is not None:
             ctx.recorder.begin_step(req_index_cpu, seq_lens_cpu)
         ctx.telemetry.add_step()
-        ctx.telemetry.add_backup(len(back_r), len(back_r) * ctx.item_bytes * ctx.num_layers)
+        backed = len(back_r) + len(res_back)
+        ctx.telemetry.add_backup(backed, backed * ctx.item_bytes * ctx.num_layers)
         ctx.telemetry.maybe_log()
 
     def _hint_short_growth(self, rs: list[int], slots: list[int]) -> None:
@@ -120,11 +141,7 @@ class StepMapper:
     def _backup(self, rs: list[int], slots: list[int], positions: list[int]) -> None:
         ctx, st = self.ctx, self.ctx.state
         for r, q in zip(rs, positions, strict=True):
-            if not ctx.host.ensure(r, q + 1):
-                raise RuntimeError(
-                    f"map_last_loc: the host KV pool has no room for token {q} of request slot {r}. "
-                    f"The host pool must cover the logical capacity the scheduler admits against."
-                )
+            self._ensure_host(r, q)
         dev = ctx.device
         r_t = torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True)
         s_t = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
@@ -133,6 +150,27 @@ class StepMapper:
         host_rows = ctx.host.host_rows[r_t, q_t]
         streams = ctx.streams
         transfer.to_host_async(ctx, dev_rows, host_rows, side=streams.backup, done=streams.backup_fence)
+
+    def _backup_resident(self, entries: list[tuple[int, int, int]]) -> None:
+        """Write-through of resident requests' previous newest tokens. Their new token has a
+        row of its own, so the forward need not wait for this copy: it records no fence (a
+        shrink and a release order themselves after the whole backup stream)."""
+        ctx = self.ctx
+        for r, _, q in entries:
+            self._ensure_host(r, q)
+        dev = ctx.device
+        r_t = torch.tensor([r for r, _, _ in entries], dtype=torch.int64).to(dev, non_blocking=True)
+        q_t = torch.tensor([q for _, _, q in entries], dtype=torch.int64).to(dev, non_blocking=True)
+        dev_rows = torch.tensor([row for _, row, _ in entries], dtype=torch.int64).to(dev, non_blocking=True)
+        transfer.to_host_async(ctx, dev_rows, ctx.host.host_rows[r_t, q_t], side=ctx.streams.backup,
+                               done=None)
+
+    def _ensure_host(self, r: int, q: int) -> None:
+        if not self.ctx.host.ensure(r, q + 1):
+            raise RuntimeError(
+                f"map_last_loc: the host KV pool has no room for token {q} of request slot {r}. "
+                f"The host pool must cover the logical capacity the scheduler admits against."
+            )
 
     def _grow(self, rs: list[int], slots: list[int]) -> None:
         ctx, st = self.ctx, self.ctx.state

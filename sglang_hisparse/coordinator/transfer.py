@@ -15,6 +15,14 @@ resolve kernel reads them. NOTE: the rejected alternative, a gather into a bounc
 an ``index_copy_`` on the CPU, needs the host row ids and the data on the CPU, i.e. a sync
 per backup that would stall the overlap scheduler; it stays only as the fallback when the
 host memory is not pinned (then correct but synchronous).
+
+Every layer in one launch: ``kernels.layer_copy.copy_rows`` over two ``LayerTable``s (device
+layers, host views) built on the first copy and kept on the context. NOTE: the per-layer
+gather + ``index_copy_`` it replaced cost two launches per layer (122 / 156 per decode step at
+61 / 78 layers, each a few microseconds of host time on the critical path of
+``map_last_loc``); it stays selectable with ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1`` (A/B and
+``benchmarks/bench_step_overhead.py``'s "before") and is the path of a host pool that is not
+pinned. On CPU both paths run the same per-layer torch ops.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from sglang_hisparse.kernels.layer_copy import LayerTable, copy_rows
 
 if TYPE_CHECKING:
     from sglang_hisparse.coordinator.context import CoreContext
@@ -81,8 +91,31 @@ def _host_layers(ctx: CoreContext) -> Sequence[torch.Tensor]:
     return ctx.host_kv_cuda if ctx.host_kv_cuda is not None else ctx.host_kv
 
 
+def layer_tables(ctx: CoreContext) -> tuple[LayerTable, LayerTable] | None:
+    """(device, host) tables of the one-launch copy, built on the first call and kept in
+    ``ctx.layer_tables``; None when copies run per layer (the unfused switch, or a CUDA
+    coordinator whose host pool has no device-mapped view)."""
+    if ctx.layer_tables is None:
+        from sglang_hisparse import envs
+
+        unfused = bool(envs.get("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"))
+        no_view = ctx.device.type == "cuda" and ctx.host_kv_cuda is None
+        if unfused or no_view:
+            ctx.layer_tables = False
+        else:
+            ctx.layer_tables = (LayerTable.build(ctx.device_kv, "device_kv"),
+                                LayerTable.build(_host_layers(ctx), "host_kv"))
+    return ctx.layer_tables or None
+
+
 def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -> None:
     """Copy device rows to host rows for every layer (see the module docstring)."""
+    tables = layer_tables(ctx)
+    if tables is not None:
+        device, host = tables
+        copy_rows(src=device, dst=host, src_rows=dev_rows.to(ctx.device, torch.int64),
+                  dst_rows=host_rows.to(ctx.device, torch.int64))
+        return
     for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
         _copy_rows(dev_kv, dev_rows, host_kv, host_rows)
 
@@ -92,7 +125,7 @@ def to_host_async(
     after_forward: bool = True,
 ) -> None:
     """:func:`to_host` on the side stream ``side``, then ``done.record()`` there (an event, or
-    a ``streams.Fence``). ``after_forward``: order the copy after the forward stream's KV writes
+    a ``streams.Fence``; None: nothing recorded). ``after_forward``: order the copy after the forward stream's KV writes
     and the caller's stream; False: after the caller's stream only (KV the host has already
     seen written, see ``Lifecycle.admit_staging``). The row tensors are kept alive for
     ``side`` (they may be temporaries of the caller)."""
@@ -103,12 +136,19 @@ def to_host_async(
         streams.after_current(side)
     with streams.on(side):
         to_host(ctx, dev_rows, host_rows)
-        done.record()
+        if done is not None:
+            done.record()
     streams.keep_alive(dev_rows, side)
     streams.keep_alive(host_rows, side)
 
 
 def to_device(ctx: CoreContext, host_rows: torch.Tensor, dev_rows: torch.Tensor) -> None:
     """Copy host rows to device rows for every layer (see the module docstring)."""
+    tables = layer_tables(ctx)
+    if tables is not None:
+        device, host = tables
+        copy_rows(src=host, dst=device, src_rows=host_rows.to(ctx.device, torch.int64),
+                  dst_rows=dev_rows.to(ctx.device, torch.int64))
+        return
     for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
         _copy_rows(host_kv, host_rows, dev_kv, dev_rows)

@@ -6,11 +6,12 @@ contract). ``python -m sglang_hisparse.kernels`` precompiles the CUDA specializa
 See docs/kernels.md.
 """
 
-from .contract import MissPlan, ResolveMode, validate_replay, validate_resolve
+from .contract import MissPlan, ResidentRows, ResolveMode, validate_replay, validate_resolve
 from .ops import replay, reserve_workspace, resolve
 
 __all__ = [
     "MissPlan",
+    "ResidentRows",
     "ResolveMode",
     "replay",
     "reserve_workspace",

@@ -1,6 +1,6 @@
 """``python -m sglang_hisparse.kernels``: precompile every kernel specialization a setup needs.
 
-Builds the resolve module for each ``(top_k, B, item)`` and the replay module for each item
+Builds the resolve module for each ``(top_k, B, item)`` and the replay and all-layer copy modules for each item
 size into the JIT cache (see ``_jit.py``), in parallel, so that the first decode step does not
 pay for nvcc. Examples::
 
@@ -38,15 +38,16 @@ ITEMS = (656, 1152)
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
                verify_specs=(), policy: str = "lru") -> None:
     """Build the given resolve ``(k, B, item)`` specs (for ``policy``, its builds instead of
-    lru's when it is not lru), replay ``items``, verify ``(k, B, W, item)`` specs (and the
-    benchmark's gather ceiling when ``gather``) with ``jobs`` parallel builds."""
+    lru's when it is not lru), replay and all-layer copy ``items``, verify ``(k, B, W, item)``
+    specs (and the benchmark's gather ceiling when ``gather``) with ``jobs`` parallel builds."""
     pid = policy_id(policy)
     tasks = [("resolve_policy", (*s, pid)) if pid else ("resolve", s) for s in resolve_specs]
     tasks += [("replay", (i,)) for i in items]
-    tasks += [("verify", s) for s in verify_specs]
+    tasks += [("verify", s) for s in verify_specs] + [("layer_copy", (i,)) for i in items]
     tasks += [("gather", (i,)) for i in items] if gather else []
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
                "gather": _jit.gather_module, "verify": _jit.verify_module,
+               "layer_copy": _jit.layer_copy_module,
                "resolve_policy": lambda k, b, i, p: _jit.resolve_module(k, b, i, policy=p)}
 
     def one(task):

@@ -4,7 +4,7 @@ One module per resolve specialization ``(k, B, item_bytes)`` (block size, CTAs p
 batch and the plan/no-IO flags are runtime arguments, so one build serves every
 ``swap_in_block_size``; inside it, block sizes 512 and 1024 run kernels compiled for exactly
 that size, every other one a kernel sized at run time), one per verify-step specialization
-``(k, B, W, item_bytes)``, and one per replay item size. Builds go to
+``(k, B, W, item_bytes)``, and one per replay and all-layer copy item size. Builds go to
 ``$SGLANG_HISPARSE_JIT_CACHE`` (default ``~/.cache/sglang_hisparse/jit``), never into the
 installed package, under a directory named after the arguments and a hash of the sources,
 compiler flags and target; an ``fcntl`` lock around each build lets TP ranks share the cache.
@@ -21,7 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-_SOURCES = ("common.cuh", "resolve.cuh", "resolve_verify.cuh", "replay.cuh", "gather.cuh")
+_SOURCES = (
+    "common.cuh", "resolve.cuh", "resolve_verify.cuh", "replay.cuh", "gather.cuh", "layer_copy.cuh",
+)
 _CFLAGS = ("-lineinfo", "--expt-relaxed-constexpr")
 
 _RESOLVE_ARGS = (
@@ -29,12 +31,13 @@ _RESOLVE_ARGS = (
     "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
     "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
     "TensorView plan_dst, TensorView plan_count, TensorView arrivals, TensorView resident, "
+    "TensorView rr_flag, TensorView rr_pages, TensorView rr_ring, int64_t rr_page, "
     "int64_t ctas, int64_t block, int64_t write_plan, int64_t copy, int64_t stage_rows"
 )
 _RESOLVE_CALL = (
     "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, ctas, block, "
-    "write_plan, copy, stage_rows"
+    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, rr_flag, "
+    "rr_pages, rr_ring, rr_page, ctas, block, write_plan, copy, stage_rows"
 )
 _VERIFY_ARGS = (
     "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
@@ -186,6 +189,19 @@ def replay_module(item: int) -> Any:
         f"  hisparse::replay_launch<{item}>({_REPLAY_CALL});\n}}\n"
     )
     return _build(f"hisparse_replay_i{item}", wrapper, ["replay"])
+
+
+@functools.cache
+def layer_copy_module(item: int) -> Any:
+    """The compiled all-layer row copy for ``item``-byte rows (``kernels.layer_copy``):
+    ``layer_copy(src_table, dst_table, src_rows, dst_rows)``, one launch for every layer."""
+    wrapper = (
+        '#include "layer_copy.cuh"\nusing tvm::ffi::TensorView;\n'
+        "void layer_copy(TensorView src_table, TensorView dst_table, TensorView src_rows,\n"
+        "                TensorView dst_rows) {\n"
+        f"  hisparse::layer_copy_launch<{item}>(src_table, dst_table, src_rows, dst_rows);\n}}\n"
+    )
+    return _build(f"hisparse_layer_copy_i{item}", wrapper, ["layer_copy"])
 
 
 @functools.cache

@@ -67,6 +67,49 @@ class MissPlan:
         )
 
 
+@dataclass
+class ResidentRows:
+    """Fully resident requests (``"residency": "pressure"``): every position has a device row.
+
+    ``flag`` int32 [R]: 1 = request slot r is fully resident; its resolve maps each selected
+    position p through ``pages`` and returns (no hash, no LRU, no host read, plan count 0).
+    ``pages`` int32 [R, cols]: device page of positions ``c*page_size .. c*page_size+page_size-1``
+    of request r (row = ``pages[r, p // page_size] * page_size + p % page_size``).
+    ``ring`` int32 [1]: the resolve records each resident request's selection of this step
+    (positions ``0 <= p < n-1``, else -1) into ``slot_tokens[r, ring*k : ring*k + k]`` (unused
+    while resident), so that a later shrink to a hot buffer starts warm; the coordinator
+    advances it every decode step modulo ``B // k``.
+    """
+
+    flag: torch.Tensor
+    pages: torch.Tensor
+    page_size: int
+    ring: torch.Tensor
+
+
+def check_resident_rows(rr: ResidentRows | None, *, lru: torch.Tensor, top_k: torch.Tensor) -> None:
+    """Dtypes, shapes and devices of the optional :class:`ResidentRows` (host-only checks)."""
+    if rr is None:
+        return
+    _need("resident_rows.flag", rr.flag, (torch.int32,), 1)
+    _need("resident_rows.pages", rr.pages, (torch.int32,), 2)
+    _need("resident_rows.ring", rr.ring, (torch.int32,), 1)
+    R = lru.shape[0]
+    _same("resident_rows.flag.shape[0]", rr.flag.shape[0], R, "request slots (lru.shape[0])")
+    _same("resident_rows.pages.shape[0]", rr.pages.shape[0], R, "request slots (lru.shape[0])")
+    if rr.page_size < 1:
+        raise ValueError(f"resident_rows.page_size = {rr.page_size} must be >= 1.")
+    if lru.shape[1] < top_k.shape[1]:
+        raise ValueError(
+            f"resident_rows: the selection record needs B >= k (B = {lru.shape[1]}, k = {top_k.shape[1]})."
+        )
+    for name, t in (("flag", rr.flag), ("pages", rr.pages), ("ring", rr.ring)):
+        if t.device != lru.device:
+            raise ValueError(f"resident_rows.{name} is on {t.device} but the state is on {lru.device}.")
+    if rr.pages.stride(-1) != 1:
+        raise ValueError("resident_rows.pages must have a contiguous last dimension.")
+
+
 def validation_enabled(validate: bool | None) -> bool:
     """``validate`` if given, else the SGLANG_HISPARSE_VALIDATE switch."""
     if validate is not None:

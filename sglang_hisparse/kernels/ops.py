@@ -17,10 +17,12 @@ from ._jit import replay_module, resolve_module
 from .contract import (
     DEFAULT_BLOCK_SIZE,
     MissPlan,
+    ResidentRows,
     ResolveMode,
     check_block_size,
     check_plan_shapes,
     check_resident,
+    check_resident_rows,
     check_resolve_shapes,
     validate_replay,
     validate_resolve,
@@ -28,7 +30,12 @@ from .contract import (
 )
 from .workspace import ArrivalCounters
 
-__all__ = ["MissPlan", "ResolveMode", "reserve_workspace", "resolve", "replay"]
+__all__ = ["MissPlan", "ResidentRows", "ResolveMode", "reserve_workspace", "resolve", "replay"]
+
+
+def _rr_args(rr: ResidentRows) -> tuple:
+    """The launcher's (flag, pages, ring, page_size) arguments of a :class:`ResidentRows`."""
+    return rr.flag, rr.pages, rr.ring, rr.page_size
 
 #: Most CTAs one request's misses are spread over.
 MAX_CTAS_PER_REQUEST = 32
@@ -95,6 +102,7 @@ def resolve(
     ctas_per_request: int | None = None, validate: bool | None = None,
     resident: torch.Tensor | None = None, early_rows: int | None = None,
     policy: str = "lru", policy_state: torch.Tensor | None = None,
+    resident_rows: ResidentRows | None = None,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
 
@@ -122,6 +130,8 @@ def resolve(
         policy: replacement policy, ``"lru"`` (default) or ``"fra"`` (``kernel_policy``).
         policy_state: int32 [R, B] (one layer's view of ``SlotState.policy_state``; mutated),
             required by ``"fra"``, None for ``"lru"``.
+        resident_rows: optional :class:`ResidentRows`: flagged request slots are fully
+            resident and resolve through their page table only (the first level).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -131,7 +141,7 @@ def resolve(
         raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:
         reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident,
-                          policy=policy, policy_state=policy_state)
+                          policy=policy, policy_state=policy_state, resident_rows=resident_rows)
         return
     if validation_enabled(validate):
         validate_resolve(**kw, plan=plan)
@@ -140,6 +150,7 @@ def resolve(
     check_resident(resident, lru=lru, host_rows=host_rows)
     reference.check_policy_state(policy, policy_state, lru=lru)
     pid = policy_id(policy)
+    check_resident_rows(resident_rows, lru=lru, top_k=top_k)
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
@@ -151,7 +162,9 @@ def resolve(
     resolve_module(k, B, item, policy=pid).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
-        resident if resident is not None else arrivals, ctas, block, int(plan is not None),
+        resident if resident is not None else arrivals,
+        *(_rr_args(resident_rows) if resident_rows is not None else (arrivals, arrivals, arrivals, 0)),
+        ctas, block, int(plan is not None),
         int(mode is ResolveMode.COPY), stage, *extra,
     )
 

@@ -45,6 +45,14 @@ Verify lengths (SGLang 0.5.23 target-verify, ``dsa_backend.init_forward_metadata
 ``dsa_seqlens_expanded`` row ``j`` of request ``r`` is ``s_r + 1 + j``: the W verify tokens
 are positions ``s_r .. s_r + W - 1`` and ``seq_lens = dsa_seqlens_expanded.view(bs, W)``.
 
+First level, fully resident requests (decode only, optional ``resident_rows``, a
+``contract.ResidentRows``; ``"residency": "pressure"``): a request slot whose ``flag`` is set
+keeps a device row for every position, so its row b resolves to
+``pages[r, p // ps] * ps + p % ps`` for ``0 <= p < n`` (-1 otherwise) and returns: no
+membership test, no LRU update, no host read, plan count 0. It writes only its selection
+record, ``slot_tokens[r, ring*k : ring*k+k]`` (``p`` for ``0 <= p < n-1``, else -1), which
+the shrink to a hot buffer reads. One launch serves a batch mixing resident and hot requests.
+
 Resident hint (decode only, optional ``resident`` int32 [R, ceil(host_rows.shape[1] / 32)]):
 bit p of row r says "some history slot (< B) of request r holds position p". The kernel
 fetches the rows of selected positions whose bit is clear before its bookkeeping has proved
@@ -78,9 +86,11 @@ from ..kernel_policy import (
 )
 from .contract import (
     MissPlan,
+    ResidentRows,
     ResolveMode,
     check_plan_shapes,
     check_resident,
+    check_resident_rows,
     check_resolve_shapes,
     check_verify_shapes,
     validate_replay,
@@ -210,8 +220,24 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
     return torch.where(hist | window, rows, -1)
 
 
+def _resolve_resident(*, r: int, n: int, flat: torch.Tensor, rr: ResidentRows,
+                      slot_tokens: torch.Tensor) -> torch.Tensor:
+    """First level: a fully resident request (decode, W = 1). Each selected position
+    ``0 <= p < n`` maps to ``pages[r, p // ps] * ps + p % ps``; nothing else moves. The selection
+    (``p < n-1``, others -1) is recorded in slot_tokens block ``ring`` (see ``ResidentRows``)."""
+    ps, k = rr.page_size, flat.numel()
+    valid = (flat >= 0) & (flat < n)
+    p = flat.clamp(0, max(n - 1, 0))
+    rows = rr.pages[r, p // ps].long() * ps + p % ps
+    ring = int(rr.ring.reshape(-1)[0])
+    slot_tokens[r, ring * k : ring * k + k] = torch.where(
+        valid & (flat < n - 1), flat, -1).to(slot_tokens.dtype)
+    return torch.where(valid, rows, -1)
+
+
 def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, copy: bool,
-                    resident: torch.Tensor | None, policy_state: torch.Tensor | None = None) -> None:
+                    resident: torch.Tensor | None, resident_rows: ResidentRows | None = None,
+                    policy_state: torch.Tensor | None = None) -> None:
     """The batch loop of both flavours; ``kw["top_k"]``/``kw["out_rows"]`` are [bs, W, k] views
     and ``n0s`` the rows-0 lengths of the real rows."""
     top_k, out_rows, lru, slot_rows = kw["top_k"], kw["out_rows"], kw["lru"], kw["slot_rows"]
@@ -224,11 +250,16 @@ def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, 
         plan.count[:] = 0
     st = {name: kw[name] for name in ("slot_tokens", "slot_rows", "lru", "host_rows",
                                        "host_cache", "device_cache")}
+    flags = resident_rows.flag.tolist() if resident_rows is not None else None
     for b in range(min(nr, bs)):
         r, n0 = int(reqs[b]), int(n0s[b])
         flat = top_k[b].reshape(-1).long()
         N = n0 + W - 1
-        if N <= B:
+        if flags is not None and flags[r]:
+            res = _resolve_resident(r=r, n=n0, flat=flat, rr=resident_rows,
+                                    slot_tokens=kw["slot_tokens"])
+            # plan count stays 0 (cleared above): nothing to replay
+        elif N <= B:
             valid = (flat >= 0) & (flat < N)
             res = torch.where(valid, slot_rows[r, flat.clamp(0, B - 1)], -1)
         else:
@@ -242,7 +273,7 @@ def resolve(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
     host_cache, device_cache, out_rows, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
-    resident: torch.Tensor | None = None,
+    resident: torch.Tensor | None = None, resident_rows: ResidentRows | None = None,
     policy: str = "lru", policy_state: torch.Tensor | None = None,
 ) -> None:
     """Resolve one layer's decode-step top-k (window W = 1; see the module docstring).
@@ -250,6 +281,8 @@ def resolve(
     Mutates ``slot_tokens`` [R, B+1] int32, ``lru`` [R, B] int16, ``device_cache`` [D, I]
     uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32, ``plan`` and ``resident``
     (if given), and ``policy_state`` int32 [R, B] (``policy="fra"``; one layer's view).
+    ``resident_rows`` (optional :class:`ResidentRows`): requests flagged in it
+    resolve through their page table first and touch nothing but their selection record.
     Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``.
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -261,11 +294,13 @@ def resolve(
         check_resolve_shapes(**kw)
     check_resident(resident, lru=lru, host_rows=host_rows)
     check_policy_state(policy, policy_state, lru=lru)
+    check_resident_rows(resident_rows, lru=lru, top_k=top_k)
     if top_k.shape[0] == 0:
         return
     kw.update(top_k=top_k[:, None, :], out_rows=out_rows[:, None, :])
     _resolve_window(kw, W=1, n0s=seq_lens.tolist(), plan=plan, copy=mode is ResolveMode.COPY,
-                    resident=resident, policy_state=policy_state if policy_id(policy) else None)
+                    resident=resident, resident_rows=resident_rows,
+                    policy_state=policy_state if policy_id(policy) else None)
 
 
 def check_policy_state(policy: str, policy_state: torch.Tensor | None, *, lru: torch.Tensor) -> None:

@@ -33,12 +33,22 @@ space is short; bad frees raise ``ValueError`` before anything changes.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from sglang_hisparse.memory.hot import UNMAPPED, HotBuffers
 from sglang_hisparse.memory.paged import PagedIdAllocator, _as_cpu_int64, ceil_div
 
-__all__ = ["UNMAPPED", "DualSpaceAllocator", "PagedIdAllocator", "ceil_div"]
+__all__ = ["UNMAPPED", "DualSpaceAllocator", "PagedIdAllocator", "Reclaimer", "ceil_div"]
+
+
+class Reclaimer(Protocol):
+    """Who can free device rows on demand (the coordinator's residency policy)."""
+
+    def reclaimable_rows(self) -> int: ...
+
+    def reclaim(self, rows: int) -> int: ...
 
 
 class DualSpaceAllocator:
@@ -76,6 +86,8 @@ class DualSpaceAllocator:
         #: the latest ``alloc()``'s ids on the CPU, and the tensor it returned (``cpu_ids_of``)
         self.last_alloc_cpu: torch.Tensor | None = None
         self._last_alloc_out: torch.Tensor | None = None
+        #: frees device rows held by resident requests on demand (``set_reclaimer``), or None
+        self.reclaimer: Reclaimer | None = None
         self.clear()
 
     # ---- capacity ------------------------------------------------------------------------
@@ -89,8 +101,26 @@ class DualSpaceAllocator:
         return self.rows.size
 
     def available_size(self) -> int:
-        """Ids a prefill could take now: min of free logical ids and free device rows."""
-        return min(self.logical.available_size(), self.rows.available_size())
+        """Ids a prefill could take now: min of free logical ids and device rows, counting the
+        rows resident requests would give up (a prefill that needs them shrinks them)."""
+        return min(self.logical.available_size(), self.available_rows())
+
+    def available_rows(self) -> int:
+        """Free device rows plus those the reclaimer can free (resident requests' cold rows)."""
+        extra = self.reclaimer.reclaimable_rows() if self.reclaimer is not None else 0
+        return self.rows.available_size() + extra
+
+    def set_reclaimer(self, reclaimer: Reclaimer | None) -> None:
+        """Let allocations that find the device rows short call ``reclaimer.reclaim(rows)``
+        (the coordinator shrinks resident requests to hot buffers) before giving up."""
+        self.reclaimer = reclaimer
+
+    def _rows_for(self, pages: int) -> bool:
+        """True when ``pages`` device pages are free, after reclaiming what is missing."""
+        short = pages - self.rows.available_pages()
+        if short > 0 and self.reclaimer is not None:
+            self.reclaimer.reclaim(short * self.page_size)
+        return pages <= self.rows.available_pages()
 
     # ---- SGLang-shaped allocation ----------------------------------------------------------
     def clear(self) -> None:
@@ -118,7 +148,7 @@ class DualSpaceAllocator:
             raise ValueError(
                 f"alloc({n}): n must be a non-negative multiple of page_size = {self.page_size}."
             )
-        if n // self.page_size > min(self.logical.available_pages(), self.rows.available_pages()):
+        if n // self.page_size > self.logical.available_pages() or not self._rows_for(n // self.page_size):
             return None
         ids = self.logical.page_ids_to_ids(self.logical.alloc_pages(n // self.page_size))
         rows = self.rows.page_ids_to_ids(self.rows.alloc_pages(n // self.page_size))
@@ -155,7 +185,7 @@ class DualSpaceAllocator:
         [extend tokens] on ``device``, or None (nothing changed).
         """
         need = self.logical.pages_needed_extend(prefix_lens, seq_lens)
-        if need > self.logical.available_pages() or need > self.rows.available_pages():
+        if need > self.logical.available_pages() or not self._rows_for(need):
             return None
         p = _as_cpu_int64(prefix_lens, "prefix_lens")
         mid = (p % self.page_size != 0) & (_as_cpu_int64(seq_lens, "seq_lens") > p)
@@ -186,7 +216,7 @@ class DualSpaceAllocator:
         return self.logical.alloc_extend(prefix_lens, seq_lens, last_loc)
 
     def free(self, logical_ids: torch.Tensor) -> None:
-        """Free logical ids (whole pages), their prefill rows, and unmap them.
+        """Free logical ids (whole pages), their prefill rows, and unmap every id of those pages.
 
         Hot-buffer rows a freed id was mapped into are only unmapped. Raises ValueError,
         nothing changed, on a double free or foreign id. Reads ``logical_ids`` on the CPU.
@@ -207,7 +237,11 @@ class DualSpaceAllocator:
         self.logical.free_pages(log_pages)
         self.rows.free_pages(pages)
         self._prefill_row[ids] = UNMAPPED
-        self.mapping[ids.to(self.device)] = UNMAPPED
+        # NOTE: every id of the freed pages is unmapped, not only the listed ones: a freed page
+        # can hold ids the caller no longer lists that still point at hot rows (a rejected
+        # draft in the page of the last accepted token), and hot.release leaves unmapping to
+        # this free (memory/hot.py). Proportional to the pages freed.
+        self.mapping[self.logical.page_ids_to_ids(log_pages).to(self.device)] = UNMAPPED
 
     # ---- hot buffers (the ownership itself is ``self.hot``) ----------------------------------
     def shrink_to_hot_buffer(
@@ -246,6 +280,22 @@ class DualSpaceAllocator:
         self._prefill_row[ids] = UNMAPPED
         self.mapping[ids[:-1].to(self.device)] = UNMAPPED
         return slot_rows
+
+    def keep_resident(self, req_slot: int, logical_ids: torch.Tensor) -> list[int] | None:
+        """Keep every prefill row of a request (its prompt safe on host) as a resident buffer
+        (``HotBuffers.adopt_resident``): all stay mapped. Returns its pages in position order,
+        or None (nothing changed) when the rows are not laid out by position; the caller then
+        shrinks it with :meth:`shrink_to_hot_buffer`."""
+        ids = _as_cpu_int64(logical_ids, "logical_ids")
+        rows = self._prefill_row[ids]
+        if ids.numel() < 1 or bool((rows <= 0).any()):
+            raise ValueError(
+                f"keep_resident: request slot {req_slot}: every logical id needs a prefill device row."
+            )
+        pages = self.hot.adopt_resident(req_slot, rows)
+        if pages is not None:
+            self._prefill_row[ids] = UNMAPPED
+        return pages
 
     def free_request(self, req_slot: int, logical_ids: torch.Tensor) -> None:
         """Everything a finished / aborted / retracted request holds: hot buffer (if any),

@@ -10,9 +10,20 @@ Once a request's prompt is safe on host it keeps only the device rows its hot sl
 Whole pages holding those rows are kept (page_size > 1: the other rows of a kept page become
 *spare* rows, handed out first when the buffer grows); every other prefill page is freed.
 
+**Resident buffers** (``"residency": "pressure"``): a request that keeps *every* position's
+row. Its pages are in position order, so position p's row is
+``pages[p // page_size] * page_size + p % page_size`` (prefill and short buffers already lay
+rows out that way; :meth:`adopt_resident` checks it). It grows by one page when a new token
+opens one, and :meth:`shrink_resident` turns it into an ordinary hot buffer of the pages
+holding positions ``0..B-1`` and the newest token (the coordinator first moves the KV of the B
+positions it keeps into those rows), freeing every other page::
+
+    resident, n tokens:   pages  P0 P1 .. P(B/ps-1) | P(B/ps) ... P((n-1)/ps)
+    after the shrink:     pages  P0 P1 .. P(B/ps-1) |              P((n-1)/ps)   (rest freed)
+
 ``HotBuffers`` is composed into the allocator and handed what it touches when it is built:
-the device-row allocator it takes pages from and the logical -> device ``mapping`` it clears
-on release. Prefill ownership (which logical id owns which device row) stays with
+the device-row allocator it takes pages from and the logical -> device ``mapping``. Prefill
+ownership (which logical id owns which device row) stays with
 ``DualSpaceAllocator``, which turns prefill rows into a hot buffer with :meth:`adopt`.
 """
 
@@ -37,6 +48,11 @@ class HotBuffer:
 
     pages: list[int] = field(default_factory=list)
     spare: list[int] = field(default_factory=list)  # ascending
+    #: resident buffers only: positions 0..length-1 have rows (pages in position order)
+    resident: bool = False
+    length: int = 0
+    #: short buffers: the rows of history slots 0.. in slot order (what make_resident checks)
+    history: list[int] = field(default_factory=list)
 
 
 class HotBuffers:
@@ -44,11 +60,19 @@ class HotBuffers:
 
     rows: the device-row allocator (pages come from and go back to it); mapping: int64
     [logical ids + 1] on the device, the allocator's logical -> device table (mutated in
-    place, never reassigned), of which :meth:`release` clears entries pointing into the
-    released rows.
+    place, never reassigned). scan_on_release: :meth:`release` also clears every mapping
+    entry pointing into the released rows by scanning the whole mapping, as before it was made
+    proportional (default: only with ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING``).
     """
 
-    def __init__(self, rows: PagedIdAllocator, mapping: torch.Tensor) -> None:
+    def __init__(
+        self, rows: PagedIdAllocator, mapping: torch.Tensor, *, scan_on_release: bool | None = None
+    ) -> None:
+        if scan_on_release is None:
+            from sglang_hisparse import envs
+
+            scan_on_release = bool(envs.get("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"))
+        self.scan_on_release = scan_on_release
         self.rows = rows
         self.mapping = mapping
         self.page_size = rows.page_size
@@ -78,6 +102,34 @@ class HotBuffers:
         """Every device page some hot buffer owns."""
         return set(self._page_owner)
 
+    def is_resident(self, req_slot: int) -> bool:
+        buf = self._bufs.get(req_slot)
+        return buf is not None and buf.resident
+
+    def resident_slots(self) -> list[int]:
+        return sorted(r for r, buf in self._bufs.items() if buf.resident)
+
+    def resident_row(self, req_slot: int, pos: int) -> int:
+        """Device row of position ``pos`` of a resident buffer."""
+        buf = self._bufs[req_slot]
+        return buf.pages[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def resident_pages_after_shrink(self, length: int, hot_size: int) -> int:
+        """Pages a resident buffer of ``length`` positions keeps when it shrinks."""
+        first = ceil_div(hot_size, self.page_size)
+        return first + int((length - 1) // self.page_size >= first)
+
+    def reclaimable_rows(self, hot_size: int) -> int:
+        """Rows shrinking every resident buffer would free (a query)."""
+        return sum(self.reclaimable_rows_of(r, hot_size) for r in self.resident_slots())
+
+    def reclaimable_rows_of(self, req_slot: int, hot_size: int) -> int:
+        buf = self._bufs[req_slot]
+        if not buf.resident:
+            return 0
+        keep = self.resident_pages_after_shrink(buf.length, hot_size)
+        return max(0, len(buf.pages) - keep) * self.page_size
+
     # ---- mutation --------------------------------------------------------------------------
     def adopt(self, req_slot: int, token_rows: torch.Tensor, hot_size: int) -> torch.Tensor:
         """Make the prefill rows of a request's tokens its hot buffer, freeing the pages no
@@ -103,6 +155,7 @@ class HotBuffers:
         self.rows.free_pages(drop)
         spare = self.rows.page_ids_to_ids(keep)
         self._add(req_slot, keep.tolist(), spare[~torch.isin(spare, assigned)].tolist())
+        self._bufs[req_slot].history = token_rows[:k].tolist()
         return slot_rows
 
     def alloc(self, req_slot: int, length: int, hot_size: int) -> torch.Tensor | None:
@@ -128,7 +181,127 @@ class HotBuffers:
         if length > hot_size:
             slot_rows[hot_size] = rows[k]
         self._add(req_slot, pages.tolist(), rows[need:].tolist())
+        self._bufs[req_slot].history = rows[:k].tolist()
         return slot_rows
+
+    def adopt_resident(self, req_slot: int, token_rows: torch.Tensor) -> list[int] | None:
+        """Make the prefill rows of tokens ``0..n-1`` a resident buffer, keeping every page.
+
+        token_rows: int64 [n] (CPU). Returns the pages in position order, or None (nothing
+        changed) when the rows are not laid out by position (row of p = page(p) * ps + p % ps),
+        which the resident page table needs."""
+        self._require_new(req_slot, "adopt_resident")
+        pages = self._positional_pages(token_rows)
+        if pages is None:
+            return None
+        self._add(req_slot, pages, [])
+        buf = self._bufs[req_slot]
+        buf.resident, buf.length = True, token_rows.numel()
+        return list(pages)
+
+    def alloc_resident(self, req_slot: int, length: int) -> list[int] | None:
+        """A resident buffer for a request with no device rows (PD direct admission): pages
+        for positions ``0..length-1``; None when the device is short (nothing changed)."""
+        self._require_new(req_slot, "alloc_resident")
+        pages = self.rows.alloc_pages(ceil_div(length, self.page_size))
+        if pages is None:
+            return None
+        self._add(req_slot, pages.tolist(), [])
+        buf = self._bufs[req_slot]
+        buf.resident, buf.length = True, length
+        return pages.tolist()
+
+    def make_resident(self, req_slot: int, length: int) -> list[int] | None:
+        """Turn a short hot buffer holding positions ``0..length-1`` (slot p = token p) into a
+        resident one; None (nothing changed) if its rows are not laid out by position."""
+        buf = self._buffer(req_slot, "make_resident")
+        rows = torch.tensor(buf.history, dtype=torch.int64)
+        pages = self._positional_pages(rows) if rows.numel() == length else None
+        if pages is None or sorted(pages) != sorted(buf.pages):
+            return None
+        buf.pages, buf.spare, buf.history = pages, [], []
+        buf.resident, buf.length = True, length
+        return list(pages)
+
+    def grow_resident(self, req_slot: int) -> tuple[int, int | None] | None:
+        """The row of a resident buffer's next position (``length``), taking a fresh page when
+        that position opens one. Returns (row, new page or None), or None when no page is free
+        (nothing changed)."""
+        buf = self._buffer(req_slot, "grow_resident")
+        p, ps = buf.length, self.page_size
+        new_page = None
+        if p // ps == len(buf.pages):
+            got = self.rows.alloc_pages(1)
+            if got is None:
+                return None
+            new_page = int(got[0])
+            buf.pages.append(new_page)
+            self._page_owner[new_page] = req_slot
+        buf.length = p + 1
+        return buf.pages[p // ps] * ps + p % ps, new_page
+
+    def resident_growth_rows(self, req_slots: list[int]) -> int:
+        """Rows the next decode step's resident growth takes (one page per request whose next
+        position opens a page)."""
+        need = 0
+        for r in req_slots:
+            buf = self._bufs.get(r)
+            if buf is not None and buf.resident and buf.length // self.page_size == len(buf.pages):
+                need += self.page_size
+        return need
+
+    def shrink_resident(self, req_slot: int, hot_size: int) -> torch.Tensor:
+        """Turn a resident buffer into an ordinary hot buffer (the module diagram): keep the
+        pages of positions ``0..B-1`` and of the newest position, free the rest. The caller has
+        moved the KV it keeps into those rows. Returns the freed rows, int64 (CPU)."""
+        buf = self._buffer(req_slot, "shrink_resident")
+        if not buf.resident or buf.length <= hot_size:
+            raise ValueError(
+                f"shrink_resident: request slot {req_slot} is not a resident buffer longer than "
+                f"B = {hot_size} (resident {buf.resident}, length {buf.length})."
+            )
+        ps, n = self.page_size, buf.length
+        first = ceil_div(hot_size, ps)
+        keep = buf.pages[:first]
+        newest_page = buf.pages[(n - 1) // ps]
+        if newest_page not in keep:
+            keep = keep + [newest_page]
+        drop = [pg for pg in buf.pages if pg not in set(keep)]
+        drop_t = torch.tensor(drop, dtype=torch.int64)
+        self.rows.check_freeable(drop_t)
+        self.rows.free_pages(drop_t)
+        for pg in drop:
+            del self._page_owner[pg]
+        used = {self.resident_row(req_slot, p) for p in range(hot_size)}
+        used.add(self.resident_row(req_slot, n - 1))
+        own = self.rows.page_ids_to_ids(torch.tensor(keep, dtype=torch.int64)).tolist()
+        buf.pages, buf.spare = keep, sorted(set(own) - used)
+        buf.resident, buf.length = False, 0
+        return self.rows.page_ids_to_ids(drop_t)
+
+    def unmap_rows(self, rows: torch.Tensor) -> None:
+        """Clear every mapping entry pointing into ``rows`` (int64, CPU; freed rows): a gather
+        and a masked fill over the whole mapping on its device, no host sync. A shrink needs it
+        (its request lives on, so no free of its ids follows); :meth:`release` only with
+        ``scan_on_release``."""
+        if rows.numel() == 0:
+            return
+        released = self._released_scratch()
+        dev_rows = rows.to(released.device, non_blocking=True)
+        released[dev_rows] = True
+        # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
+        self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
+        released[dev_rows] = False
+
+    def _positional_pages(self, rows: torch.Tensor) -> list[int] | None:
+        ps, n = self.page_size, rows.numel()
+        if n == 0:
+            return None
+        pages = rows[::ps] // ps
+        pos = torch.arange(n, dtype=torch.int64)
+        if not torch.equal(rows, pages.repeat_interleave(ps)[:n] * ps + pos % ps):
+            return None
+        return pages.tolist()
 
     def rows_to_grow(self, req_slots: list[int], hot_size: int) -> int:
         """Device rows the next decode step's hot-buffer growth takes (a query; nothing changes).
@@ -138,10 +311,10 @@ class HotBuffers:
         are filled one per step, so one page per request is the most one step can take.
         Request slots without a hot buffer (still staging) take none.
         """
-        need = 0
+        need = self.resident_growth_rows(req_slots)
         for r in req_slots:
             buf = self._bufs.get(r)
-            if buf is None or buf.spare:
+            if buf is None or buf.spare or buf.resident:
                 continue
             if len(buf.pages) * self.page_size < hot_size + 1:
                 need += self.page_size
@@ -165,21 +338,30 @@ class HotBuffers:
             buf.pages.extend(pages.tolist())
             buf.spare.extend(self.rows.page_ids_to_ids(pages).tolist())
         out, buf.spare = buf.spare[:count], buf.spare[count:]
+        buf.history.extend(out)
         return torch.tensor(out, dtype=torch.int64)
 
     def release(self, req_slot: int) -> None:
-        """Return all pages of a request's hot buffer and unmap any logical id pointing there."""
+        """Return all pages of a request's hot buffer, in time proportional to its pages.
+
+        The mapping is left to the caller's ``free(logical_ids)``, which follows at once
+        (``DualSpaceAllocator.free_request``; in a server SGLang's ``release_kv_cache`` right
+        after ``request_finished``) and unmaps every id it frees. NOTE: that is enough because
+        only the request's own logical ids ever point into its hot rows: prefill maps a token's
+        own id, a decode step maps the new token's id onto its slot (``map_last_loc``: the
+        previous newest stays mapped, harmlessly, until now), a verify round maps the window's
+        ids (``prepare_spec``); and the caller frees all of them (an id freed earlier, a
+        rejected draft, was unmapped then). The rejected alternative, clearing entries here by
+        scanning the whole mapping (``scan_on_release``), costs O(logical ids) per finished
+        request: a 10^7-entry gather + fill on the GPU for one request of a few thousand rows.
+        Between this call and the free the stale entries point at free rows; nothing
+        translates a finished request's ids then, and ``check_integrity`` runs after the free.
+        """
         buf = self._buffer(req_slot, "hot.release")
         pages = torch.tensor(buf.pages, dtype=torch.int64)
         self.rows.check_freeable(pages)
-        # A device-side lookup table instead of a CPU scan of the mapping: no host sync, and
-        # O(logical ids) of trivially parallel work on the GPU.
-        released = self._released_scratch()
-        rows = self.rows.page_ids_to_ids(pages).to(released.device, non_blocking=True)
-        released[rows] = True
-        # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
-        self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
-        released[rows] = False
+        if self.scan_on_release:
+            self.unmap_rows(self.rows.page_ids_to_ids(pages))
         self.rows.free_pages(pages)
         for pg in buf.pages:
             del self._page_owner[pg]

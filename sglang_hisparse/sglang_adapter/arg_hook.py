@@ -25,7 +25,6 @@ from sglang_hisparse.arg_scope import (
     model_label,
 )
 from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
-from sglang_hisparse.kernel_policy import DEFAULT_POLICY
 from sglang_hisparse.memory.budget import (
     GIB,
     available_host_bytes,
@@ -210,6 +209,23 @@ def parse_hisparse_config() -> HiSparseConfig:
     return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
+def published_config() -> HiSparseConfig:
+    """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
+    config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
+    in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``) here."""
+    from sglang.srt.runtime_context import get_memory
+
+    try:
+        text = get_memory().hisparse_config
+    except ValueError:  # SGLang raises this when no config is published: not a server
+        return HiSparseConfig()
+    return HiSparseConfig.from_dict(_parse_json_object(text), num_draft_tokens=None)
+
+
+def _parse_json_object(text: str | None) -> dict:
+    return json.loads(text) if text else {}
+
+
 def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
     """``device_buffer_size`` for a coordinator built with the model's ``top_k``.
 
@@ -231,17 +247,5 @@ def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: 
     return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
 
 
-def configured_policy(*, num_draft_tokens: int = 0) -> str:
-    """The ``"policy"`` of the published ``--hisparse-config`` (``"lru"`` when none is published:
-    tests and benchmarks that build a coordinator without a server config)."""
-    from sglang.srt.runtime_context import get_memory
-
-    try:
-        text = get_memory().hisparse_config
-    except ValueError:  # SGLang raises this when no config is published: not a server
-        return DEFAULT_POLICY
-    return HiSparseConfig.from_json(text, num_draft_tokens=int(num_draft_tokens or 0)).policy
-
-
-__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "configured_policy",
+__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "published_config",
            "SUPPORTED_SGLANG"]

@@ -65,12 +65,14 @@ class StateShape:
     extra_rows: int  # req_to_token rows beyond max_running_requests (padding row, PD pre-alloc)
     cuda: bool
     policy: str = "lru"  # the replacement policy (its per-slot words count)
+    residency_page_size: int = 0  # page size when the resident page table exists ("pressure")
 
     def bytes_for(self, request_slots: int) -> int:
         return coordinator_state_bytes(
             request_slots=request_slots, num_layers=self.num_layers,
             buffer_size=self.buffer_size, max_context=self.max_context, top_k=self.top_k,
             num_draft_tokens=self.num_draft_tokens, cuda=self.cuda, policy=self.policy,
+            residency_page_size=self.residency_page_size,
         )
 
 
@@ -117,6 +119,9 @@ def state_shape(kvc: Any) -> StateShape:
     if disagg.disaggregation_mode == "decode" or disagg.enable_pd_role_switch:
         extra_rows += disagg.disaggregation_decode_extra_slots or 0
     spec_on = not kvc.spec_algorithm.is_none()
+    from sglang.srt.runtime_context import get_schedule
+
+    resident = cfg.residency == "pressure" and not spec_on
     return StateShape(
         num_layers=int(kvc.layer_info.num_effective_layers),
         buffer_size=int(cfg.device_buffer_size),
@@ -126,6 +131,7 @@ def state_shape(kvc: Any) -> StateShape:
         extra_rows=int(extra_rows),
         cuda=str(kvc.device).startswith("cuda"),
         policy=cfg.policy,
+        residency_page_size=int(get_schedule().page_size or 1) if resident else 0,
     )
 
 

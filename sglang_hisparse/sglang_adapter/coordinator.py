@@ -111,12 +111,10 @@ class SGLangHiSparseCoordinator:
         swap_in_block_size: int | None = None,
         shared_index_layers: list[bool] | None = None,
         num_draft_tokens: int = 0,
+        residency: str | None = None,
+        residency_watermark: float | None = None,
     ) -> None:
-        from sglang_hisparse.sglang_adapter.arg_hook import configured_policy, model_buffer_size
-
-        # The native keyword arguments carry no policy: it comes from --hisparse-config's
-        # "policy", as published to SGLang's runtime context ("lru" when none is).
-        policy = configured_policy(num_draft_tokens=num_draft_tokens)
+        from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size, published_config
 
         # parse_hisparse_config could not size a default buffer for the model's top_k
         device_buffer_size = model_buffer_size(
@@ -142,6 +140,12 @@ class SGLangHiSparseCoordinator:
             kvcache, ratio=host_to_device_ratio, page_size=self.dual.page_size,
             max_requests=num_reqs, max_context=max_ctx, device=device,
         )
+        # SGLang passes only its own keys; ours come from the validated server config
+        cfg = published_config()
+        mode = residency if residency is not None else cfg.residency
+        share = residency_watermark if residency_watermark is not None else cfg.residency_watermark
+        watermark = int(share * self.dual.size_device) if mode == "pressure" else 0
+        policy = cfg.policy  # the replacement policy ("lru" when no config is published)
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
@@ -149,7 +153,8 @@ class SGLangHiSparseCoordinator:
             start_layer=start_layer, tp_group=tp_group, block_size=swap_in_block_size,
             # no decode batch (CUDA-graph padded ones included) exceeds the request slots, so
             # the per-step buffers never grow, in particular not during graph capture
-            max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0), policy=policy,
+            max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
+            residency=mode, watermark_rows=watermark, policy=policy,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -176,15 +181,17 @@ class SGLangHiSparseCoordinator:
                 request_slots=num_reqs, num_layers=len(device_kv), buffer_size=device_buffer_size,
                 max_context=max_ctx, top_k=top_k, num_draft_tokens=W,
                 cuda=torch.device(device).type == "cuda", policy=policy,
+                residency_page_size=self.dual.page_size if self.core.residency.enabled else 0,
             ),
             request_slots=num_reqs,
         )
         logger.info(
             "HiSparse (sglang-hisparse): top_k=%d, B=%d, policy %s, %d layers, %d request slots, "
-            "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d",
+            "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d, residency %s",
             top_k, device_buffer_size, policy, len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
+            f"pressure (watermark {watermark} rows)" if self.core.residency.enabled else "always_hot",
         )
 
     # -- attributes SGLang reads ------------------------------------------------------------

@@ -24,6 +24,7 @@ from sglang.srt.mem_cache.memory_pool import (
 )
 
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.translation import ForwardTranslation, translate_locations
 from sglang_hisparse.sglang_adapter.memory_host import HiCacheHostPool, build_host_pool
 
 __all__ = ["HiCacheHostPool", "HiSparseDSAPool", "HiSparseTokenAllocator", "build_host_pool"]
@@ -34,7 +35,9 @@ class HiSparseDSAPool(DSATokenToKVPool):
 
     ``size`` = device rows. The indexer key cache is sized ``size * host_to_device_ratio``
     (every logical id; it never leaves the GPU). KV writes and reads take logical locations
-    and translate them through the allocator's mapping (registered by the allocator).
+    and translate them through the allocator's mapping (registered by the allocator); the
+    per-layer calls translate a forward's locations once (``memory.translation``: the first
+    layer's translation serves the later layers of the same forward).
     """
 
     def __init__(self, size: int, *args: Any, host_to_device_ratio: int = 2, **kwargs: Any):
@@ -47,20 +50,30 @@ class HiSparseDSAPool(DSATokenToKVPool):
         self.host_to_device_ratio = host_to_device_ratio
         self.bytes_per_token = self.kv_cache_dim * self.store_dtype.itemsize
         self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
+        #: the per-forward translation of the per-layer KV writes and reads
+        self._per_forward = ForwardTranslation()
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
         """Called by ``HiSparseTokenAllocator``: int64 [logical ids + 1], last element -1."""
         self.full_to_hisparse_device_index_mapping = mapping
 
-    def translate_loc_to_hisparse_device(self, loc: torch.Tensor) -> torch.Tensor:
-        """Device rows of logical ``loc`` (any shape); negative entries (padding) pass through."""
+    def _mapping(self) -> torch.Tensor:
         mapping = self.full_to_hisparse_device_index_mapping
         if mapping is None:
             raise ValueError(
                 "HiSparseDSAPool: no mapping registered; construct HiSparseTokenAllocator with this pool as kvcache."
             )
-        loc = loc.to(torch.int64)
-        return torch.where(loc >= 0, mapping[loc.clamp(min=0)], loc)
+        return mapping
+
+    def translate_loc_to_hisparse_device(self, loc: torch.Tensor) -> torch.Tensor:
+        """Device rows of logical ``loc`` (any shape); negative entries (padding) pass through."""
+        return translate_locations(self._mapping(), loc)
+
+    def _layer_rows(self, loc: torch.Tensor, layer: Any, layer_id_override: int | None = None) -> torch.Tensor:
+        """``translate_loc_to_hisparse_device(loc)`` for one layer's KV access, computed once
+        per forward (``memory.translation.ForwardTranslation``, its NOTE has the rules)."""
+        layer_id = layer.layer_id if layer_id_override is None else layer_id_override
+        return self._per_forward(self._mapping(), loc, layer_id)
 
     # SGLang's other spellings of the same translation
     _translate_loc_to_hisparse_device = translate_loc_to_hisparse_device
@@ -72,7 +85,8 @@ class HiSparseDSAPool(DSATokenToKVPool):
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, layer_id_override=None):
         loc, _, _ = unwrap_write_loc(loc_info)
         super().set_kv_buffer(
-            layer, self.translate_loc_to_hisparse_device(loc), cache_k, cache_v, layer_id_override
+            layer, self._layer_rows(loc, layer, layer_id_override), cache_k, cache_v,
+            layer_id_override,
         )
 
     def set_mla_kv_buffer(
@@ -81,16 +95,14 @@ class HiSparseDSAPool(DSATokenToKVPool):
         loc, _, _ = unwrap_write_loc(loc_info)
         super().set_mla_kv_buffer(
             layer,
-            self.translate_loc_to_hisparse_device(loc),
+            self._layer_rows(loc, layer, layer_id_override),
             cache_k_nope,
             cache_k_rope,
             layer_id_override,
         )
 
     def get_mla_kv_buffer(self, layer, loc, dst_dtype=None):
-        return super().get_mla_kv_buffer(
-            layer, self.translate_loc_to_hisparse_device(loc), dst_dtype
-        )
+        return super().get_mla_kv_buffer(layer, self._layer_rows(loc, layer), dst_dtype)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Speculative accept: KV moves between the translated device rows, indexer keys
@@ -275,7 +287,8 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         if requests and self._hot_size:
             slots = [int(r.req_pool_idx) for r in requests if getattr(r, "req_pool_idx", None) is not None]
             rows += self.core.hot.rows_to_grow(slots, self._hot_size)
-        return self.core.logical.available_size() >= num_tokens and self.core.rows.available_size() >= rows
+        # resident requests' cold rows count: the coordinator shrinks them before the step grows
+        return self.core.logical.available_size() >= num_tokens and self.core.available_rows() >= rows
 
     # ---- speculative decoding reserve ----------------------------------------------------
     def configure_spec_scratch(self, capacity: int, *, device_buffer_size: int = 0) -> None:

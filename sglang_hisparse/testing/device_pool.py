@@ -13,7 +13,8 @@ Layout (per TP rank)::
 ``device_rows_total`` / ``logical_total`` include the padding page 0 of each space (the
 allocator's ``total_ids``). Attention KV lives on the device only for hot rows, so every KV
 access by logical id goes through ``allocator.mapping``; unmapped ids land in padding row 0
-(see ``allocator``'s sentinel note). The indexer's compact keys (a few dozen bytes a token)
+(see ``allocator``'s sentinel note); the per-layer ``write``/``read`` translate a forward's
+ids once (``memory.translation``, as ``HiSparseDSAPool`` does). The indexer's compact keys (a few dozen bytes a token)
 stay on the device for every logical id: the indexer scores all positions each step, so
 keeping them in logical space needs no translation and no host traffic.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.translation import ForwardTranslation
 
 __all__ = ["DeviceKVPool"]
 
@@ -69,6 +71,8 @@ class DeviceKVPool:
             dtype=torch.uint8,
             device=self.device,
         )
+        #: the per-forward translation of ``write`` / ``read`` (``memory.translation``)
+        self.per_forward = ForwardTranslation(lambda mapping, ids: mapping[ids.to(torch.int64)])
         #: uint8 [L, logical_total, index_I] or None
         self.index_k = (
             None
@@ -110,11 +114,11 @@ class DeviceKVPool:
     # ---- KV rows ---------------------------------------------------------------------------
     def write(self, layer_id: int, logical_ids: torch.Tensor, data: torch.Tensor) -> None:
         """New-token / prefill KV write: ``data`` uint8 [n, I] to the rows of ``logical_ids`` [n]."""
-        self.kv[layer_id].index_copy_(0, self.translate(logical_ids), data)
+        self.kv[layer_id].index_copy_(0, self.per_forward(self.mapping, logical_ids, layer_id), data)
 
     def read(self, layer_id: int, logical_ids: torch.Tensor) -> torch.Tensor:
         """uint8 [n, I]: KV of ``logical_ids`` [n] (padding row for ids not on device)."""
-        return self.kv[layer_id].index_select(0, self.translate(logical_ids))
+        return self.kv[layer_id].index_select(0, self.per_forward(self.mapping, logical_ids, layer_id))
 
     def write_rows(self, layer_id: int, rows: torch.Tensor, data: torch.Tensor) -> None:
         """Write by device row (the coordinator's slot rows), ``data`` uint8 [n, I]."""

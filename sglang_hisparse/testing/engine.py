@@ -130,6 +130,8 @@ class DecodeEngine:
         new_token_ratio: float = 1.0,
         guard_device_reads: bool = False,
         policy: str = "lru",
+        residency: str = "always_hot",
+        watermark_rows: int = 0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         self.new_token_ratio = new_token_ratio
@@ -157,6 +159,7 @@ class DecodeEngine:
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
             policy=policy,
+            residency=residency, watermark_rows=watermark_rows,
         )
         self.guard = guard_device_reads
         if self.guard:
@@ -198,7 +201,7 @@ class DecodeEngine:
         ratio = self.new_token_ratio
         return (
             self.allocator.logical.available_size() >= _pages(n, ps) + ps + int(ratio * grow_ids + 0.999)
-            and self.allocator.rows.available_size() >= prompt_rows + int(ratio * grow_rows + 0.999)
+            and self.allocator.available_rows() >= prompt_rows + int(ratio * grow_rows + 0.999)
         )
 
     def _rows_ahead(self, req: ToyRequest, *, prompt: bool = False) -> int:
@@ -221,7 +224,7 @@ class DecodeEngine:
 
     def check_decode_mem(self, batch: list[ToyRequest]) -> bool:
         ids, rows = self.decode_demand(batch)
-        return self.allocator.logical.available_size() >= ids and self.allocator.rows.available_size() >= rows
+        return self.allocator.logical.available_size() >= ids and self.allocator.available_rows() >= rows
 
     def retract_decode(self) -> tuple[list[ToyRequest], list[ToyRequest]]:
         """SGLang 0.5.23's ``retract_decode``: (retracted, aborted). Keeps the requests with the

@@ -79,6 +79,9 @@ def _expect_aborted(rig: Rig, rids: set[str] | dict[str, Any]) -> None:
 def _stats(rig: Rig) -> dict[str, Any]:
     t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
     out = {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
+    if rig.coordinator is not None:
+        c = rig.coordinator.core.residency_counts()
+        out.update(shrinks=c["shrinks"], resident_admissions=c["resident_admissions"])
     draft = getattr(rig.scheduler.draft_worker, "draft_worker", None)
     if draft is not None and hasattr(draft, "accept_lengths"):
         out.update(accept_lengths=dict(sorted(draft.accept_lengths.items())),
@@ -112,6 +115,22 @@ def mixed_lengths(rig: Rig) -> dict[str, Any]:
     rig.run_until_idle()
     rig.check_idle()
     return {"requests": _check_tokens(rig, reqs), **_stats(rig)}
+
+
+def pressure_shrinks(rig: Rig) -> dict[str, Any]:
+    """Pressure-driven residency on a pool too small to keep every request resident: requests
+    start resident, the scheduler keeps admitting by logical capacity, and residents shrink to
+    hot buffers (on a step's watermark and inside prefill allocations) while other steps are in
+    flight. Tokens must equal full KV, and both states must have occurred."""
+    rnd = random.Random(5)
+    reqs = _random_requests(rnd, 12, (90, 400), (20, 60), "prs")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    stats = _stats(rig)
+    if not stats["shrinks"] or not stats["resident_admissions"]:
+        raise AssertionError(f"pressure_shrinks: expected resident admissions and shrinks, got {stats}")
+    return {"requests": _check_tokens(rig, reqs), **stats}
 
 
 def abort_while_staging(rig: Rig) -> dict[str, Any]:
@@ -331,6 +350,18 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     "colocated": (
         RigConfig(chunked_prefill_size=64, pad_decode=True, max_running_requests=8, staging_polls=3),
         [mixed_lengths, abort_while_staging, abort_mid_decode, padded_batches],
+    ),
+    # pressure-driven residency on a small pool, on the overlap loop (shrinks while a step is
+    # in flight), and the always-hot mode every other group's default replaced
+    "residency": (
+        RigConfig(overlap=True, device_rows=1536, chunked_prefill_size=128, max_running_requests=8,
+                  staging_polls=2),
+        [pressure_shrinks, abort_mid_decode],
+    ),
+    "always_hot": (
+        RigConfig(residency="always_hot", chunked_prefill_size=64, max_running_requests=8,
+                  staging_polls=3),
+        [mixed_lengths, abort_mid_decode],
     ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(

@@ -82,6 +82,10 @@ class RigConfig:
     #: whose proposals are each wrong with probability ``draft_miss``; needs ``overlap``
     draft_tokens: int = 0
     draft_miss: float = 0.3
+    #: ``--hisparse-config`` residency ("pressure", SGLang-hisparse's default, or "always_hot")
+    #: and its watermark (None: the default)
+    residency: str = "pressure"
+    residency_watermark: float | None = None
     extra_args: tuple[str, ...] = ()
 
     def model(self) -> TokenModel:
@@ -99,6 +103,8 @@ class RigConfig:
             argv += ["--enable-hisparse", "--hisparse-config", json.dumps({
                 "top_k": self.top_k, "device_buffer_size": self.buffer_size,
                 "host_to_device_ratio": self.host_to_device_ratio, "swap_in_block_size": 64,
+                "residency": self.residency,
+                **({} if self.residency_watermark is None else {"residency_watermark": self.residency_watermark}),
             })]
         if self.chunked_prefill_size is not None:
             argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]

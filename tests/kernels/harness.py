@@ -15,7 +15,7 @@ import torch
 
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
-from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
+from sglang_hisparse.kernels.contract import MissPlan, ResidentRows, ResolveMode
 from sglang_hisparse.kernels.synthetic import HotState, make_state, make_topk
 
 CHURNS = [0.0, 0.05, 0.15, 0.5, 1.0, 0.3]
@@ -87,6 +87,26 @@ def call(fn, st: HotState, sc: Scenario, top_k, *, plan, mode=ResolveMode.COPY, 
     return out
 
 
+def resident_rows(sc: Scenario, *, page_size: int, seed: int = 0, ring: int = 0) -> ResidentRows:
+    """Fully resident request slots for ``sc`` (CPU): every other batch row's request, with a
+    random page table over the device cache's pages; ``ring`` is the record block."""
+    g = torch.Generator().manual_seed(seed)
+    st = sc.state
+    R, P = st.host_rows.shape
+    D = st.device_cache.shape[0]
+    flag = torch.zeros(R, dtype=torch.int32)
+    for r in sc.req_index.tolist()[::2]:
+        flag[r] = 1
+    cols = -(-P // page_size)
+    pages = torch.randint(0, D // page_size, (R, cols), generator=g, dtype=torch.int32)
+    return ResidentRows(flag=flag, pages=pages, page_size=page_size,
+                        ring=torch.tensor([ring], dtype=torch.int32))
+
+
+def rr_to(rr: ResidentRows, device) -> ResidentRows:
+    return ResidentRows(rr.flag.to(device), rr.pages.to(device), rr.page_size, rr.ring.to(device))
+
+
 def empty_plan(bs: int, k: int, device) -> MissPlan:
     p = MissPlan.empty(bs, k, device)
     p.src.fill_(-5)
@@ -95,11 +115,11 @@ def empty_plan(bs: int, k: int, device) -> MissPlan:
     return p
 
 
-def reference_result(sc: Scenario, *, mode=ResolveMode.COPY):
+def reference_result(sc: Scenario, *, mode=ResolveMode.COPY, **extra):
     st = sc.state.clone()
     bs, k = sc.top_k.shape
     plan = empty_plan(bs, k, "cpu")
-    out = call(ref.resolve, st, sc, sc.top_k, plan=plan, mode=mode)
+    out = call(ref.resolve, st, sc, sc.top_k, plan=plan, mode=mode, **extra)
     return st, out, plan
 
 

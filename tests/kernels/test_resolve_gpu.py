@@ -11,6 +11,8 @@ from harness import (
     mismatches,
     next_selection,
     reference_result,
+    resident_rows,
+    rr_to,
     scenario,
     to_cuda,
 )
@@ -234,3 +236,64 @@ def test_kernel_limits_mirror_the_kernels_shared_memory(k, B, item):
     mod = _jit.resolve_module(k, B, item)
     for ctx in (0, 1, 264, 32768, 131072, 163840, 200000):
         assert mod.smem_bytes((ctx + 31) // 32) == resolve_smem_bytes(k, B, ctx), ctx
+
+
+# First level (residency "pressure"): fully resident requests resolve through their page table
+# in the same launch as hot ones; page sizes 1 and 64, both record blocks, with and without the
+# resident hint, one and several CTAs per request.
+RESIDENT_GRID = [(64, 128, 656, 3, 1), (512, 1024, 1152, 16, 64), (2048, 4096, 656, 64, 64),
+                 (2048, 4096, 1152, 1, 1)]
+
+
+@pytest.mark.parametrize("k,B,item,bs,page", RESIDENT_GRID)
+@pytest.mark.parametrize("hint", [None, "exact"])
+def test_resident_first_level_matches_reference(k, B, item, bs, page, hint):
+    sc = scenario(k, B, item, bs, seed=k + bs + page, hint=hint)
+    for ring in (0, B // k - 1):
+        rr = resident_rows(sc, page_size=page, seed=bs, ring=ring)
+        want = reference_result(sc, resident_rows=rr)
+        for ctas in (1, 4):
+            got = kernel_result(sc, resident_rows=rr_to(rr, "cuda"), ctas_per_request=ctas)
+            assert mismatches(want, got) == [], f"ring {ring}, ctas {ctas}"
+        flagged = [b for b, r in enumerate(sc.req_index.tolist()) if rr.flag[r] and b < sc.num_real]
+        assert flagged and all(int(want[2].count[b]) == 0 for b in flagged)
+
+
+def test_resident_flag_flips_between_graph_replays():
+    """The flag is read on the device: one captured launch serves a request resident, then
+    (after a shrink flipped its flag outside the graph) hot."""
+    k, B, item, bs = 512, 1024, 656, 3
+    sc = scenario(k, B, item, bs, seed=31, hint="exact")
+    rr_cpu = resident_rows(sc, page_size=64, seed=3)
+    rr = rr_to(rr_cpu, "cuda")
+    init = to_cuda(sc.state)
+    st = to_cuda(sc.state)
+    plan = empty_plan(bs, k, "cuda")
+    tk, req, lens = sc.top_k.cuda(), sc.req_index.cuda(), sc.seq_lens.cuda()
+    nr = torch.tensor([sc.num_real], dtype=torch.int32, device="cuda")
+    out = torch.empty(bs, k, dtype=torch.int32, device="cuda")
+
+    def step():
+        ops.resolve(top_k=tk, req_index=req, seq_lens=lens, num_real_reqs=nr,
+                    slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru,
+                    host_rows=st.host_rows, host_cache=st.host_cache, device_cache=st.device_cache,
+                    out_rows=out, plan=plan, ctas_per_request=2, resident=st.resident,
+                    resident_rows=rr)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for flip in (False, True):
+        if flip:
+            rr.flag.zero_()
+            rr_cpu.flag.zero_()
+        for name in ("slot_tokens", "lru", "device_cache", "resident"):
+            getattr(st, name).copy_(getattr(init, name))
+        g.replay()
+        torch.cuda.synchronize()
+        assert mismatches(reference_result(sc, resident_rows=rr_cpu), (st, out, plan)) == []

@@ -158,7 +158,7 @@ def test_dual_grow_allocates_page_when_no_spare():
     a.check_integrity()
 
 
-def test_dual_direct_admission_and_release_unmaps_newest():
+def test_dual_direct_admission_release_then_free_unmaps_newest():
     a = DualSpaceAllocator(8, host_to_device_ratio=4)
     ids = a.alloc_logical_extend(t(0), t(10), t(-1))
     assert a.translate(ids).eq(UNMAPPED).all()
@@ -166,10 +166,26 @@ def test_dual_direct_admission_and_release_unmaps_newest():
     assert slot_rows.tolist() == [1, 2, 3, 4, 5]  # 4 slots + slot B
     a.map_tokens(ids[-1:], slot_rows[-1:])  # coordinator points the newest token at slot B
     a.check_integrity()
-    a.hot.release(5)
-    assert a.translate(ids[-1:]).tolist() == [UNMAPPED]  # no stale mapping survives
+    a.hot.release(5)  # proportional: returns the pages, leaves the mapping to the free
+    assert a.translate(ids[-1:]).tolist() == [5]
+    with pytest.raises(ValueError, match="mappings outside hot buffers"):
+        a.check_integrity()  # the checker sees a stale entry left without the free
     a.free(ids)
+    assert a.translate(ids).eq(UNMAPPED).all()  # no stale mapping survives the free
     assert a.available_size() == 8 and a.logical.available_size() == 32
+    a.check_integrity()
+
+
+def test_dual_release_with_the_mapping_scan_unmaps_at_once():
+    """The pre-fusion release (scan_on_release, SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1)."""
+    a = DualSpaceAllocator(8, host_to_device_ratio=4)
+    a.hot.scan_on_release = True
+    ids = a.alloc_logical_extend(t(0), t(10), t(-1))
+    slot_rows = a.hot.alloc(5, length=10, hot_size=4)
+    a.map_tokens(ids[-1:], slot_rows[-1:])
+    a.hot.release(5)
+    assert a.translate(ids[-1:]).tolist() == [UNMAPPED]
+    a.free(ids)
     a.check_integrity()
 
 

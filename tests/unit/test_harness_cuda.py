@@ -6,6 +6,7 @@ Skipped without CUDA. Run on a GPU box with ``python -m pytest tests/unit/test_h
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -34,10 +35,19 @@ REALISTIC = (
 )
 
 
+def _sizes(which: str, residency: str) -> tuple[ToyModel, EngineSizes]:
+    """The model and sizes; under "pressure" a pool too small to keep every request resident."""
+    model, sizes = SMALL if which == "small" else REALISTIC
+    if residency == "pressure":
+        sizes = dataclasses.replace(sizes, device_rows=160 if which == "small" else 1536)
+    return model, sizes
+
+
+@pytest.mark.parametrize("residency", ["always_hot", "pressure"])
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "sync"])
 @pytest.mark.parametrize("which", ["small", "realistic"])
-def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool) -> None:
-    model, sizes = SMALL if which == "small" else REALISTIC
+def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool, residency: str) -> None:
+    model, sizes = _sizes(which, residency)
     spec = (
         ScenarioSpec(max_prompt=48, max_new=24)
         if which == "small"
@@ -45,29 +55,35 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool) -> None
     )
     for seed in range(3):
         engine = DecodeEngine(model, sizes, device="cuda", prefetch=prefetch, skip_io=False,
-                              decode_alloc_rows=seed == 1)
+                              decode_alloc_rows=seed == 1, residency=residency,
+                              watermark_rows=2 * sizes.page_size)
         try:
             stats = run_scenario(engine, random.Random(seed), spec)
             torch.cuda.synchronize()
             assert stats.checked_outputs > 0
             misses = engine.core.telemetry.snapshot().misses
+            shrinks = engine.core.residency_counts()["shrinks"]
         finally:
             engine.close()
     assert misses > 0
+    if residency == "pressure":
+        assert shrinks > 0
 
 
+@pytest.mark.parametrize("residency", ["always_hot", "pressure"])
 @pytest.mark.parametrize("which", ["small", "realistic"])
-def test_per_step_calls_do_not_sync_on_cuda(which: str) -> None:
+def test_per_step_calls_do_not_sync_on_cuda(which: str, residency: str) -> None:
     """map_last_loc, wait_for_pending_backup and every layer's swap_in run under
     ``torch.cuda.set_sync_debug_mode("error")`` (``DecodeEngine(guard_device_reads=True)``):
     any device-to-host copy or synchronize in them raises. "small" takes decode ids with
     alloc(bs) (page_size 1, rows handed back by rebind), "realistic" with alloc_decode
     (64-token pages, as SGLang's DSA pool)."""
-    model, sizes = SMALL if which == "small" else REALISTIC
+    model, sizes = _sizes(which, residency)
     spec = (ScenarioSpec(max_prompt=48, max_new=24) if which == "small"
             else ScenarioSpec(num_requests=4, max_prompt=300, max_new=16))
     engine = DecodeEngine(model, sizes, device="cuda", skip_io=False, decode_alloc_rows=True,
-                          guard_device_reads=True)
+                          guard_device_reads=True, residency=residency,
+                          watermark_rows=2 * sizes.page_size)
     try:
         stats = run_scenario(engine, random.Random(5), spec)
         assert stats.checked_outputs > 0 and stats.long_requests > 0

@@ -24,7 +24,9 @@ from sglang_hisparse.testing.logs import captured_logs
 
 pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
 
-PER_SLOT = 3_564_044 + 32_780
+# slot state + resolver row + the resident page table of "residency": "pressure" (the
+# default): ceil(131076 / 64) int32 columns and the flag
+PER_SLOT = 3_564_044 + 32_780 + 2049 * 4 + 4
 ROW_BYTES = 86_376
 PAGE = 64
 CONTEXT = 131072
@@ -102,7 +104,7 @@ def test_the_pool_loses_exactly_the_state_of_every_request_slot(configurator):
     # 64 requests + req_to_token's padding row, each with its slot state and resolver row
     reserved = 65 * PER_SLOT
     assert config.max_total_num_tokens == (budget - reserved) // ROW_BYTES // PAGE * PAGE == 816_704
-    assert last_reservation().reserved_bytes == reserved == 233_793_560
+    assert last_reservation().reserved_bytes == reserved == 234_326_560
     # without the reservation SGLang would have built 819,392 rows: 2688 = 42 pages fewer
     assert budget // ROW_BYTES // PAGE * PAGE - config.max_total_num_tokens == 2688
 
@@ -116,14 +118,14 @@ def test_the_reservation_covers_the_request_count_sglang_derives_from_the_pool(c
     res = last_reservation()
     budget = _unreserved_budget(kvc)
     # unreserved, SGLang would size 819,392 rows and 3200 requests (rows / context * 512): 11.5 GB
-    # of state. The reservation is for the fixed point: 2753 requests, whose pool derives 2753.
-    assert config.max_running_requests == res.max_running_requests == 2753
-    assert res.request_slots == 2754 and res.reserved_bytes == 2754 * PER_SLOT
+    # of state. The reservation is for the fixed point: 2752 requests, whose pool derives 2752.
+    assert config.max_running_requests == res.max_running_requests == 2752
+    assert res.request_slots == 2753 and res.reserved_bytes == 2753 * PER_SLOT
     assert config.max_total_num_tokens == (budget - res.reserved_bytes) // ROW_BYTES // PAGE * PAGE
-    assert config.max_total_num_tokens == 704_768
+    assert config.max_total_num_tokens == 704_512
     (line,) = [m for m in logs if "reserved" in m]
-    assert "reserved 9.23 GiB of the 65.92 GiB KV budget" in line, line
-    assert "2754 request slots x 3.43 MiB" in line and "--max-running-requests" in line
+    assert "reserved 9.24 GiB of the 65.92 GiB KV budget" in line, line
+    assert "2753 request slots x 3.44 MiB" in line and "--max-running-requests" in line
 
 
 def test_without_hisparse_the_budget_is_sglangs(configurator):

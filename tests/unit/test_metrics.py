@@ -83,3 +83,22 @@ def test_a_new_registry_never_gets_a_freed_ones_series():
         del reg
         assert freed() is None
     assert reused > 0  # the hazard the families' weak keys guard against did occur
+
+
+def test_residency_gauges_and_shrink_counter():
+    reg = prometheus_client.CollectorRegistry()
+    sink = PrometheusSink({"tp_rank": "0"}, registry=reg)
+    res = dict(resident=3, hot=5, free_rows=640, watermark_rows=100, shrinks=2, shrunk_rows=0,
+               resident_admissions=8)
+    first = snap(residency=res)
+    sink(first, None, 30.0)
+    second = snap(residency={**res, "resident": 1, "hot": 7, "free_rows": 120, "shrinks": 4})
+    sink(second, first, 30.0)
+    assert value(reg, "sglang:hisparse_resident_requests") == 1
+    assert value(reg, "sglang:hisparse_hot_requests") == 7
+    assert value(reg, "sglang:hisparse_free_device_rows") == 120
+    assert value(reg, "sglang:hisparse_residency_shrinks_total") == 4
+    # always_hot: no residency in the snapshot, the gauges stay at their initial 0
+    reg2 = prometheus_client.CollectorRegistry()
+    PrometheusSink({"tp_rank": "0"}, registry=reg2)(snap(), None, 1.0)
+    assert value(reg2, "sglang:hisparse_resident_requests") == 0

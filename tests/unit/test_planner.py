@@ -93,12 +93,13 @@ def test_per_request_hbm_counts_the_coordinators_slot_state():
     assert hint == 1_277_952  # ~1 MB a request: 256 MB for 256 requests
     resolver = 2048 * 4 + 2048 * 12 + 4 + 4 + 4
     assert resolver == 32_780  # under 1 % of the rest
-    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8 + resolver
-    assert row.hisparse_state_bytes_per_request == state == 4_292_936
+    table = (K128 // 64) * 4 + 4  # the resident page table ("residency": "pressure", 64-token pages)
+    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8 + resolver + table
+    assert row.hisparse_state_bytes_per_request == state == 4_301_132
     assert row.hisparse_bytes_per_request == 78 * 1152 * 4097 + 78 * 132 * K128 + state
     # The slot state is sized by the context, not the batch: a short context holds less.
     short = _plan(contexts=(8192,), kv_budget_gib=40).contexts[0]
-    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8 + resolver
+    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8 + resolver + 128 * 4 + 4
     assert short.hisparse_state_bytes_per_request == short_state
     # 0.25 % of the request, yet here it costs one: 25 requests per GPU without it, 24 with it.
     assert 40 * 2**30 // (row.hisparse_bytes_per_request - state) == 25

@@ -51,7 +51,8 @@ def _kv(p: int, layer: int) -> int:
 class Server:
     """The pieces SGLang would build, plus the coordinator under test."""
 
-    def __init__(self, shared: list[bool] | None = None, num_draft_tokens: int = 0) -> None:
+    def __init__(self, shared: list[bool] | None = None, num_draft_tokens: int = 0,
+                 residency: str = "always_hot") -> None:
         self.pool = HiSparseDSAPool(
             DEVICE_ROWS, page_size=PAGE, dtype=torch.float8_e4m3fn, kv_lora_rank=512,
             qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", kv_cache_dim=656,
@@ -78,6 +79,8 @@ class Server:
             swap_in_block_size=512,
             shared_index_layers=shared,
             num_draft_tokens=num_draft_tokens,
+            # the hot-buffer path, step by step; "pressure" (the server default) has its own test
+            residency=residency,
         )
         self.layers = self.coord.core.ctx.device_kv
 
@@ -136,9 +139,53 @@ class Server:
 
 
 def test_constructor_takes_the_native_keyword_arguments() -> None:
+    """Every argument SGLang passes, and ours only as optional extras (SGLang never passes
+    them; a server reads them from the validated --hisparse-config)."""
     native = set(inspect.signature(HiSparseCoordinator.__init__).parameters)
-    ours = set(inspect.signature(SGLangHiSparseCoordinator.__init__).parameters)
-    assert native == ours
+    params = inspect.signature(SGLangHiSparseCoordinator.__init__).parameters
+    assert native <= set(params)
+    # (after the plugin's REPLACE hook ran, SGLang's name is our class: no extras then)
+    extras = set(params) - native
+    assert extras <= {"residency", "residency_watermark"}
+    assert all(params[name].default is None for name in {"residency", "residency_watermark"})
+
+
+def test_pressure_residency_through_sglang_calls() -> None:
+    """The server default: a staged long request keeps all its rows, resolves without misses
+    (decode steps read nothing back from the device), and shrinks to its hot buffer when a
+    prefill allocation finds the device short; outputs stay the request's own KV."""
+    srv = Server(shared=[False, True], residency="pressure")
+    coord = srv.coord
+    req = srv.prefill(1, 300)  # 5 pages; a hot buffer keeps 2
+    coord.admit_request_into_staging(req)
+    assert coord.collect_ready_reqs() == [req]
+    c = coord.core.residency_counts()
+    assert c["resident"] == 1 and c["hot"] == 0
+    srv.decode_step([req], guard=True)
+    top_k = torch.tensor([[300, 3, 180, 299] + [-1] * (TOP_K - 4)], dtype=torch.int32)
+    for layer in range(LAYERS):
+        rows = coord.swap_in_selected_pages(t(1), t(301), top_k, layer)
+        assert [int(srv.layers[layer][row, 0]) for row in rows[0, :4].tolist()] == [
+            _kv(p, layer) for p in (300, 3, 180, 299)]
+    assert coord.telemetry()["misses"] == 0
+    srv.alloc.core.check_integrity()
+    # a prefill bigger than the free rows: the allocator asks the coordinator, which shrinks
+    filler = srv.prefill(0, 448)  # 7 of the 11 free pages
+    assert srv.alloc.core.rows.available_size() == 4 * PAGE
+    other = srv.prefill(2, 300)  # 5 pages: one shrink frees 3
+    c = coord.core.residency_counts()
+    assert c["shrinks"] == 1 and c["resident"] == 0 and c["hot"] == 1
+    for layer in range(LAYERS):
+        rows = coord.swap_in_selected_pages(t(1), t(301), top_k, layer)
+        assert [int(srv.layers[layer][row, 0]) for row in rows[0, :4].tolist()] == [
+            _kv(p, layer) for p in (300, 3, 180, 299)]
+    srv.alloc.core.check_integrity()
+    for q in (filler, other):
+        coord.admit_request_into_staging(q)
+    coord.collect_ready_reqs()
+    for q in (req, filler, other):
+        srv.release(q)
+    srv.assert_empty()
 
 
 def test_staging_decode_swap_in_and_finish_through_sglang_calls() -> None:
