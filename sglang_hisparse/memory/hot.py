@@ -288,10 +288,10 @@ class HotBuffers:
             return
         released = self._released_scratch()
         dev_rows = rows.to(released.device, non_blocking=True)
-        released[dev_rows] = True
+        released.index_fill_(0, dev_rows, True)
         # mapping values are >= 0 here (the -1 sentinel is excluded); row 0 is never released
         self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
-        released[dev_rows] = False
+        released.index_fill_(0, dev_rows, False)
 
     def _positional_pages(self, rows: torch.Tensor) -> list[int] | None:
         ps, n = self.page_size, rows.numel()

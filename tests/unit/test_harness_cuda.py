@@ -53,6 +53,7 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool, residen
         if which == "small"
         else ScenarioSpec(num_requests=5, max_prompt=600, max_new=24)
     )
+    misses = shrinks = 0
     for seed in range(3):
         engine = DecodeEngine(model, sizes, device="cuda", prefetch=prefetch, skip_io=False,
                               decode_alloc_rows=seed == 1, residency=residency,
@@ -61,11 +62,11 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool, residen
             stats = run_scenario(engine, random.Random(seed), spec)
             torch.cuda.synchronize()
             assert stats.checked_outputs > 0
-            misses = engine.core.telemetry.snapshot().misses
-            shrinks = engine.core.residency_counts()["shrinks"]
+            misses += engine.core.telemetry.snapshot().misses
+            shrinks += engine.core.residency_counts()["shrinks"]
         finally:
             engine.close()
-    assert misses > 0
+    assert misses > 0  # under "pressure": the shrunk requests' misses
     if residency == "pressure":
         assert shrinks > 0
 
