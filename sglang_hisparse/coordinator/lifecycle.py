@@ -182,7 +182,7 @@ class Lifecycle:
             self.abort_staging(r)
             return
         ctx = self.ctx
-        self._order_after(ctx.streams.backup, ctx.streams.prefetch)
+        ctx.streams.current_after(ctx.streams.backup, ctx.streams.prefetch)
         ctx.allocator.hot.release(r)
         ctx.host.free_request(r)
         ctx.state.reset(r)
@@ -194,21 +194,11 @@ class Lifecycle:
         Its prefill rows stay mapped; the caller's ``allocator.free(logical ids)`` frees them."""
         self._require(r, Phase.STAGING, "abort_staging")
         self.queue = [e for e in self.queue if e.req_slot != r]
-        self._order_after(self.ctx.streams.staging)
+        self.ctx.streams.current_after(self.ctx.streams.staging)
         self.ctx.host.free_request(r)
         self.ctx.state.reset(r)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _order_after(self, *sides: Any) -> None:
-        streams = self.ctx.streams
-        if not streams.is_cuda:
-            return
-        current = streams.current()
-        if streams.producer is not None:
-            current.wait_stream(streams.producer)
-        for side in sides:
-            current.wait_stream(side)
-
     def _require(self, r: int, phase: Phase, op: str) -> None:
         st = self.ctx.state
         if not 0 <= r < st.num_reqs:

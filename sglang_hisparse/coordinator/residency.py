@@ -190,8 +190,17 @@ class Residency:
     def relieve(self, target_free: int, *, why: str) -> int:
         """Shrink resident requests (longest first) until ``target_free`` rows are free or none
         is left; returns the rows freed."""
+        return self._shrink_until(lambda freed: self.rows_free >= target_free, why=why)
+
+    def reclaim(self, rows: int) -> int:
+        """Allocator hook: free at least ``rows`` more device rows if resident requests hold
+        them (an allocation that cannot be met otherwise)."""
+        return self._shrink_until(lambda freed: freed >= rows,
+                                  why=f"an allocation of {rows} rows found the device short")
+
+    def _shrink_until(self, done, *, why: str) -> int:
         freed, shrunk = 0, []
-        while self.rows_free < target_free:
+        while not done(freed):
             victim = self._victim()
             if victim is None:
                 break
@@ -202,26 +211,11 @@ class Residency:
                              f"({freed} rows freed; {why})")
         return freed
 
-    def reclaim(self, rows: int, *, keep: int | None = None) -> int:
-        """Allocator hook: free at least ``rows`` more device rows if resident requests hold
-        them (an allocation that cannot be met otherwise)."""
-        freed, shrunk = 0, []
-        while freed < rows:
-            victim = self._victim(exclude=keep)
-            if victim is None:
-                break
-            freed += self.shrink(victim)
-            shrunk.append(victim)
-        if shrunk:
-            self._log_change(f"shrank {len(shrunk)} request(s) {shrunk[:8]} to hot buffers "
-                             f"({freed} rows freed; an allocation of {rows} rows found the device short)")
-        return freed
-
-    def _victim(self, exclude: int | None = None) -> int | None:
+    def _victim(self) -> int | None:
         st, hot, B = self.ctx.state, self.ctx.allocator.hot, self.ctx.buffer_size
         best, best_rows = None, 0
         for r in hot.resident_slots():
-            if r == exclude or not st.is_resident[r]:
+            if not st.is_resident[r]:
                 continue
             rows = hot.reclaimable_rows_of(r, B)
             if rows > best_rows or (rows == best_rows and best is not None and r < best):
@@ -238,7 +232,8 @@ class Residency:
                 f"shrink: resident request slot {r} covers {hot._bufs[r].length} positions but its "  # noqa: SLF001
                 f"length is {n}; shrink only between steps."
             )
-        self._order_after_inflight()
+        streams = ctx.streams
+        streams.current_after(streams.backup, streams.prefetch)
         rr = st.resident_rows
         assert rr is not None
         plan = shrink_plan(st.slot_tokens[:, r, : self.ring_blocks * ctx.top_k][self.record_layer],
@@ -269,16 +264,6 @@ class Residency:
         self.shrinks += 1
         self.shrunk_rows += freed.numel()
         return freed.numel()
-
-    def _order_after_inflight(self) -> None:
-        streams = self.ctx.streams
-        if not streams.is_cuda:
-            return
-        current = streams.current()
-        if streams.producer is not None:
-            current.wait_stream(streams.producer)
-        for side in (streams.backup, streams.prefetch):
-            current.wait_stream(side)
 
     def _log_change(self, what: str) -> None:
         c = self.counts()

@@ -135,6 +135,17 @@ class Streams:
         if self.is_cuda:
             side.wait_stream(self.current())
 
+    def current_after(self, *sides: Any) -> None:
+        """Order the caller's current stream after the forward stream and ``sides`` (before it
+        frees or moves rows that work in flight there may still read)."""
+        if not self.is_cuda:
+            return
+        current = self.current()
+        if self.producer is not None:
+            current.wait_stream(self.producer)
+        for side in sides:
+            current.wait_stream(side)
+
     @contextlib.contextmanager
     def on(self, side: Any) -> Iterator[None]:
         """Run the body's kernels on ``side`` (no-op on CPU)."""
