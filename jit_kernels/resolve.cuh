@@ -39,7 +39,38 @@ struct ResolveArgs {
   int words;          // position bitmap words: ceil(host_rows columns / 32)
   int stage_cap;      // rows the fetch warps of each CTA may hold (EARLY builds; else 0)
   bool write_plan, copy;
+  // Replacement policy state (POLICY != 0 builds; null for lru): one int32 word per history
+  // slot, [R, B] (sglang_hisparse/kernel_policy.py).
+  int32_t* pstate; int64_t ps_stride;
 };
+
+// Replacement policies (template parameter POLICY; sglang_hisparse/kernel_policy.py is the spec,
+// whose constants these mirror): 0 = lru, the oldest evictables are the victims; 1 = fra, the
+// evictables with the smallest (bucket, LRU position), bucket a 256-level score of the slot's
+// word (hits: low 8 bits, saturating; last: the seq_len of its latest selection, 0 = none) and
+// its token's distance from the newest.
+constexpr int kPolicyLru = 0, kPolicyFra = 1;
+constexpr int kFraBuckets = 256, kFraHitsMax = 255;
+constexpr int kFraWHits = 13, kFraWGap = 16, kFraWAge = 5, kFraShift = 4, kFraOffset = 184;
+
+// Piecewise linear log2 in 1/8 units of x >= 1: 8 * floor(log2 x) + the 3 bits after the
+// leading one (integers only, so the reference and the simulator match it exactly).
+__device__ __forceinline__ int fra_lg8(uint32_t x) {
+  const int e = 31 - __clz(x);
+  return 8 * e + static_cast<int>(((static_cast<uint64_t>(x) << 3) >> e) & 7u);
+}
+
+// fra's bucket of a slot holding position `pos` (-1: empty, bucket 0) at length n (< 2**23).
+__device__ __forceinline__ int fra_bucket(int32_t word, int32_t pos, int64_t n) {
+  if (pos < 0) return 0;
+  const uint32_t hits = static_cast<uint32_t>(word) & 0xffu;
+  const int64_t last = word >> 8, gap = n - last > 0 ? n - last : 0;  // (a later last: gap 0)
+  const int64_t age = n - pos > 1 ? n - pos : 1;
+  const int sc = kFraWHits * fra_lg8(1u + hits) - kFraWGap * fra_lg8(static_cast<uint32_t>(1 + gap)) -
+                 kFraWAge * fra_lg8(static_cast<uint32_t>(age));
+  const int b = (sc >> kFraShift) + kFraOffset;
+  return b < 0 ? 0 : (b >= kFraBuckets ? kFraBuckets - 1 : b);
+}
 
 // Shared memory of one CTA: a compile-time part (Layout<K, B>, 16-byte aligned pieces), then a
 // run-time part sized by the longest request the launch may hold (host_rows' columns, P): the
@@ -50,7 +81,7 @@ struct ResolveArgs {
 // positions (evictable flags), then one per 32 top-k entries (first-occurrence miss flags).
 // Per selected position, dense id d = its rank among the selected positions (from the bitmap
 // and the prefix counts): `first[d]` is its first top-k index, `dslot[d]` the slot holding it.
-template <int K, int B>
+template <int K, int B, int POLICY = kPolicyLru>
 struct Layout {
   static constexpr int kEvWords = (B + 31) / 32, kMissWords = (K + 31) / 32;
   static constexpr size_t a16(size_t x) { return (x + 15) / 16 * 16; }
@@ -59,7 +90,13 @@ struct Layout {
   static constexpr size_t src = reuse, dst = src + 8 * K, mix = dst + 4 * K, order = mix + 4 * K;
   static constexpr size_t reuse_bytes = a16(4 * B > 16 * K + 2 * B ? 4 * B : 16 * K + 2 * B);
   static constexpr size_t lru = reuse + reuse_bytes, bits = a16(lru + 2 * B);
-  static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords)), bytes = scan + 4 * kScanScratchInts;
+  static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords));
+  // Policy builds only, after the scan scratch: per slot its bucket and hit count (uint8 [B]
+  // each), the evictables' bucket histogram (int32 [kFraBuckets]) and the per-warp counts of
+  // the victim split (int32 [32]). lru builds end at the scan scratch, as before.
+  static constexpr size_t pol = scan + 4 * kScanScratchInts, pol_hits = pol + B;
+  static constexpr size_t pol_hist = a16(pol_hits + B), pol_split = pol_hist + 4 * kFraBuckets;
+  static constexpr size_t bytes = POLICY == kPolicyLru ? pol : a16(pol_split + 4 * 32);
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
   static constexpr size_t total(size_t words) { return bytes + bitmap_bytes(words) + a16(2 * words); }
@@ -176,6 +213,83 @@ __device__ __noinline__ void resolve_short(const int32_t* tk, const int32_t* row
   }
 }
 
+// fra's victim split (POLICY builds, m > 0 misses; after the exchange that gave m): the m
+// evictables with the smallest (bucket, LRU position) go to order[0, m) and the other evictables
+// to order[m, n_evict), each in old LRU order; the hits to order[n_evict + ...] as for lru. So
+// miss x takes order[x] and the writer's rotation gives remaining evictables | fresh misses |
+// hits, as for lru. Every warp finds the threshold bucket tb (where the histogram's running
+// count reaches m; `need` victims come from tb itself, its oldest) on its own; one exchange of
+// per-warp counts (below tb, in tb) then gives each evictable its victim rank.
+// NOTE: a 256-bin histogram and a threshold bucket, not a sort or radix select of exact scores:
+// one pass and one barrier more than lru. Rejected: 16 or 32 coarser buckets (a ballot per
+// bucket instead of shared atomics): they lost 3-8 points of the LRU->Belady gap on the
+// tuning traces (docs/traces.md).
+template <int B, typename Sync>
+__device__ __forceinline__ void place_policy_victims(const uint8_t* pbucket, const int* phist,
+                                                     int* psplit, const int16_t* lrus,
+                                                     const uint32_t* evbits, int16_t* order, int m,
+                                                     int n_evict, int jb, int je, int e, int lane,
+                                                     int warp, int nw, unsigned below, Sync&& sync) {
+  constexpr int kPer = kFraBuckets / 32;
+  int cnt[kPer], sum = 0;
+#pragma unroll
+  for (int v = 0; v < kPer; ++v) {
+    cnt[v] = phist[lane * kPer + v];
+    sum += cnt[v];
+  }
+  const int incl = warp_inclusive_scan(sum);
+  const int owner = __ffs(__ballot_sync(kFull, incl >= m)) - 1;  // m <= n_evict = the total
+  int tb = 0, need = 0;
+  if (lane == owner) {
+    int run = incl - sum;
+#pragma unroll
+    for (int v = 0; v < kPer; ++v) {
+      if (need == 0 && run + cnt[v] >= m) {
+        tb = lane * kPer + v;
+        need = m - run;
+      }
+      run += cnt[v];
+    }
+  }
+  tb = __shfl_sync(kFull, tb, owner);
+  need = __shfl_sync(kFull, need, owner);
+  int lt = 0, eq = 0;
+  for (int j0 = jb; j0 < je; j0 += 32) {
+    const int j = j0 + lane;
+    const bool ev = j < je && ((evbits[j0 >> 5] >> lane) & 1u);
+    const int bk = ev ? pbucket[lrus[j]] : 0;
+    lt += __popc(__ballot_sync(kFull, ev && bk < tb));
+    eq += __popc(__ballot_sync(kFull, ev && bk == tb));
+  }
+  if (lane == 0) psplit[warp] = lt | (eq << 16);  // each < 2**15: no carry between halves
+  sync();
+  const int mine = lane < nw ? psplit[lane] : 0;
+  const int both = warp_inclusive_scan(mine);
+  const int off = __shfl_sync(kFull, both - mine, warp);
+  int lt_run = off & 0xffff, eq_run = off >> 16;
+  for (int j0 = jb; j0 < je; j0 += 32) {
+    const int j = j0 + lane;
+    const unsigned bal = evbits[j0 >> 5];
+    const bool ev = j < je && ((bal >> lane) & 1u);
+    const int sl = j < je ? lrus[j] : 0;
+    const int bk = ev ? pbucket[sl] : 0;
+    const unsigned ltb = __ballot_sync(kFull, ev && bk < tb), eqb = __ballot_sync(kFull, ev && bk == tb);
+    if (j < je) {
+      const int rank = e + __popc(bal & below);  // evictables before position j
+      int at = n_evict + j - rank;               // a hit
+      if (ev) {
+        const int eq_before = eq_run + __popc(eqb & below);
+        const int v = lt_run + __popc(ltb & below) + min(eq_before, need);  // victims before j
+        at = bk < tb || (bk == tb && eq_before < need) ? v : m + rank - v;
+      }
+      order[at] = static_cast<int16_t>(sl);
+    }
+    e += __popc(bal);
+    lt_run += __popc(ltb);
+    eq_run += __popc(eqb);
+  }
+}
+
 // First level, fully resident request: position p -> pages[p / page] * page + p % page; the
 // selection (p < n-1, else -1) is recorded in slot-token block `ring` for a later shrink.
 // Nothing else is read or written: no bitmap, no LRU, no host row.
@@ -222,9 +336,9 @@ __device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* 
 // config (batch 64 @0 % 12.26 -> 10.54 us at 656 B, batch 128 @15 % 1161 -> 1130 us;
 // results/resolve_ab_v15_forced.json), once their bookkeeping loads nothing global after the
 // rows are out (below: the keep area).
-template <int K, int B, int ITEM, int TB, bool EARLY>
+template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
-  using L = Layout<K, B>;
+  using L = Layout<K, B, POLICY>;
   static_assert(K <= 32767 && B <= 32767, "slot ids, top-k indices and ranks are 16-bit");
   static_assert(ITEM % 16 == 0, "rows are copied in 16-byte pieces");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -354,6 +468,34 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     fill_smem(first, (K + 3) / 4, make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff), tid, T);
     fill_smem(dslot, (K + 7) / 8, make_int4(-1, -1, -1, -1), tid, T);
     if (tid == 0) s_direct = 0;
+    uint8_t* pbucket = smem + L::pol;
+    uint8_t* phits = smem + L::pol_hits;
+    int* phist = reinterpret_cast<int*>(smem + L::pol_hist);
+    int* psplit = reinterpret_cast<int*>(smem + L::pol_split);
+    if constexpr (POLICY != kPolicyLru) {
+      // 0p. Each slot's bucket and hit count, from its policy word and token (plain loads in
+      //     flight while the staging lands; the writer rewrites the words only after every CTA
+      //     of the request has arrived, so all compute the same buckets).
+      fill_smem(phist, kFraBuckets / 4, make_int4(0, 0, 0, 0), tid, T);
+      const int32_t* pst = a.pstate + r * a.ps_stride;
+      for (int s0 = tid; s0 < B; s0 += T * kBatch) {
+        int32_t w[kBatch], p[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int sl = s0 + u * T;
+          w[u] = sl < B ? pst[sl] : 0;
+          p[u] = sl < B ? stok[sl] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int sl = s0 + u * T;
+          if (sl < B) {
+            pbucket[sl] = static_cast<uint8_t>(fra_bucket(w[u], p[u], n));
+            phits[sl] = static_cast<uint8_t>(w[u] & 0xff);
+          }
+        }
+      }
+    }
     cp_async_wait<1>();
     bk_sync();
     HS_PHASE(2);
@@ -439,6 +581,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
             ev = false;
           }
         }
+        if constexpr (POLICY != kPolicyLru) if (ev) atomicAdd(&phist[pbucket[sl]], 1);
       }
       const unsigned bal = __ballot_sync(kFull, ev);
       if (lane == 0) evbits[j0 >> 5] = bal;
@@ -499,6 +642,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     both = __shfl_sync(kFull, both, 31);
     const int n_evict = both & 0xffff, m = both >> 16;
     int e = off & 0xffff, q = off >> 16;
+    if (POLICY == kPolicyLru || m == 0) {  // (m is the same for every thread)
     for (int j0 = jb; j0 < je; j0 += 32 * kRounds) {
       unsigned bal[kRounds];
       int sl[kRounds];
@@ -517,6 +661,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         }
         e += __popc(bal[u]);
       }
+    }
+    } else {
+      place_policy_victims<B>(pbucket, phist, psplit, lrus, evbits, order, m, n_evict, jb, je, e,
+                              lane, warp, nw, below, bk_sync);
     }
     for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {
       unsigned bal[kRounds];
@@ -614,6 +762,14 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       for (int j = tid; j < B; j += T) {
         const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
         lru[j] = order[at];
+        if constexpr (POLICY != kPolicyLru) {
+          // New LRU positions [n_evict - m, n_evict) are the fresh misses, [n_evict, B) the hits.
+          if (j >= n_evict - m) {
+            const int sl = order[at];
+            const int hits = j >= n_evict ? min(phits[sl] + 1, kFraHitsMax) : 1;
+            a.pstate[r * a.ps_stride + sl] = static_cast<int32_t>((n << 8) | hits);
+          }
+        }
       }
     }
     if (a.write_plan && EARLY) {
@@ -715,7 +871,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 
 using tvm::ffi::TensorView;
 
-template <int K, int B, int ITEM>
+// POLICY != kPolicyLru builds take the policy state, int32 [R, B] (one layer's view).
+template <int K, int B, int ITEM, int POLICY = kPolicyLru>
 void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
                     TensorView lru, TensorView host_rows, TensorView host_cache,
@@ -723,7 +880,8 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView plan_dst, TensorView plan_count, TensorView arrivals,
                     TensorView resident, TensorView rr_flag, TensorView rr_pages,
                     TensorView rr_ring, int64_t rr_page, int64_t ctas, int64_t block,
-                    int64_t write_plan, int64_t copy, int64_t stage_rows) {
+                    int64_t write_plan, int64_t copy, int64_t stage_rows,
+                    const TensorView* policy_state = nullptr) {
   check_tensor(top_k, "top_k", 2, kDLInt, 32);
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
@@ -741,8 +899,18 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, K, "k", dev);
   check_arrivals(arrivals, bs, ctas, dev);
   // The position bitmap covers host_rows' columns (the longest request the pool holds).
-  using L = Layout<K, B>;
+  using L = Layout<K, B, POLICY>;
   const int64_t words = (host_rows.size(1) + 31) / 32;
+  if constexpr (POLICY != kPolicyLru) {
+    HS_CHECK(policy_state != nullptr, "this resolve build needs the policy state");
+    check_tensor(*policy_state, "policy_state", 2, kDLInt, 32);
+    check_cuda(*policy_state, "policy_state", dev);
+    HS_CHECK(policy_state->size(0) == R && policy_state->size(1) == B && policy_state->stride(1) == 1,
+             "policy_state must be int32 [R=" << R << ", B=" << B << "] with unit stride in B");
+    // `last` is a seq_len in the word's upper 23 bits.
+    HS_CHECK(host_rows.size(1) < (int64_t{1} << 23),
+             "policy fra keeps seq_lens in 23 bits; host_rows has " << host_rows.size(1) << " columns");
+  }
   const bool hint = stage_rows >= 0;
   if (hint) {
     check_tensor(resident, "resident", 2, kDLInt, 32);
@@ -813,6 +981,12 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   a.resident = hint ? ptr<uint32_t>(resident) : nullptr;
   a.res_stride = hint ? resident.stride(0) : 0;
   a.stage_cap = cap;
+  a.pstate = nullptr;
+  a.ps_stride = 0;
+  if constexpr (POLICY != kPolicyLru) {
+    a.pstate = ptr<int32_t>(*policy_state);
+    a.ps_stride = policy_state->stride(0);
+  }
   a.rr_flag = full ? ptr<const int32_t>(rr_flag) : nullptr;
   a.rr_pages = full ? ptr<const int32_t>(rr_pages) : nullptr;
   a.rr_stride = full ? rr_pages.stride(0) : 0;
@@ -821,9 +995,10 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true> : resolve_kernel<K, B, ITEM, 1024, false>)
-              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true> : resolve_kernel<K, B, ITEM, 512, false>)
-                              : (early ? resolve_kernel<K, B, ITEM, 0, true> : resolve_kernel<K, B, ITEM, 0, false>);
+  constexpr int P = POLICY;
+  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true, P> : resolve_kernel<K, B, ITEM, 1024, false, P>)
+              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true, P> : resolve_kernel<K, B, ITEM, 512, false, P>)
+                              : (early ? resolve_kernel<K, B, ITEM, 0, true, P> : resolve_kernel<K, B, ITEM, 0, false, P>);
   ensure_smem(kernel, dev, smem);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),

@@ -4,6 +4,9 @@ Accepted keys are the four that existing SGLang launch commands use, with the sa
 
     {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2, "swap_in_block_size": 512}
 
+and one of ours: ``"policy"``, the hot buffer's replacement policy (``"lru"``, the default, or
+``"fra"``; ``sglang_hisparse.kernel_policy``).
+
 Our rules are stricter than SGLang's own parser (``sparsity/factory.py``
 ``_parse_sparse_config``), which also takes ``algorithm``, ``backend``,
 ``min_sparse_prompt_len``, ``page_size`` and passes any other key through, and takes any
@@ -25,6 +28,7 @@ from sglang_hisparse.kernel_limits import (
     resolve_smem_bytes,
     verify_smem_bytes,
 )
+from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES
 
 FLAG = "--hisparse-config"
 #: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours
@@ -57,6 +61,8 @@ class HiSparseConfig:
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
     swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024);
                           None (the default): chosen per batch by the resolve op
+    policy:               replacement policy of the hot buffers: "lru" (default) or "fra"
+                          (frequency, recency and token age; one int32 per slot and layer more)
     residency:            "pressure" (default): a request keeps all its device rows until HBM is
                           short, then the longest shrink to hot buffers; "always_hot": every request
                           in its hot buffer once it decodes (docs/coordinator.md, "Residency")
@@ -68,6 +74,7 @@ class HiSparseConfig:
     device_buffer_size: int = 2 * DEFAULT_TOP_K
     host_to_device_ratio: int = DEFAULT_HOST_TO_DEVICE_RATIO
     swap_in_block_size: int | None = DEFAULT_SWAP_IN_BLOCK_SIZE
+    policy: str = DEFAULT_POLICY
     residency: str = DEFAULT_RESIDENCY
     residency_watermark: float = DEFAULT_RESIDENCY_WATERMARK
 
@@ -118,10 +125,13 @@ class HiSparseConfig:
             )
         residency, watermark = _check_residency(raw)
         for key, value in raw.items():
+            if key == "policy":
+                continue  # a string, checked below
             if key in ("residency", "residency_watermark"):
                 continue
             if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
                 _require_int(key, value)
+        policy = _check_policy(raw.get("policy", DEFAULT_POLICY), W)
 
         top_k = raw.get("top_k")
         if model_top_k is not None:
@@ -154,7 +164,7 @@ class HiSparseConfig:
                 f"(2-4x top_k is typical)."
             )
 
-        _check_kernel_fits(top_k, buffer, W)
+        _check_kernel_fits(top_k, buffer, W, policy)
 
         ratio = raw.get("host_to_device_ratio", DEFAULT_HOST_TO_DEVICE_RATIO)
         if ratio < 1:
@@ -174,7 +184,8 @@ class HiSparseConfig:
                 f"1..{MAX_BLOCK_SIZE} for its own kernel; {IN_TREE_HINT}). Try {fixed}."
             )
         return cls(top_k=top_k, device_buffer_size=buffer, host_to_device_ratio=ratio,
-                   swap_in_block_size=block, residency=residency, residency_watermark=watermark)
+                   swap_in_block_size=block, policy=policy, residency=residency,
+                   residency_watermark=watermark)
 
     def to_dict(self) -> dict[str, int | float | str | None]:
         return asdict(self)
@@ -205,16 +216,34 @@ def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int 
         )
 
 
-def _check_kernel_fits(top_k: int, buffer: int, rows: int) -> None:
+def _check_policy(value: Any, num_draft_tokens: int) -> str:
+    """The ``policy`` key: one of ``kernel_policy.POLICIES``; only ``lru`` with speculative
+    decoding (the verify kernel has no other policy)."""
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ValueError(
+            f"{FLAG}: 'policy' = {_shown(value)} is not a replacement policy; use one of "
+            f"{', '.join(repr(p) for p in POLICIES)} (a JSON string; default {DEFAULT_POLICY!r}), "
+            f"e.g. {FLAG} '{{\"policy\": \"fra\"}}'."
+        )
+    if value != "lru" and num_draft_tokens:
+        raise ValueError(
+            f"{FLAG}: 'policy' = {value!r} with speculative decoding (speculative_num_draft_tokens "
+            f"= {num_draft_tokens}): the verify-step kernel implements only 'lru'. Remove 'policy' "
+            f"(or set it to 'lru'), or turn speculative decoding off."
+        )
+    return value
+
+
+def _check_kernel_fits(top_k: int, buffer: int, rows: int, policy: str = DEFAULT_POLICY) -> None:
     """Reject a (top_k, B, W) whose resolve kernel needs more shared memory than sm_90 has.
 
     NOTE: checked here, at startup, rather than left to the kernel's own launch check, which
     would fire on the first decode step of a server that already loaded its weights.
     """
     limit = SM90_MAX_SMEM_PER_BLOCK
-    need = resolve_smem_bytes(top_k, buffer)
+    need = resolve_smem_bytes(top_k, buffer, policy=policy)
     if need > limit:
-        most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b))
+        most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b, policy=policy))
         raise ValueError(
             f"{FLAG}: 'device_buffer_size' = {buffer} with top_k = {top_k} needs {need} B of "
             f"shared memory per CTA in the resolve kernel, above the {limit} B an H100/H200 "

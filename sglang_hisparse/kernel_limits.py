@@ -8,6 +8,8 @@ configurations at the edge. Keep both in step when a layout changes.
 
 from __future__ import annotations
 
+from .kernel_policy import policy_id
+
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SMEM_PER_BLOCK = 232448
 _SCAN_BYTES = 4 * 40  # scan scratch at the end of both layouts (common.cuh: kScanScratchInts)
@@ -36,7 +38,7 @@ def _hash_entries(selected: int) -> int:
     return max(64, _pow2_ceil(2 * selected))
 
 
-def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0) -> int:
+def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0, policy: str = "lru") -> int:
     """Bytes per CTA of the single-row resolve kernel for ``k = top_k``, ``B = buffer`` and
     requests of up to ``max_context`` positions (the host pool's ``host_rows`` columns).
 
@@ -45,12 +47,16 @@ def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0) -> int:
     that first holds the staged slot tokens (4·B) and later the miss lists (16·k) and the new
     LRU order (2·B); the staged LRU (2·B), one flag bit per LRU position and per top-k entry, and
     the scan scratch. Run-time part: the position bitmap (one bit per position) and its 16-bit
-    prefix count per 32 positions, 0.1875 B per position (24 KiB at 128K).
+    prefix count per 32 positions, 0.1875 B per position (24 KiB at 128K). A replacement
+    policy other than ``lru`` (``kernel_policy``) adds a bucket and a hit count per slot (2·B),
+    its 256-bin histogram and 32 per-warp counts.
     """
     k, b = top_k, buffer
     fixed = _ceil16(4 * k) + _ceil16(2 * k) + _ceil16(4 * k) + _ceil16(2 * k)
     fixed += _ceil16(max(4 * b, 16 * k + 2 * b)) + _ceil16(2 * b)
     fixed += _ceil16(4 * ((b + 31) // 32 + (k + 31) // 32)) + _SCAN_BYTES
+    if policy_id(policy):
+        fixed = _ceil16(_ceil16(fixed + 2 * b) + 4 * 256 + 4 * 32)
     words = position_words(max_context)
     return fixed + _ceil16(4 * words) + _ceil16(2 * words)
 
@@ -81,18 +87,18 @@ def largest_buffer(fits, limit: int = SM90_MAX_SMEM_PER_BLOCK, hi: int = 1 << 15
 
 
 def check_resolve_fits(top_k: int, buffer: int, max_context: int,
-                       limit: int = SM90_MAX_SMEM_PER_BLOCK) -> None:
+                       limit: int = SM90_MAX_SMEM_PER_BLOCK, policy: str = "lru") -> None:
     """Raise ValueError, with both ways out, when the resolve kernel for ``(top_k, B)`` over
     requests of up to ``max_context`` positions needs more shared memory than ``limit``.
 
     NOTE: checked when the coordinator is built (the first point where the pool's context is
     known), so a server fails at startup, not on its first long decode step.
     """
-    need = resolve_smem_bytes(top_k, buffer, max_context)
+    need = resolve_smem_bytes(top_k, buffer, max_context, policy)
     if need <= limit:
         return
-    ctx_most = largest_buffer(lambda c: resolve_smem_bytes(top_k, buffer, c), limit, hi=1 << 26)
-    buf_most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b, max_context), limit)
+    ctx_most = largest_buffer(lambda c: resolve_smem_bytes(top_k, buffer, c, policy), limit, hi=1 << 26)
+    buf_most = largest_buffer(lambda b: resolve_smem_bytes(top_k, b, max_context, policy), limit)
     fixes = [f"--context-length <= {ctx_most}"] if ctx_most else []
     if buf_most >= top_k:
         fixes.append(f"'device_buffer_size' <= {buf_most} in --hisparse-config")

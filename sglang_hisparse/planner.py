@@ -92,6 +92,9 @@ class PlanInputs:
     target_step_ms: float = 50.0
     hisparse_index_layers: str = "all"
     min_gain: float = DEFAULT_MIN_GAIN
+    #: the hot buffers' replacement policy (``--hisparse-config`` "policy"): its per-slot words
+    #: count in the coordinator state, and a trace is simulated with it
+    policy: str = "lru"
 
     @property
     def top_k(self) -> int:
@@ -212,7 +215,7 @@ class Plan:
     kv_share_source: str
     contexts: tuple[ContextPlan, ...]
     break_even_context: int | None          # smallest context where HBM alone gives >= min_gain
-    suggested_config: dict[str, int]
+    suggested_config: dict[str, int | str]
     recommendation: str
 
 
@@ -242,7 +245,8 @@ def _state_bytes(inputs: PlanInputs, n: int) -> int:
     # the resident page table of "residency": "pressure" (the default) over SGLang's 64-token
     # DSA pages (its pool asserts that page size on CUDA)
     return coordinator_state_bytes(request_slots=1, num_layers=m.layers, buffer_size=B,
-                                   max_context=n, top_k=inputs.top_k, residency_page_size=64)
+                                   max_context=n, top_k=inputs.top_k, policy=inputs.policy,
+                                   residency_page_size=64)
 
 
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
@@ -276,8 +280,8 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     if n <= B:
         on, why = False, (f"context {n} <= B = {B}: the whole request fits in its hot buffer, "
                           f"HiSparse only adds the host copy")
-    elif (smem := resolve_smem_bytes(k, B, n)) > SM90_MAX_SMEM_PER_BLOCK:
-        most = largest_buffer(lambda b: resolve_smem_bytes(k, b, n))
+    elif (smem := resolve_smem_bytes(k, B, n, inputs.policy)) > SM90_MAX_SMEM_PER_BLOCK:
+        most = largest_buffer(lambda b: resolve_smem_bytes(k, b, n, inputs.policy))
         on, why = False, (f"the resolve kernel needs {smem} B of shared "
                           f"memory per CTA at {n} tokens (its position bitmap grows with the "
                           f"context), above sm_90's {SM90_MAX_SMEM_PER_BLOCK} B"
@@ -342,7 +346,10 @@ def plan(inputs: PlanInputs) -> Plan:
     # context the verdict leaves off must not inflate the host pool), else the longest.
     longest = max((r.context for r in rows if r.turn_on), default=max(inputs.contexts))
     ratio = max(1, math.ceil(longest / (inputs.hot_slots + 1)))
-    suggested = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots, "host_to_device_ratio": ratio}
+    suggested: dict[str, int | str] = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots,
+                                       "host_to_device_ratio": ratio}
+    if inputs.policy != "lru":
+        suggested["policy"] = inputs.policy
     even = break_even_context(inputs)
     on = [r for r in rows if r.turn_on]
     below = f"not worth it below ~{even} tokens of context" if even else "never worth it for this model"

@@ -88,6 +88,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="context length(s) per request: repeat or comma-separate; K = 1024 (default 128K)")
     w.add_argument("--buffer", type=int, metavar="B", help="hot slots per request per layer, >= top-k "
                    "(default 2*top-k = 4096: SGLang's default; the LRU then keeps last steps' selections)")
+    w.add_argument("--policy", choices=("lru", "fra"), default="lru",
+                   help="hot-buffer replacement policy (--hisparse-config \"policy\"; default lru): fra keeps "
+                        "one int32 per slot and layer more, and --trace is simulated with it (docs/traces.md)")
     mr = w.add_mutually_exclusive_group()
     mr.add_argument("--miss-rate", type=float, metavar="FRACTION", help="expected fraction of the top-k missing the "
                     "hot buffer per step (default 0.134: the published GLM-5.1 LRU figure)")
@@ -139,8 +142,8 @@ def assumption_notes(args: argparse.Namespace, inputs: planner.PlanInputs) -> li
             f"preset has this shape); pass --kv-share or a measured --kv-budget-gib"]
 
 
-def _trace_miss_rate(path: str, buffer: int, top_k: int) -> tuple[float, str]:
-    """LRU miss rate of a recorded trace at ``buffer`` slots: (rate, where it came from).
+def _trace_miss_rate(path: str, buffer: int, top_k: int, policy: str = "lru") -> tuple[float, str]:
+    """``policy``'s miss rate of a recorded trace at ``buffer`` slots: (rate, where it came from).
 
     The rate is the simulator's ``long_miss_rate`` (misses per distinct selected position on
     steps past B, where misses can happen). A trace recorded with a different top-k is
@@ -160,12 +163,12 @@ def _trace_miss_rate(path: str, buffer: int, top_k: int) -> tuple[float, str]:
     if trace_k > top_k and trace.header.get("sorted_by_score"):
         trace, trace_k = trace.truncated(top_k), top_k
     b_sim = buffer if trace_k == top_k else max(trace_k, round(buffer * trace_k / top_k))
-    overall = simulator.simulate(trace, "lru", [b_sim])[str(b_sim)]["overall"]
+    overall = simulator.simulate(trace, policy, [b_sim])[str(b_sim)]["overall"]
     if overall["long_miss_rate"] is None:
         raise ValueError(f"--trace {path}: no step is longer than B = {b_sim} tokens, so the trace says nothing "
                          f"about misses; record longer contexts or pass --miss-rate.")
     scaled = f", B scaled by trace top-k {trace_k}/{top_k}" if trace_k != top_k else ""
-    return float(overall["long_miss_rate"]), f"LRU on {path} at B={b_sim}{scaled}"
+    return float(overall["long_miss_rate"]), f"{policy.upper()} on {path} at B={b_sim}{scaled}"
 
 
 def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
@@ -176,12 +179,13 @@ def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
         model=model, contexts=contexts, kv_dtype=args.kv_dtype, gpu_hbm_gib=args.gpu_hbm_gib,
         kv_share=args.kv_share, kv_budget_gib=args.kv_budget_gib, tp=args.tp, dp_attention=args.dp_attention,
         buffer=args.buffer, host_dram_gib=args.host_dram_gib, link_gbps=args.link_gbps,
-        target_step_ms=args.target_step_ms, hisparse_index_layers=args.hisparse_index_layers, min_gain=args.min_gain)
+        target_step_ms=args.target_step_ms, hisparse_index_layers=args.hisparse_index_layers, min_gain=args.min_gain,
+        policy=args.policy)
     if args.miss_rate is not None:
         inputs = replace(inputs, miss_rate=args.miss_rate, miss_rate_source="--miss-rate")
     elif args.trace is not None:
         inputs.validate()  # the buffer must be valid before simulating with it
-        rate, source = _trace_miss_rate(args.trace, inputs.hot_slots, inputs.top_k)
+        rate, source = _trace_miss_rate(args.trace, inputs.hot_slots, inputs.top_k, inputs.policy)
         inputs = replace(inputs, miss_rate=rate, miss_rate_source=source)
     else:
         inputs = replace(inputs, miss_rate_source="default: published GLM-5.1 LRU figure")

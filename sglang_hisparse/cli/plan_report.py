@@ -40,7 +40,7 @@ def _index_line(p: planner.Plan) -> str:
     return f"  index-K    {what}; {where}"
 
 
-def decode_flags(p: planner.Plan) -> tuple[dict[str, int] | None, list[str]]:
+def decode_flags(p: planner.Plan) -> tuple[dict[str, int | str] | None, list[str]]:
     """(``--hisparse-config`` dict or None when the verdict is off, the other decode server flags).
 
     On: the longest context that turns it on, its batch capped by the binding constraint

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..traces.policies import POLICIES
+from ..traces.policies import POLICIES, make_policy
 
 DESCRIPTION = """\
 Replay a selection trace (docs/traces.md) through a hot-buffer replacement policy and
@@ -20,7 +20,8 @@ policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
   lru-plain  hits and misses renewed in top-k order
   fifo / random (seeded) / topk-only (only the last selection stays)
   belady     offline optimum on the same trace (a lower bound)
-  fra        ours (proposed kernel option): frequency, recency and token age
+  fra        the kernel's --hisparse-config "policy": "fra" (frequency, recency, token age)
+  fra-float  fra's first proposal in floating point (comparison only)
   lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
   lru-2      ours: evict by second-to-last selection
 example:
@@ -94,7 +95,7 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..traces.format import load_trace
-    from ..traces.simulator import DEFAULT_ITEM_BYTES, simulate
+    from ..traces.simulator import DEFAULT_ITEM_BYTES, prepare, simulate
     from .inputs import check_output_path
 
     items = args.item_bytes or list(DEFAULT_ITEM_BYTES)
@@ -108,10 +109,14 @@ def run(args: argparse.Namespace) -> int:
             trace = load_trace(args.trace)
         except (ValueError, OSError) as e:
             raise ValueError(f"--trace {args.trace}: {e}") from None
+        policies = _policies(args.policy)
+        for pol in policies:
+            make_policy(pol)  # a bad name fails before any work
+        # Each row is de-duplicated once for every policy and B (prepare), not per replay.
+        streams = prepare(trace, top_k=args.top_k)
         results = {
-            pol: simulate(trace, pol, args.buffer, top_k=args.top_k, seed=args.seed, item_bytes=items,
-                          initial=args.initial)
-            for pol in _policies(args.policy)
+            pol: simulate(streams, pol, args.buffer, seed=args.seed, item_bytes=items, initial=args.initial)
+            for pol in policies
         }
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)

@@ -117,7 +117,9 @@ class HiSparseCore:
     ``prefetch``/``skip_io``/``log_interval_s`` default to the env registry; ``block_size`` is
     the resolve kernel's threads per CTA (``swap_in_block_size``). ``num_draft_tokens``: W
     verify rows per request under speculative decoding (0: off, as SGLang passes it); needs
-    ``buffer_size >= W * top_k``. ``residency``: ``"always_hot"`` (every request in its hot
+    ``buffer_size >= W * top_k``. ``policy``: the hot buffers' replacement policy
+    (``--hisparse-config`` ``"policy"``; ``"lru"`` only with speculative decoding).
+    ``residency``: ``"always_hot"`` (every request in its hot
     buffer once it decodes; the default here) or ``"pressure"`` (requests keep all their device
     rows until fewer than ``watermark_rows`` are free: ``coordinator/residency.py``; the
     server's config defaults to it); speculative decoding always runs ``always_hot``.
@@ -147,6 +149,7 @@ class HiSparseCore:
         log_interval_s: float | None = None,
         block_size: int | None = None,
         num_draft_tokens: int = 0,
+        policy: str = "lru",
         residency: str = "always_hot",
         watermark_rows: int = 0,
         prefetch_priority: int = 0,
@@ -163,7 +166,7 @@ class HiSparseCore:
                 f"num_draft_tokens = {num_draft_tokens} must be >= 0 (0 = no speculative decoding)."
             )
         check_buffer_holds_selection(buffer_size, top_k, num_draft_tokens)
-        check_resolve_fits(top_k, buffer_size, int(host.host_rows.shape[1]))
+        check_resolve_fits(top_k, buffer_size, int(host.host_rows.shape[1]), policy=policy)
         if len(device_kv) != len(host_kv) or len(device_kv) == 0:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
@@ -177,6 +180,7 @@ class HiSparseCore:
         self.state = SlotState(
             num_layers=len(device_kv), num_reqs=num_reqs, buffer_size=buffer_size, device=device,
             num_draft_tokens=num_draft_tokens, hint_positions=int(host.host_rows.shape[1]),
+            policy=policy,
             residency_page_size=(int(allocator.page_size)
                                  if residency == "pressure" and num_draft_tokens == 0 else 0),
         )

@@ -254,6 +254,8 @@ class Residency:
         slot_rows = [hot.resident_row(r, p) for p in range(B)] + [hot.resident_row(r, n - 1)]
         st.slot_rows[r, : B + 1] = torch.tensor(slot_rows, dtype=torch.int32).to(ctx.device, non_blocking=True)
         st.lru[:, r] = plan.lru.to(torch.int16)
+        if st.policy_state is not None:  # fra: the warm slots start as never selected
+            st.policy_state[:, r].zero_()
         if st.resident is not None:
             st.resident[:, r] = _bits_per_layer(plan.slot_tokens, st.resident.shape[2])
         st.clear_resident(r)

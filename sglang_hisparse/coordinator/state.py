@@ -13,6 +13,9 @@ lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
 resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds position p
                                    (P = host pool columns; None under speculative decoding,
                                    whose verify kernel does not read it, even at W = 1)
+policy_state   [L, R, B]   int32   the replacement policy's word per history slot (policy
+                                   "fra": hits and last selection, kernel_policy); None for
+                                   "lru". Zero for a fresh request: its slots never selected
 res_flag       [R]          int32  1 = fully resident request ("residency": "pressure"):
                                    every position has a device row, slot state unused
 res_pages      [R, P/ps]    int32  its device page per ps positions, -1 none
@@ -60,6 +63,7 @@ import enum
 
 import torch
 
+from ..kernel_policy import state_words_per_slot
 from ..kernels.contract import ResidentRows
 from ..kernels.reference import position_bits
 from ..memory.state_bytes import hint_words, residency_columns, tail_slots
@@ -77,6 +81,7 @@ class SlotState:
     def __init__(
         self, *, num_layers: int, num_reqs: int, buffer_size: int, device: torch.device,
         num_draft_tokens: int = 0, hint_positions: int = 0, residency_page_size: int = 0,
+        policy: str = "lru",
     ) -> None:
         if num_draft_tokens < 0:
             raise ValueError(
@@ -101,6 +106,18 @@ class SlotState:
         if words := hint_words(max_context=hint_positions, num_draft_tokens=num_draft_tokens):
             self.resident = torch.zeros(
                 (num_layers, num_reqs, words), dtype=torch.int32, device=self.device
+            )
+        #: the replacement policy and its per-slot words (module docstring)
+        self.policy = policy
+        self.policy_state: torch.Tensor | None = None
+        if state_words_per_slot(policy):
+            if num_draft_tokens:
+                raise ValueError(
+                    f"policy {policy!r} with speculative decoding: the verify kernel implements "
+                    f"only 'lru'; use policy 'lru' or num_draft_tokens = 0."
+                )
+            self.policy_state = torch.zeros(
+                (num_layers, num_reqs, B), dtype=torch.int32, device=self.device
             )
         #: fully resident requests' page tables (see the module docstring), or None
         self.resident_rows: ResidentRows | None = None
@@ -148,6 +165,8 @@ class SlotState:
         self.lru[:, r].copy_(self._lru_init)
         if self.resident is not None:
             self.resident[:, r].zero_()
+        if self.policy_state is not None:
+            self.policy_state[:, r].zero_()
         if self.is_resident[r]:
             self.clear_resident(r)
         self.phase[r] = Phase.FREE
@@ -172,6 +191,8 @@ class SlotState:
             self.lru[:, r].copy_(self._lru_init)
             if self.resident is not None:
                 self.resident[:, r].zero_()
+            if self.policy_state is not None:
+                self.policy_state[:, r].zero_()
             self.skip_backup[r] = host_has_all
         self.seq_len[r] = seq_len
         self.phase[r] = Phase.DECODING
@@ -206,6 +227,8 @@ class SlotState:
         self.slot_rows[r].fill_(-1)
         self.slot_rows[r, :n_rows] = rows.to(torch.int32)
         self.lru[:, r].copy_(self._lru_init)
+        if self.policy_state is not None:
+            self.policy_state[:, r].zero_()
         self.slot_tokens[:, r].fill_(-1)
         if seq_len <= B:
             if resident:

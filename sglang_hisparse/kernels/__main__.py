@@ -8,6 +8,7 @@ pay for nvcc. Examples::
     python -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 8192 --items 656
     python -m sglang_hisparse.kernels --grid tests --jobs 8           # GPU tests + benchmarks
     python -m sglang_hisparse.kernels --buffer 10240 --draft-tokens 4 # + speculative verify (W = 4)
+    python -m sglang_hisparse.kernels --policy fra                     # the fra resolve builds
 
 ``--draft-tokens W`` (= ``--speculative-num-draft-tokens``) also builds the verify-step module
 for each ``(k, B, W, item)`` with ``B >= W*k`` (speculative decoding, ``verify_ops``).
@@ -20,6 +21,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..kernel_policy import POLICIES, policy_id
 from . import _jit
 
 #: (k, B, item) specializations the GPU tests and benchmarks use: every k in {64, 512, 2048},
@@ -34,16 +36,19 @@ ITEMS = (656, 1152)
 
 
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
-               verify_specs=()) -> None:
-    """Build the given resolve ``(k, B, item)`` specs, replay and all-layer copy ``items``, verify ``(k, B, W,
-    item)`` specs (and the benchmark's gather ceiling when ``gather``) with ``jobs`` parallel
-    builds."""
-    tasks = [("resolve", s) for s in resolve_specs] + [("replay", (i,)) for i in items]
+               verify_specs=(), policy: str = "lru") -> None:
+    """Build the given resolve ``(k, B, item)`` specs (for ``policy``, its builds instead of
+    lru's when it is not lru), replay and all-layer copy ``items``, verify ``(k, B, W, item)``
+    specs (and the benchmark's gather ceiling when ``gather``) with ``jobs`` parallel builds."""
+    pid = policy_id(policy)
+    tasks = [("resolve_policy", (*s, pid)) if pid else ("resolve", s) for s in resolve_specs]
+    tasks += [("replay", (i,)) for i in items]
     tasks += [("verify", s) for s in verify_specs] + [("layer_copy", (i,)) for i in items]
     tasks += [("gather", (i,)) for i in items] if gather else []
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
                "gather": _jit.gather_module, "verify": _jit.verify_module,
-               "layer_copy": _jit.layer_copy_module}
+               "layer_copy": _jit.layer_copy_module,
+               "resolve_policy": lambda k, b, i, p: _jit.resolve_module(k, b, i, policy=p)}
 
     def one(task):
         kind, args = task
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-tokens", type=int, nargs="+", default=[], metavar="W",
                     help="also build speculative verify modules for W = --speculative-num-draft-"
                          "tokens (needs B >= W*k)")
+    ap.add_argument("--policy", choices=POLICIES, default="lru",
+                    help="replacement policy of the resolve builds (--hisparse-config \"policy\")")
     ap.add_argument("--grid", choices=["tests"], help="build the GPU test/benchmark grid instead")
     ap.add_argument("--jobs", type=int, default=4, help="parallel builds")
     args = ap.parse_args(argv)
@@ -85,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               f"needs B >= W*top_k, e.g. --buffer {max(2, w + 1) * k}", file=sys.stderr)
         return 2
     print(f"JIT cache: {_jit.cache_dir()}  target: sm {_jit.cuda_arch()}")
-    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests", verify_specs=verify)
+    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests", verify_specs=verify,
+               policy=args.policy)
     return 0
 
 

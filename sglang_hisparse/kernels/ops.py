@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_policy import policy_id
 from . import reference
 from ._jit import replay_module, resolve_module
 from .contract import (
@@ -100,6 +101,7 @@ def resolve(
     mode: ResolveMode = ResolveMode.COPY, block_size: int | None = None,
     ctas_per_request: int | None = None, validate: bool | None = None,
     resident: torch.Tensor | None = None, early_rows: int | None = None,
+    policy: str = "lru", policy_state: torch.Tensor | None = None,
     resident_rows: ResidentRows | None = None,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
@@ -125,6 +127,9 @@ def resolve(
             has finished; results never depend on it.
         early_rows: rows per CTA the fetch warps may hold in registers (default
             ``FETCH_EARLY_ROWS``; lowered to what fits; 0 = keep the hint, fetch nothing early).
+        policy: replacement policy, ``"lru"`` (default) or ``"fra"`` (``kernel_policy``).
+        policy_state: int32 [R, B] (one layer's view of ``SlotState.policy_state``; mutated),
+            required by ``"fra"``, None for ``"lru"``.
         resident_rows: optional :class:`ResidentRows`: flagged request slots are fully
             resident and resolve through their page table only (the first level).
     Semantics: :mod:`sglang_hisparse.kernels.reference`.
@@ -136,13 +141,15 @@ def resolve(
         raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:
         reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident,
-                          resident_rows=resident_rows)
+                          policy=policy, policy_state=policy_state, resident_rows=resident_rows)
         return
     if validation_enabled(validate):
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
     bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
     check_resident(resident, lru=lru, host_rows=host_rows)
+    reference.check_policy_state(policy, policy_state, lru=lru)
+    pid = policy_id(policy)
     check_resident_rows(resident_rows, lru=lru, top_k=top_k)
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
@@ -151,13 +158,14 @@ def resolve(
     block = check_block_size(block_size or auto_block_size(bs, ctas, top_k.device))
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
-    resolve_module(k, B, item).resolve(
+    extra = (policy_state,) if pid else ()
+    resolve_module(k, B, item, policy=pid).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
         resident if resident is not None else arrivals,
         *(_rr_args(resident_rows) if resident_rows is not None else (arrivals, arrivals, arrivals, 0)),
         ctas, block, int(plan is not None),
-        int(mode is ResolveMode.COPY), stage,
+        int(mode is ResolveMode.COPY), stage, *extra,
     )
 
 

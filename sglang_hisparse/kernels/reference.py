@@ -61,12 +61,29 @@ them misses; outputs and state never depend on it. A long row updates it as
 exact hint exact. A wrong bit costs at most a wasted early fetch or a late copy per
 selection, and is put right when its position is evicted (cleared) or missed and loaded
 (set). :func:`resident_hint` builds an exact one.
+
+Replacement policy (decode only, optional ``policy="fra"`` with ``policy_state`` int32 [R, B],
+``sglang_hisparse.kernel_policy`` is its spec): the victims are the ``m`` evictable slots with
+the smallest ``(bucket, old LRU position)`` instead of the ``m`` oldest, still taking the misses
+in old LRU order, and the new LRU is ``remaining evictables | victims | hits`` as above. A long
+row then sets each hit slot's word to ``(n << 8) | min(hits + 1, 255)`` and each victim's to
+``(n << 8) | 1``; short rows change nothing. ``policy="lru"`` (the default) is the rule above.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernel_policy import (
+    FRA_BUCKETS,
+    FRA_HITS_MAX,
+    FRA_OFFSET,
+    FRA_SHIFT,
+    FRA_W_AGE,
+    FRA_W_GAP,
+    FRA_W_HITS,
+    policy_id,
+)
 from .contract import (
     MissPlan,
     ResidentRows,
@@ -115,6 +132,22 @@ def resident_hint(slot_tokens: torch.Tensor, buffer_size: int, words: int) -> to
     return int32_bits(torch.stack(rows))
 
 
+def _lg8(x: torch.Tensor) -> torch.Tensor:
+    """``kernel_policy.lg8`` in torch: 8 * floor(log2 x) + the 3 bits after x's leading one."""
+    x = x.long()
+    e = torch.frexp(x.double()).exponent.long() - 1  # exact for x < 2**53
+    return 8 * e + (((x << 3) >> e) & 7)
+
+
+def fra_buckets(words: torch.Tensor, tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """fra's bucket (int64, ``kernel_policy``) of slots with policy ``words`` holding ``tokens``
+    (-1 = empty: bucket 0) at length ``n``."""
+    w, pos = words.long(), tokens.long()
+    s = (FRA_W_HITS * _lg8(1 + (w & 0xFF)) - FRA_W_GAP * _lg8(1 + (n - (w >> 8)).clamp(min=0))
+         - FRA_W_AGE * _lg8((n - pos).clamp(min=1)))
+    return torch.where(pos < 0, 0, ((s >> FRA_SHIFT) + FRA_OFFSET).clamp(0, FRA_BUCKETS - 1))
+
+
 def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
     """Unique values of 1-D ``pos`` in the order of their first occurrence."""
     if pos.numel() == 0:
@@ -126,7 +159,7 @@ def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
     return uniq[torch.argsort(first)]
 
 
-def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None) -> torch.Tensor:
+def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_state=None) -> torch.Tensor:
     """Union resolve of one long request (``n0 + W - 1 > B``) over its flat top-k (int64
     [W*k]); mutates the state in ``st`` and returns the device row of each flat entry."""
     slot_tokens, slot_rows, lru = st["slot_tokens"], st["slot_rows"], st["lru"]
@@ -151,7 +184,15 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None) -> torch.
 
     misses = union[lookup[union] < 0]
     m = misses.numel()
-    victims = evictable[:m]
+    victims, rest = evictable[:m], evictable[m:]
+    if policy_state is not None and m:
+        # fra: the m smallest (bucket, old LRU position), taken in old LRU order.
+        E = evictable.numel()
+        key = fra_buckets(policy_state[r, evictable], tokens[evictable], n0) * E
+        key = key + torch.arange(E, device=dev)
+        chosen = torch.zeros(E, dtype=torch.bool, device=dev)
+        chosen[torch.topk(key, m, largest=False).indices] = True
+        victims, rest = evictable[chosen], evictable[~chosen]
     src = st["host_rows"][r, misses]
     dst = slot_rows[r, victims].long()
     if copy and m:
@@ -164,7 +205,11 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None) -> torch.
         resident[r] = int32_bits((old & ~_pack_bits(tokens[victims], words)) | loaded)
     slot_tokens[r, victims] = misses.to(slot_tokens.dtype)
     lookup[misses] = victims
-    lru[r] = torch.cat([evictable[m:], victims, hits]).to(lru.dtype)
+    lru[r] = torch.cat([rest, victims, hits]).to(lru.dtype)
+    if policy_state is not None:
+        bumped = ((policy_state[r, hits] & 0xFF) + 1).clamp(max=FRA_HITS_MAX)
+        policy_state[r, hits] = ((n0 << 8) | bumped).to(policy_state.dtype)
+        policy_state[r, victims] = (n0 << 8) | 1
 
     slot = torch.where(window, B + flat - base, lookup[flat.clamp(0, max(base, 1) - 1)])
     rows = slot_rows[r, slot.clamp(0, B + W - 1)]
@@ -191,7 +236,8 @@ def _resolve_resident(*, r: int, n: int, flat: torch.Tensor, rr: ResidentRows,
 
 
 def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, copy: bool,
-                    resident: torch.Tensor | None, resident_rows: ResidentRows | None = None) -> None:
+                    resident: torch.Tensor | None, resident_rows: ResidentRows | None = None,
+                    policy_state: torch.Tensor | None = None) -> None:
     """The batch loop of both flavours; ``kw["top_k"]``/``kw["out_rows"]`` are [bs, W, k] views
     and ``n0s`` the rows-0 lengths of the real rows."""
     top_k, out_rows, lru, slot_rows = kw["top_k"], kw["out_rows"], kw["lru"], kw["slot_rows"]
@@ -218,7 +264,7 @@ def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, 
             res = torch.where(valid, slot_rows[r, flat.clamp(0, B - 1)], -1)
         else:
             res = _resolve_long(b=b, r=r, n0=n0, W=W, flat=flat, st=st, plan=plan, copy=copy,
-                                resident=resident)
+                                resident=resident, policy_state=policy_state)
         out_rows[b] = res.view(W, k).to(out_rows.dtype)
 
 
@@ -228,12 +274,14 @@ def resolve(
     host_cache, device_cache, out_rows, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
     resident: torch.Tensor | None = None, resident_rows: ResidentRows | None = None,
+    policy: str = "lru", policy_state: torch.Tensor | None = None,
 ) -> None:
     """Resolve one layer's decode-step top-k (window W = 1; see the module docstring).
 
     Mutates ``slot_tokens`` [R, B+1] int32, ``lru`` [R, B] int16, ``device_cache`` [D, I]
     uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32, ``plan`` and ``resident``
-    (if given). ``resident_rows`` (optional :class:`ResidentRows`): requests flagged in it
+    (if given), and ``policy_state`` int32 [R, B] (``policy="fra"``; one layer's view).
+    ``resident_rows`` (optional :class:`ResidentRows`): requests flagged in it
     resolve through their page table first and touch nothing but their selection record.
     Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``.
     """
@@ -245,12 +293,33 @@ def resolve(
     else:
         check_resolve_shapes(**kw)
     check_resident(resident, lru=lru, host_rows=host_rows)
+    check_policy_state(policy, policy_state, lru=lru)
     check_resident_rows(resident_rows, lru=lru, top_k=top_k)
     if top_k.shape[0] == 0:
         return
     kw.update(top_k=top_k[:, None, :], out_rows=out_rows[:, None, :])
     _resolve_window(kw, W=1, n0s=seq_lens.tolist(), plan=plan, copy=mode is ResolveMode.COPY,
-                    resident=resident, resident_rows=resident_rows)
+                    resident=resident, resident_rows=resident_rows,
+                    policy_state=policy_state if policy_id(policy) else None)
+
+
+def check_policy_state(policy: str, policy_state: torch.Tensor | None, *, lru: torch.Tensor) -> None:
+    """``policy`` is known and ``policy_state`` fits it: None for lru, int32 [R, B] (``lru``'s
+    shape, unit stride in B) on ``lru``'s device otherwise. Host-only checks."""
+    pid = policy_id(policy)
+    if pid == 0:
+        if policy_state is not None:
+            raise ValueError("policy_state is given but policy is 'lru', which keeps no per-slot state")
+        return
+    if policy_state is None:
+        raise ValueError(f"policy {policy!r} needs policy_state, int32 [R, B] (one layer's view)")
+    if (policy_state.dtype != torch.int32 or tuple(policy_state.shape) != tuple(lru.shape)
+            or policy_state.device != lru.device or policy_state.stride(-1) != 1):
+        raise ValueError(
+            f"policy_state must be int32 {list(lru.shape)} on {lru.device} with unit stride in B "
+            f"(one layer's view of SlotState.policy_state); got {policy_state.dtype} "
+            f"{list(policy_state.shape)} on {policy_state.device}"
+        )
 
 
 @torch.no_grad()

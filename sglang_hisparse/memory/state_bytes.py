@@ -8,6 +8,8 @@ longest request when the coordinator is built; shapes in ``coordinator.state``):
     lru           L *  B    * 2         int16, per layer
     resident      L * ceil(P/32) * 4    int32 bitmap, per layer; without speculative decoding
                                         only (the resident hint)
+    policy_state  L *  B    * 4 * S     int32, per layer: S words per slot of the replacement
+                                        policy (kernel_policy: 0 for lru, 1 for fra)
     host_rows               P * 8       int64, shared by the layers (the host pool's page table,
                                         on the GPU: the resolve kernel reads it)
     resident pages  ceil(P/ps) * 4 + 4  int32 device page table and flag of a fully resident
@@ -45,6 +47,7 @@ tensors the coordinator allocates, so formula and allocation cannot drift apart 
 from __future__ import annotations
 
 from ..kernel_limits import position_words
+from ..kernel_policy import DEFAULT_POLICY, state_words_per_slot
 
 __all__ = ["coordinator_state_bytes", "hint_words", "residency_columns", "resolver_bytes",
            "slot_state_bytes", "tail_slots"]
@@ -70,17 +73,20 @@ def residency_columns(*, max_context: int, page_size: int) -> int:
 
 def slot_state_bytes(
     *, num_layers: int, buffer_size: int, max_context: int, num_draft_tokens: int = 0,
+    policy: str = DEFAULT_POLICY,
     residency_page_size: int = 0,
 ) -> int:
     """Device bytes per request slot (module docstring): ``SlotState``'s tensors built with
     ``hint_positions = max_context`` plus the slot's ``host_rows`` row.
 
     num_layers: L local layers; buffer_size: B; max_context: P; num_draft_tokens: D (0 = off);
+    policy: the replacement policy (its per-slot words, ``kernel_policy.state_words_per_slot``).
     residency_page_size: the page size when the resident page table exists (0: it does not).
     """
     L, B, P, D = num_layers, buffer_size, max_context, num_draft_tokens
     W = tail_slots(D)
     per_layer = (B + W) * 4 + B * 2 + hint_words(max_context=P, num_draft_tokens=D) * 4
+    per_layer += B * 4 * state_words_per_slot(policy)
     cols = residency_columns(max_context=P, page_size=residency_page_size)
     table = cols * 4 + 4 if cols else 0
     return L * per_layer + (B + W) * 4 + P * 8 + table
@@ -105,13 +111,14 @@ def coordinator_state_bytes(
     top_k: int,
     num_draft_tokens: int = 0,
     cuda: bool = True,
+    policy: str = DEFAULT_POLICY,
     residency_page_size: int = 0,
 ) -> int:
     """Device bytes of a coordinator built for ``request_slots`` R (module docstring): R slots
     of ``slot_state_bytes`` plus R decode-batch rows of ``resolver_bytes``."""
     per_slot = slot_state_bytes(
         num_layers=num_layers, buffer_size=buffer_size, max_context=max_context,
-        num_draft_tokens=num_draft_tokens, residency_page_size=residency_page_size,
+        num_draft_tokens=num_draft_tokens, policy=policy, residency_page_size=residency_page_size,
     )
     per_row = resolver_bytes(top_k=top_k, num_draft_tokens=num_draft_tokens, cuda=cuda)
     return request_slots * (per_slot + per_row)

@@ -64,13 +64,14 @@ class StateShape:
     num_draft_tokens: int  # W, 0 without speculative decoding
     extra_rows: int  # req_to_token rows beyond max_running_requests (padding row, PD pre-alloc)
     cuda: bool
+    policy: str = "lru"  # the replacement policy (its per-slot words count)
     residency_page_size: int = 0  # page size when the resident page table exists ("pressure")
 
     def bytes_for(self, request_slots: int) -> int:
         return coordinator_state_bytes(
             request_slots=request_slots, num_layers=self.num_layers,
             buffer_size=self.buffer_size, max_context=self.max_context, top_k=self.top_k,
-            num_draft_tokens=self.num_draft_tokens, cuda=self.cuda,
+            num_draft_tokens=self.num_draft_tokens, cuda=self.cuda, policy=self.policy,
             residency_page_size=self.residency_page_size,
         )
 
@@ -129,6 +130,7 @@ def state_shape(kvc: Any) -> StateShape:
         num_draft_tokens=int(get_spec().speculative_num_draft_tokens or 0) if spec_on else 0,
         extra_rows=int(extra_rows),
         cuda=str(kvc.device).startswith("cuda"),
+        policy=cfg.policy,
         residency_page_size=int(get_schedule().page_size or 1) if resident else 0,
     )
 

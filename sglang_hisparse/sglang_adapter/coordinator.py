@@ -145,6 +145,7 @@ class SGLangHiSparseCoordinator:
         mode = residency if residency is not None else cfg.residency
         share = residency_watermark if residency_watermark is not None else cfg.residency_watermark
         watermark = int(share * self.dual.size_device) if mode == "pressure" else 0
+        policy = cfg.policy  # the replacement policy ("lru" when no config is published)
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
@@ -153,7 +154,7 @@ class SGLangHiSparseCoordinator:
             # no decode batch (CUDA-graph padded ones included) exceeds the request slots, so
             # the per-step buffers never grow, in particular not during graph capture
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
-            residency=mode, watermark_rows=watermark,
+            residency=mode, watermark_rows=watermark, policy=policy,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -179,15 +180,15 @@ class SGLangHiSparseCoordinator:
             state_bytes=coordinator_state_bytes(
                 request_slots=num_reqs, num_layers=len(device_kv), buffer_size=device_buffer_size,
                 max_context=max_ctx, top_k=top_k, num_draft_tokens=W,
-                cuda=torch.device(device).type == "cuda",
+                cuda=torch.device(device).type == "cuda", policy=policy,
                 residency_page_size=self.dual.page_size if self.core.residency.enabled else 0,
             ),
             request_slots=num_reqs,
         )
         logger.info(
-            "HiSparse (sglang-hisparse): top_k=%d, B=%d, %d layers, %d request slots, host pool "
-            "%.2f GiB, shared-index prefetch %s, speculative verify window %d, residency %s",
-            top_k, device_buffer_size, len(device_kv), num_reqs,
+            "HiSparse (sglang-hisparse): top_k=%d, B=%d, policy %s, %d layers, %d request slots, "
+            "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d, residency %s",
+            top_k, device_buffer_size, policy, len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
             f"pressure (watermark {watermark} rows)" if self.core.residency.enabled else "always_hot",

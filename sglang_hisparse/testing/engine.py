@@ -129,6 +129,7 @@ class DecodeEngine:
         num_draft_tokens: int = 0,
         new_token_ratio: float = 1.0,
         guard_device_reads: bool = False,
+        policy: str = "lru",
         residency: str = "always_hot",
         watermark_rows: int = 0,
     ) -> None:
@@ -157,6 +158,7 @@ class DecodeEngine:
             allocator=self.allocator, host=self.host, device_kv=self.pool.kv,
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
+            policy=policy,
             residency=residency, watermark_rows=watermark_rows,
         )
         self.guard = guard_device_reads

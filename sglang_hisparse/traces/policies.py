@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernel_policy import FRA_HITS_MAX, fra_bucket
+
 
 class Policy:
     """Shared bookkeeping: ``tok`` [B] token per slot (-1 empty), ``where`` token → slot."""
@@ -242,25 +244,51 @@ class LRU2(Policy):
 
 
 class FRA(Policy):
-    """OUR policy (the proposed kernel option): Frequency, Recency and token Age.
+    """OUR policy, the resolve kernel's ``"policy": "fra"``: frequency, recency and token age.
 
-    Per slot: ``hits`` (selections since the token entered the slot; a fresh miss counts 1,
-    the prefix tokens placed at the first long step 0)
-    and ``last`` (step of its latest selection). The victims are the evictable slots with the
-    lowest score, ties broken by the kernel's LRU order::
-
-        score = wc * log2(1 + hits) - log2(1 + t - last) - wa * log2(max(n - position, 1))
-
-    i.e. the estimated odds of being selected again: they rise with how often a token was
-    picked, fall with how long ago (a power law, not LRU's strict order), and fall with the
-    token's distance from the newest token (measured on real traces: P(reselect) halves
-    from distance ~256 to ~2K). ``wc = 0.8``, ``wa = 0.3`` were chosen on Hamlet windows and
-    hold on Macbeth (docs/traces.md). Kernel cost: two small integers per slot (the position
-    is already in ``slot_tokens``) and a partial sort of the evictable slots by score instead
-    of taking them in LRU order.
+    The integer rule of ``sglang_hisparse.kernel_policy`` (bit for bit what the kernel does):
+    per slot ``hits`` (selections since the token entered, saturating at 255; the prefix tokens
+    placed at the first long step 0) and ``last`` (the seq_len of its latest selection, 0 =
+    never). The victims are the evictable slots with the smallest ``(bucket, LRU position)``,
+    ``bucket`` a 256-level score that rises with ``log2(1 + hits)`` and falls with
+    ``log2(1 + n - last)`` and ``log2(n - position)`` (weights 13/16, 1, 5/16); they take the
+    misses in LRU order. Kernel cost: one int32 word per slot and layer, and a 256-bin
+    histogram of the evictables' buckets in the bookkeeping.
     """
 
     name = "fra"
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        self.hits = np.zeros(B, dtype=np.int64)  # the prefix tokens 0..B-1: never selected yet
+        self.last = np.zeros(B, dtype=np.int64)
+
+    def clear(self):
+        super().clear()
+        self.hits[:] = 0
+        self.last[:] = 0
+
+    def victims(self, t, cand, m, miss_tok):
+        bucket = fra_bucket(self.hits[cand], self.last[cand], self.tok[cand], self.n)
+        chosen = cand[np.lexsort((self.key[cand], bucket))[:m]]
+        return chosen[np.argsort(self.key[chosen], kind="stable")]  # the kernel's LRU order
+
+    def update(self, t, sel, hit_slots, victims):
+        self.hits[hit_slots] = np.minimum(self.hits[hit_slots] + 1, FRA_HITS_MAX)
+        self.last[hit_slots] = self.n
+        self.hits[victims] = 1
+        self.last[victims] = self.n
+        self._stamp_kernel_order(hit_slots, victims)
+
+
+class FRAFloat(Policy):
+    """The first proposal (kept for comparison): fra's score in floating point, recency in
+    steps, weights 0.8 / 1 / 0.3, no buckets::
+
+        score = 0.8 * log2(1 + hits) - log2(1 + t - last) - 0.3 * log2(max(n - position, 1))
+    """
+
+    name = "fra-float"
 
     def __init__(self, seed: int = 0, wc: float = 0.8, wa: float = 0.3):
         super().__init__(seed)
@@ -268,7 +296,7 @@ class FRA(Policy):
 
     def reset(self, B, max_pos, sels):
         super().reset(B, max_pos, sels)
-        self.hits = np.zeros(B, dtype=np.int64)  # the prefix tokens 0..B-1: never selected yet
+        self.hits = np.zeros(B, dtype=np.int64)
         self.last = np.full(B, -1, dtype=np.int64)
 
     def victims(self, t, cand, m, miss_tok):
@@ -286,7 +314,7 @@ class FRA(Policy):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, FRA, LRFU, LRU2)
+    p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, FRA, FRAFloat, LRFU, LRU2)
 }
 
 

@@ -53,47 +53,86 @@ class StreamResult:
     misses_per_step: np.ndarray = field(repr=False)
 
 
+@dataclass(frozen=True)
+class PreparedStream:
+    """One (stream, layer) with every row de-duplicated once, for any policy and ``B``.
+
+    ``lookups`` int64 [T] (distinct positions per step, newest included); ``work[t]`` int64:
+    the step's distinct positions in first-occurrence (top-k) order without the newest token,
+    what ``Policy.step`` takes. Neither depends on ``B``: only the first long step does.
+    """
+
+    stream: int
+    layer: int
+    seq_lens: np.ndarray
+    lookups: np.ndarray
+    work: tuple[np.ndarray, ...] = field(repr=False)
+
+    def __len__(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+def prepare_stream(st: Stream | PreparedStream) -> PreparedStream:
+    """De-duplicate each row of ``st`` once (a prepared stream is returned as it is)."""
+    if isinstance(st, PreparedStream):
+        return st
+    sels = [_unique_in_order(st.selection(t)) for t in range(len(st))]
+    newest = st.seq_lens.astype(np.int64) - 1
+    return PreparedStream(
+        stream=st.stream,
+        layer=st.layer,
+        seq_lens=st.seq_lens,
+        lookups=np.array([s.size for s in sels], dtype=np.int64),
+        work=tuple(s[s != n] for s, n in zip(sels, newest, strict=True)),
+    )
+
+
+def prepare(trace: Trace, *, top_k: int | None = None) -> list[PreparedStream]:
+    """Every (stream, layer) of ``trace`` (first ``top_k`` positions per row), prepared once."""
+    if top_k is not None:
+        trace = trace.truncated(top_k)
+    return [prepare_stream(st) for st in trace.streams()]
+
+
 INITIAL = ("prefix", "empty")
 
 
 def simulate_stream(
-    st: Stream, policy_name: str, B: int, *, seed: int = 0, initial: str = "prefix"
+    st: Stream | PreparedStream, policy_name: str, B: int, *, seed: int = 0, initial: str = "prefix"
 ) -> StreamResult:
     """Replay one (stream, layer). Returns counts; ``misses_per_step`` int64 [T].
 
     ``initial="empty"`` models PD direct admission: a stream whose *first* step is already
     longer than ``B`` starts with empty slots (a stream that grows past ``B`` while decoding
-    still finds tokens ``0..B-1``, as the coordinator keeps them).
+    still finds tokens ``0..B-1``, as the coordinator keeps them). Pass a
+    :class:`PreparedStream` to replay one stream under several policies or buffer sizes
+    without de-duplicating its rows again.
     """
     if initial not in INITIAL:
         raise ValueError(f"--initial {initial!r}: choose one of {INITIAL}")
     if B < 1:
         raise ValueError(f"--buffer {B}: the hot buffer needs at least one slot")
-    T = len(st)
+    ps = prepare_stream(st)
+    T = len(ps)
     per_step = np.zeros(T, dtype=np.int64)
-    sels = [_unique_in_order(st.selection(t)) for t in range(T)]
-    lookups = np.array([s.size for s in sels], dtype=np.int64)
-    long = np.flatnonzero(st.seq_lens > B)
+    long = np.flatnonzero(ps.seq_lens > B)
     if long.size:
         t0 = int(long[0])
         # Short steps after a long one cannot happen within one stream (seq_len increases).
-        work = []
-        for t in range(t0, T):
-            s = sels[t]
-            work.append(s[s != st.seq_lens[t] - 1])
-        policy = make_policy(policy_name, seed=seed + st.stream * 1009 + st.layer)
-        policy.reset(B, int(st.seq_lens[-1]), work)
+        work = list(ps.work[t0:])
+        policy = make_policy(policy_name, seed=seed + ps.stream * 1009 + ps.layer)
+        policy.reset(B, int(ps.seq_lens[-1]), work)
         if initial == "empty" and t0 == 0:
             policy.clear()
         for i, s in enumerate(work):
-            per_step[t0 + i] = policy.step(i, s, int(st.seq_lens[t0 + i]))
+            per_step[t0 + i] = policy.step(i, s, int(ps.seq_lens[t0 + i]))
     return StreamResult(
-        stream=st.stream,
-        layer=st.layer,
+        stream=ps.stream,
+        layer=ps.layer,
         steps=T,
         long_steps=int(long.size),
-        lookups=int(lookups.sum()),
-        long_lookups=int(lookups[long].sum()),
+        lookups=int(ps.lookups.sum()),
+        long_lookups=int(ps.lookups[long].sum()),
         misses=int(per_step.sum()),
         misses_per_step=per_step,
     )
@@ -147,7 +186,7 @@ def summarize(
 
 
 def simulate(
-    trace: Trace,
+    trace: Trace | Sequence[PreparedStream],
     policy: str,
     buffers: Sequence[int],
     *,
@@ -156,11 +195,18 @@ def simulate(
     item_bytes: Iterable[int] = DEFAULT_ITEM_BYTES,
     initial: str = "prefix",
 ) -> dict:
-    """Simulate ``policy`` for each buffer size; returns ``{"B": summary, ...}`` (JSON-ready)."""
+    """Simulate ``policy`` for each buffer size; returns ``{"B": summary, ...}`` (JSON-ready).
+
+    ``trace`` may be the output of :func:`prepare` (then ``top_k`` must be None: it was
+    applied there), so a sweep over policies de-duplicates each row once.
+    """
     make_policy(policy)  # fail fast on a bad name
-    if top_k is not None:
-        trace = trace.truncated(top_k)
-    streams = list(trace.streams())
+    if isinstance(trace, Trace):
+        streams = prepare(trace, top_k=top_k)
+    elif top_k is not None:
+        raise ValueError("top_k applies when the trace is prepared: pass it to prepare()")
+    else:
+        streams = list(trace)
     out = {}
     for B in buffers:
         results = [simulate_stream(st, policy, int(B), seed=seed, initial=initial) for st in streams]

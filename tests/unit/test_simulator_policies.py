@@ -7,7 +7,13 @@ import pytest
 
 from sglang_hisparse.traces.format import Stream
 from sglang_hisparse.traces.policies import POLICIES, make_policy
-from sglang_hisparse.traces.simulator import simulate, simulate_stream, summarize
+from sglang_hisparse.traces.simulator import (
+    prepare,
+    prepare_stream,
+    simulate,
+    simulate_stream,
+    summarize,
+)
 from sglang_hisparse.traces.synthetic import SyntheticSpec, generate
 
 
@@ -86,6 +92,21 @@ def test_belady_is_a_lower_bound_and_random_is_seeded():
     assert rates["topk-only"] >= rates["lru"]
     a = simulate(trace, "random", [48], seed=1)["48"]["overall"]["misses"]
     assert a == simulate(trace, "random", [48], seed=1)["48"]["overall"]["misses"]
+
+
+def test_prepared_streams_give_the_same_figures_as_raw_ones():
+    # prepare() de-duplicates each row once; every policy and B then replays the same rows.
+    trace = generate(SyntheticSpec(streams=2, layers=2, prompt_len=200, steps=40, top_k=24,
+                                   drift=0.3, locality=0.5, seed=7))
+    prepared = prepare(trace)
+    for p in POLICIES:
+        assert simulate(prepared, p, [24, 40]) == simulate(trace, p, [24, 40]), p
+    assert simulate(prepare(trace, top_k=8), "lru", [16]) == simulate(trace, "lru", [16], top_k=8)
+    with pytest.raises(ValueError, match="prepare"):
+        simulate(prepared, "lru", [16], top_k=8)
+    ps = prepare_stream(HAND)
+    assert ps.lookups.tolist() == [4, 3, 3] and ps.work[0].tolist() == [2, 4, 0]  # newest 5 dropped
+    assert prepare_stream(ps) is ps
 
 
 def test_summary_figures():

@@ -1,8 +1,10 @@
-"""Simulated `lru` misses equal the reference resolve kernel's, step by step, exactly.
+"""Simulated `lru` and `fra` misses equal the reference resolve kernel's, step by step, exactly.
 
 Each trace layer is replayed through ``sglang_hisparse.kernels.reference.resolve`` as one
 batch per decode step (all streams of the layer, padded to the widest selection with -1);
-the per-row ``MissPlan.count`` must equal ``simulate_stream(..., "lru", B).misses_per_step``.
+the per-row ``MissPlan.count`` must equal ``simulate_stream(..., policy, B).misses_per_step``
+for the kernel's policies (``policy="fra"`` with a zeroed ``policy_state``, as ``SlotState``
+starts it).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _messy_trace(seed: int, streams: int, steps: int, k: int, starts: list[int])
     )
 
 
-def _replay_reference(trace: Trace, B: int, initial: str = "prefix") -> dict[tuple[int, int], np.ndarray]:
+def _replay_reference(trace: Trace, B: int, initial: str = "prefix",
+                      policy: str = "lru") -> dict[tuple[int, int], np.ndarray]:
     """Per (stream, layer): reference misses per step (int64 [T]). ``initial="empty"``:
     streams that start longer than B get empty slots, as after PD direct admission."""
     out = {}
@@ -66,6 +69,7 @@ def _replay_reference(trace: Trace, B: int, initial: str = "prefix") -> dict[tup
         slot_tokens = torch.arange(B + 1, dtype=torch.int32).repeat(R, 1)
         slot_rows = (1 + torch.arange(R * (B + 1), dtype=torch.int32)).view(R, B + 1)
         lru = torch.arange(B, dtype=torch.int16).repeat(R, 1)
+        pstate = torch.zeros(R, B, dtype=torch.int32) if policy != "lru" else None
         if initial == "empty":
             for i, st in enumerate(sts):
                 if st.seq_lens[0] > B:
@@ -89,6 +93,7 @@ def _replay_reference(trace: Trace, B: int, initial: str = "prefix") -> dict[tup
                 slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
                 host_cache=host_cache, device_cache=device_cache,
                 out_rows=torch.empty(len(live), k, dtype=torch.int32), plan=plan,
+                policy=policy, policy_state=pstate,
             )
             for b, i in enumerate(live):
                 counts[i][t] = int(plan.count[b])
@@ -97,31 +102,37 @@ def _replay_reference(trace: Trace, B: int, initial: str = "prefix") -> dict[tup
     return out
 
 
-def _assert_same(trace: Trace, B: int, initial: str = "prefix") -> int:
-    ref = _replay_reference(trace, B, initial)
+def _assert_same(trace: Trace, B: int, initial: str = "prefix", policy: str = "lru") -> int:
+    ref = _replay_reference(trace, B, initial, policy)
     total = 0
     for st in trace.streams():
-        sim = simulate_stream(st, "lru", B, initial=initial).misses_per_step
+        sim = simulate_stream(st, policy, B, initial=initial).misses_per_step
         np.testing.assert_array_equal(sim, ref[(st.stream, st.layer)], err_msg=f"stream {st.stream} B={B}")
         total += int(sim.sum())
     return total
 
 
+KERNEL_POLICIES = ("lru", "fra")
+
+
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
 @pytest.mark.parametrize("B", [24, 32, 48])
-def test_lru_matches_reference_on_messy_selections(B):
+def test_kernel_policy_matches_reference_on_messy_selections(B, policy):
     trace = _messy_trace(seed=B, streams=3, steps=40, k=20, starts=[10, 30, 60])
-    assert _assert_same(trace, B) > 0  # the comparison must exercise misses
+    assert _assert_same(trace, B, policy=policy) > 0  # the comparison must exercise misses
 
 
-def test_lru_matches_reference_with_empty_start():
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
+def test_kernel_policy_matches_reference_with_empty_start(policy):
     # PD direct admission: the two streams that start longer than B begin with empty slots.
     trace = _messy_trace(seed=9, streams=3, steps=30, k=20, starts=[10, 40, 80])
-    assert _assert_same(trace, 32, "empty") > _assert_same(trace, 32, "prefix")
+    assert _assert_same(trace, 32, "empty", policy) > _assert_same(trace, 32, "prefix", policy)
 
 
-def test_lru_matches_reference_on_synthetic_trace():
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
+def test_kernel_policy_matches_reference_on_synthetic_trace(policy):
     spec = SyntheticSpec(streams=3, layers=2, prompt_len=90, steps=40, top_k=24, drift=[0.02, 0.1, 0.3], seed=3)
-    assert _assert_same(generate(spec), 32) > 0
+    assert _assert_same(generate(spec), 32, policy=policy) > 0
 
 
 def test_lru_plain_differs_from_kernel_order():
@@ -137,12 +148,42 @@ def test_lru_plain_differs_from_kernel_order():
 REAL = os.path.join(os.path.dirname(__file__), "..", "data", "smollm2_shakespeare.npz")
 
 
-@pytest.mark.skipif(not os.path.exists(REAL), reason="tests/data/smollm2_shakespeare.npz not present")
-def test_lru_matches_reference_on_real_trace():
-    real = load_trace(REAL)
-    keep = np.flatnonzero((real.layer == 17) & (real.stream == 0))
+def _one_stream(path: str, layer: int, stream: int = 0) -> Trace:
+    real = load_trace(path)
+    keep = np.flatnonzero((real.layer == layer) & (real.stream == stream))
     offs = np.zeros(keep.size + 1, np.int64)
     np.cumsum(np.diff(real.offsets)[keep], out=offs[1:])
     pos = np.concatenate([real.positions[real.offsets[r]: real.offsets[r + 1]] for r in keep])
-    one = Trace(real.header, real.stream[keep], real.layer[keep], real.seq_len[keep], offs, pos)
-    assert _assert_same(one.truncated(64), 96) > 0
+    return Trace(real.header, real.stream[keep], real.layer[keep], real.seq_len[keep], offs, pos)
+
+
+HELD = os.path.join(os.path.dirname(__file__), "..", "data", "gemma3_lear_32k.npz")
+
+
+@pytest.mark.skipif(not os.path.exists(REAL), reason="tests/data/smollm2_shakespeare.npz not present")
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
+def test_kernel_policy_matches_reference_on_real_trace(policy):
+    one = _one_stream(REAL, 17).truncated(64)
+    assert _assert_same(one, 96, policy=policy) > 0
+    if policy != "lru":  # not vacuous: the policy's misses differ from lru's
+        assert _assert_same(one, 96, policy=policy) != _assert_same(one, 96)
+
+
+@pytest.mark.parametrize("policy", KERNEL_POLICIES)
+def test_kernel_replay_helper_counts_like_the_simulator(policy):
+    # traces.kernel_replay (what the GPU tests and benchmarks/bench_policy.py replay through the
+    # CUDA kernel) on the CPU reference: the simulator's misses, step by step.
+    from sglang_hisparse.traces.kernel_replay import kernel_misses
+
+    trace = _messy_trace(seed=3, streams=3, steps=30, k=20, starts=[10, 40, 80])
+    got = kernel_misses(trace, 32, policy, device="cpu", item=16)
+    assert sum(int(c.sum()) for c in got.values()) > 0
+    for st in trace.streams():
+        np.testing.assert_array_equal(simulate_stream(st, policy, 32).misses_per_step, got[(st.stream, st.layer)])
+
+
+@pytest.mark.skipif(not os.path.exists(HELD), reason="tests/data/gemma3_lear_32k.npz not present")
+def test_fra_matches_reference_on_a_32k_trace():
+    # Gemma 3 270M over King Lear at 32K (a held-aside trace), its first 128 picks per step.
+    one = _one_stream(HELD, 11).truncated(128)
+    assert _assert_same(one, 256, policy="fra") != _assert_same(one, 256)

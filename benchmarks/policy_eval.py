@@ -1,0 +1,129 @@
+"""Every simulator policy on recorded traces at B = 2k, 3k, 4k (k = the trace's top-k): miss
+rates, the share of the LRU -> Belady gap a policy closes (all requests, and its worst request),
+and its worst request against LRU. CPU only; the tables in docs/traces.md come from here.
+
+    python benchmarks/policy_eval.py --tuning tests/data/smollm2_shakespeare.npz ... \\
+        --held-aside tests/data/gemma3_lear_32k.npz ... --json policy_eval.json [--plot eval.png]
+
+A request is one trace stream (all its recorded layers together). "closes" = (lru - p) /
+(lru - belady) in misses; "worst vs lru" = max over requests of (p - lru) / lru (negative:
+better than LRU on every request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_hisparse.traces.format import load_trace  # noqa: E402
+from sglang_hisparse.traces.policies import POLICIES  # noqa: E402
+from sglang_hisparse.traces.simulator import prepare, simulate_stream  # noqa: E402
+
+MULTS = (2, 3, 4)
+SHOWN = ("fifo", "random", "lru-plain", "lru", "lru-2", "lrfu", "fra-float", "fra", "belady")
+
+
+def evaluate(path: str) -> dict:
+    trace = load_trace(path)
+    k = int(trace.header["top_k"])
+    t0 = time.perf_counter()
+    streams = prepare(trace)
+    res: dict = {"trace": Path(path).name, "k": k, "source": trace.header.get("source"), "B": {}}
+    for mult in MULTS:
+        B = mult * k
+        per: dict[str, dict[int, int]] = {}
+        units: dict[str, list[int]] = {}  # misses per (stream, layer)
+        lookups = 0
+        for pol in sorted(POLICIES):
+            d: dict[int, int] = {}
+            units[pol] = []
+            for st in streams:
+                r = simulate_stream(st, pol, B)
+                d[st.stream] = d.get(st.stream, 0) + r.misses
+                units[pol].append(r.misses)
+                if pol == "lru":
+                    lookups += r.long_lookups
+            per[pol] = d
+        lru, opt = per["lru"], per["belady"]
+        row = {}
+        for pol, d in per.items():
+            tot = sum(d.values())
+            gap = sum(lru.values()) - sum(opt.values())
+            row[pol] = {
+                "misses": tot,
+                "long_miss_rate": tot / lookups if lookups else None,
+                "closes": (sum(lru.values()) - tot) / gap if gap else None,
+                "closes_worst_request": min((lru[s] - d[s]) / (lru[s] - opt[s]) for s in d if lru[s] > opt[s]),
+                "worst_vs_lru": max((d[s] - lru[s]) / lru[s] for s in d if lru[s]),
+                "request_layers_worse_than_lru": sum(a > b for a, b in zip(units[pol], units["lru"], strict=True)),
+                "request_layers": len(units[pol]),
+                "per_request": d,
+            }
+        res["B"][str(B)] = row
+    res["seconds"] = time.perf_counter() - t0
+    return res
+
+
+def table(results: list[dict]) -> str:
+    head = "| trace | B | " + " | ".join(SHOWN) + " | fra closes (all / worst request) | fra worst request vs lru | request-layers fra > lru |"
+    lines = [head, "|" + "---|" * (len(SHOWN) + 5)]
+    for r in results:
+        for B, row in r["B"].items():
+            cells = [f"{100 * row[p]['long_miss_rate']:.1f} %" for p in SHOWN]
+            f = row["fra"]
+            lines.append(f"| {r['trace'].removesuffix('.npz')} | {int(B) // r['k']}k | " + " | ".join(cells)
+                         + f" | {100 * f['closes']:.0f} % / {100 * f['closes_worst_request']:.0f} % "
+                         f"| {100 * f['worst_vs_lru']:+.1f} % "
+                         f"| {f['request_layers_worse_than_lru']} of {f['request_layers']} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], results, strict=True):
+        bs = sorted(r["B"], key=int)
+        for p in ("fifo", "lru", "fra", "belady"):
+            ax.plot([int(b) // r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
+                    marker="o", label=p)
+        ax.set_title(f"{r['role']}: {r['trace'].removesuffix('.npz')}", fontsize=8)
+        ax.set_xlabel("B / k")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("miss rate, %")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tuning", nargs="*", default=[])
+    p.add_argument("--held-aside", nargs="*", default=[])
+    p.add_argument("--json", required=True)
+    p.add_argument("--plot", default=None)
+    a = p.parse_args(argv)
+    results = []
+    for role, paths in (("tuning", a.tuning), ("held-aside", a.held_aside)):
+        for path in paths:
+            r = evaluate(path)
+            r["role"] = role
+            results.append(r)
+            print(f"{role} {r['trace']}: {r['seconds']:.1f} s", file=sys.stderr)
+    Path(a.json).write_text(json.dumps(results, indent=1))
+    for role in ("tuning", "held-aside"):
+        print(f"\n{role}:\n" + table([r for r in results if r["role"] == role]))
+    if a.plot:
+        plot(results, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Replacement policies of the resolve kernel: names, per-slot state and the ``fra`` score.
+
+Stdlib only at import (numpy inside the two array functions), so the simulator, the planner
+and the config share it with the
+kernel's pure-torch reference (``kernels/reference.py``) and ``jit_kernels/resolve.cuh``,
+which implement the same integer arithmetic bit for bit.
+
+``lru`` (default, id 0): victims are the oldest evictable slots in LRU order; no extra state.
+
+``fra`` (id 1): frequency, recency and token age. One int32 word of state per history slot
+(``policy_state [L, R, B]``)::
+
+    word = (last << 8) | hits      hits: selections since the token entered (saturates at 255)
+                                   last: seq_len n of the step of its latest selection, 0 = none
+
+Per long step of length ``n`` each evictable slot (holding position ``p``) gets a bucket::
+
+    s      = 13 * lg(1 + hits) - 16 * lg(1 + max(n - last, 0)) - 5 * lg(max(n - p, 1))  (1/128 log2)
+    bucket = clamp((s >> 4) + 184, 0, 255)                                         (1/8 log2)
+
+with ``lg(x) = 8 * floor(log2 x) + the 3 bits after x's leading one`` (a piecewise linear
+log2 in 1/8 units: exact in integers). The victims are the ``m`` evictable slots with the
+smallest ``(bucket, LRU position)``: whole buckets from the lowest up, the oldest slots of the
+last bucket. They take the misses in LRU order (miss ``x`` in top-k order -> the ``x``-th
+victim from the oldest), and the LRU order is updated as for ``lru``: remaining evictables |
+fresh misses | hits. A hit sets ``hits += 1`` (saturating) and ``last = n``; a fresh miss
+``hits = 1``, ``last = n``; every other slot keeps its word. A request's word is 0 while its
+slots hold the prefix tokens ``0..B-1`` (never selected yet), as ``SlotState`` starts them.
+
+Why it beats recency on attention selections (docs/traces.md): whether a resident token not
+selected this step is selected again soon rises steeply with how often it was picked
+(heavy hitters), falls with the gap since its last pick like a power law (a token that missed
+one step is far likelier to return than LRU's strict order assumes relative to one that
+missed many), and falls with its distance from the newest token (local attention).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+POLICIES: tuple[str, ...] = ("lru", "fra")
+DEFAULT_POLICY = "lru"
+
+#: fra's integer weights (units of 1/16) and bucket mapping; ``resolve.cuh`` has the same
+#: constants (kFra*), kept in step by tests/unit/test_kernel_policy.py.
+FRA_W_HITS, FRA_W_GAP, FRA_W_AGE = 13, 16, 5
+FRA_SHIFT, FRA_OFFSET, FRA_BUCKETS = 4, 184, 256
+FRA_HITS_MAX = 255
+#: ``last`` lives in the word's upper 24 bits (23 usable: the word is a signed int32).
+FRA_MAX_SEQ_LEN = (1 << 23) - 1
+
+
+def policy_id(name: str) -> int:
+    """The kernel's template id of a policy name (``ValueError`` lists the names)."""
+    if name not in POLICIES:
+        raise ValueError(f"replacement policy {name!r} is unknown; choose one of {list(POLICIES)}")
+    return POLICIES.index(name)
+
+
+def state_words_per_slot(name: str) -> int:
+    """int32 words of per-slot policy state a policy keeps per layer and history slot."""
+    return 0 if policy_id(name) == 0 else 1
+
+
+def lg8(x: np.ndarray) -> np.ndarray:
+    """Piecewise linear log2 in 1/8 units of int64 ``x >= 1``: ``8 * e + ((x << 3) >> e & 7)``
+    with ``e = floor(log2 x)``."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.int64)
+    e = np.frexp(x.astype(np.float64))[1].astype(np.int64) - 1  # exact for x < 2**53
+    return 8 * e + (((x << 3) >> e) & 7)
+
+
+def fra_bucket(hits: np.ndarray, last: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """fra's bucket (int64, 0..255) of slots with ``hits``, ``last`` holding ``pos`` at length ``n``
+    (the simulator's slots are never empty here: it fills empty slots before asking)."""
+    import numpy as np
+
+    s = (FRA_W_HITS * lg8(1 + np.asarray(hits, np.int64))
+         - FRA_W_GAP * lg8(1 + np.maximum(n - np.asarray(last, np.int64), 0))
+         - FRA_W_AGE * lg8(np.maximum(n - np.asarray(pos, np.int64), 1)))
+    return np.clip((s >> FRA_SHIFT) + FRA_OFFSET, 0, FRA_BUCKETS - 1)
