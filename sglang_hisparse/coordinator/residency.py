@@ -249,7 +249,7 @@ class Residency:
         for li, kv in enumerate(ctx.device_kv):
             kv[dst[li]] = kv[src[li]]
         st.slot_tokens[:, r, :B] = plan.slot_tokens.to(torch.int32)
-        st.slot_tokens[:, r, B] = n - 1
+        st.slot_tokens[:, r, B].fill_(n - 1)
         # the rows of positions 0..B-1 and of the newest, from the host's copy of the table
         slot_rows = [hot.resident_row(r, p) for p in range(B)] + [hot.resident_row(r, n - 1)]
         st.slot_rows[r, : B + 1] = torch.tensor(slot_rows, dtype=torch.int32).to(ctx.device, non_blocking=True)

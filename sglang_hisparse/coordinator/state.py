@@ -182,7 +182,7 @@ class SlotState:
             raise ValueError("install_resident: this state was built without residency (residency_page_size = 0).")
         rr.pages[r].fill_(-1)
         rr.pages[r, : len(pages)] = torch.tensor(pages, dtype=torch.int32).to(self.device, non_blocking=True)
-        rr.flag[r] = 1
+        rr.flag[r : r + 1].fill_(1)
         # The history slots become the selection record: nothing recorded yet.
         self.slot_tokens[:, r].fill_(-1)
         self.is_resident[r] = True
@@ -200,12 +200,14 @@ class SlotState:
     def set_resident_page(self, r: int, index: int, page: int) -> None:
         """Page ``index`` of resident request ``r``'s table (a new page as it grows)."""
         assert self.resident_rows is not None
-        self.resident_rows.pages[r, index] = page
+        # NOTE: fill_ of a view, not an item assignment: assigning a Python number to an
+        # element copies it host->device and blocks (this runs inside map_last_loc)
+        self.resident_rows.pages[r, index : index + 1].fill_(page)
 
     def clear_resident(self, r: int) -> None:
         """Request ``r`` is no longer fully resident (shrunk or released)."""
         if self.resident_rows is not None:
-            self.resident_rows.flag[r] = 0
+            self.resident_rows.flag[r : r + 1].fill_(0)
             self.resident_rows.pages[r].fill_(-1)
         self.is_resident[r] = False
 

@@ -66,9 +66,12 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool, residen
             shrinks += engine.core.residency_counts()["shrinks"]
         finally:
             engine.close()
-    assert misses > 0  # under "pressure": the shrunk requests' misses
     if residency == "pressure":
+        # a shrunk request's hot buffer starts with its recent selections: the toy model's
+        # selections are stable enough that it may never miss at all
         assert shrinks > 0
+    else:
+        assert misses > 0
 
 
 @pytest.mark.parametrize("residency", ["always_hot", "pressure"])
