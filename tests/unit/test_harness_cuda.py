@@ -39,7 +39,7 @@ def _sizes(which: str, residency: str) -> tuple[ToyModel, EngineSizes]:
     """The model and sizes; under "pressure" a pool too small to keep every request resident."""
     model, sizes = SMALL if which == "small" else REALISTIC
     if residency == "pressure":
-        sizes = dataclasses.replace(sizes, device_rows=160 if which == "small" else 1536)
+        sizes = dataclasses.replace(sizes, device_rows=160 if which == "small" else 1024)
     return model, sizes
 
 
