@@ -33,6 +33,7 @@ import bench_e2e  # noqa: E402
 from e2e_engine import CheckLog, FullKVRunner, HiSparseRunner  # noqa: E402
 from e2e_model import ComputeStandIn  # noqa: E402
 from e2e_points import RESIDENCY, build_model, plan_point  # noqa: E402
+from e2e_ramp import _timed_step as timed_step  # noqa: E402
 from e2e_selection import SelectionSpec, SelectionTable  # noqa: E402
 
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
@@ -68,19 +69,6 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
     return own, args
 
 
-def _time(runner, device: torch.device) -> float:
-    if device.type == "cuda":
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        runner.step()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1)
-    t = time.perf_counter()
-    runner.step()
-    return (time.perf_counter() - t) * 1e3
-
-
 def run_batch(own, args, b: int, model, storage, device) -> dict:
     point = dict(kind="low_pressure", label=f"{own.layers}L batch {b}", layers=own.layers,
                  context=own.context, selection="calibrated", batch=b)
@@ -111,7 +99,7 @@ def run_batch(own, args, b: int, model, storage, device) -> dict:
     for i in range(own.rounds):
         order = names[i % len(names):] + names[: i % len(names)]
         for name in order:
-            samples[name].append(_time(runners[name], device))
+            samples[name].append(timed_step(runners[name], device))
     out = dict(batch=b, plan=plan, rounds=own.rounds, order="rotated each round", samples_ms=samples)
     full = samples["full"]
     for name in names:

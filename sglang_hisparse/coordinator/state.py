@@ -161,12 +161,7 @@ class SlotState:
     def reset(self, r: int) -> None:
         """Forget request slot ``r`` (its rows must already be returned)."""
         self.slot_tokens[:, r].fill_(-1)
-        self.slot_rows[r].fill_(-1)
-        self.lru[:, r].copy_(self._lru_init)
-        if self.resident is not None:
-            self.resident[:, r].zero_()
-        if self.policy_state is not None:
-            self.policy_state[:, r].zero_()
+        self._clear_slots(r)
         if self.is_resident[r]:
             self.clear_resident(r)
         self.phase[r] = Phase.FREE
@@ -187,15 +182,19 @@ class SlotState:
         self.slot_tokens[:, r].fill_(-1)
         self.is_resident[r] = True
         if self.phase[r] is not Phase.DECODING:
-            self.slot_rows[r].fill_(-1)
-            self.lru[:, r].copy_(self._lru_init)
-            if self.resident is not None:
-                self.resident[:, r].zero_()
-            if self.policy_state is not None:
-                self.policy_state[:, r].zero_()
+            self._clear_slots(r)
             self.skip_backup[r] = host_has_all
         self.seq_len[r] = seq_len
         self.phase[r] = Phase.DECODING
+
+    def _clear_slots(self, r: int) -> None:
+        """Slot rows, LRU order, resident hint and policy words of ``r`` back to empty."""
+        self.slot_rows[r].fill_(-1)
+        self.lru[:, r].copy_(self._lru_init)
+        if self.resident is not None:
+            self.resident[:, r].zero_()
+        if self.policy_state is not None:
+            self.policy_state[:, r].zero_()
 
     def set_resident_page(self, r: int, index: int, page: int) -> None:
         """Page ``index`` of resident request ``r``'s table (a new page as it grows)."""
