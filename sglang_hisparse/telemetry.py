@@ -112,6 +112,10 @@ class Telemetry:
         self._dev[1].add_(misses)
         self._dev[2].add_(misses * (item_bytes * copies))
 
+    def add_selected(self, *, top_k: torch.Tensor, real_mask: torch.Tensor) -> None:
+        """:meth:`add_resolve` for a resolve that copied nothing (an all-resident batch)."""
+        self._dev[0].add_(((top_k >= 0) & real_mask[:, None]).sum())
+
     # -- host-side accumulation ---------------------------------------------------------
     def add_step(self) -> None:
         self.steps += 1

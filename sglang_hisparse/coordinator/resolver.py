@@ -140,6 +140,8 @@ class Resolver:
         self.groups = groups if self.prefetch else {}
         self.is_shared = shared if self.prefetch else [False] * L
         self.events = {s: ctx.streams.new_event() for g in self.groups.values() for s in g}
+        #: whether the last anchor forked its replays (its shared layers then wait on them)
+        self._forked = True
         self._alloc(max_batch)
 
     def record_layers(self) -> list[int]:
@@ -215,7 +217,8 @@ class Resolver:
         out = self.out_rows[:bs]
         li = layer_id - self.start_layer
         if self.is_shared[li]:
-            self.events[li].wait(ctx.streams.current())
+            if self._forked:
+                self.events[li].wait(ctx.streams.current())
             if on_slice is not None:
                 on_slice(0, bs)
             return out
@@ -245,14 +248,23 @@ class Resolver:
         else:
             self._resolve_sliced(bs, S, launch, on_slice)
         real = self._batch_ids[:bs] < self.num_real_reqs
-        ctx.telemetry.add_resolve(
-            top_k=top_k.reshape(bs, -1), miss_count=plan.count, real_mask=real,
-            item_bytes=ctx.item_bytes, copies=1 + len(group),
-        )
+        # NOTE: a batch the host knows is all resident (``state.batch_all_resident``, set by
+        # map_last_loc) copies nothing: its shared layers skip the replays, their events and
+        # waits, and telemetry adds only the selections (~6 host calls per shared layer and 6
+        # per anchor fewer, what an eager step spends over the plugin off). Never while a CUDA
+        # graph is captured: a graph must hold the replays for the batches it serves later.
+        self._forked = not (st.batch_all_resident and not self._capturing())
+        if self._forked:
+            ctx.telemetry.add_resolve(
+                top_k=top_k.reshape(bs, -1), miss_count=plan.count, real_mask=real,
+                item_bytes=ctx.item_bytes, copies=1 + len(group),
+            )
+        else:
+            ctx.telemetry.add_selected(top_k=top_k.reshape(bs, -1), real_mask=real)
         # NOTE: the trace recorder models single-row decode steps; verify steps are not recorded.
         if ctx.recorder is not None and not self.num_draft_tokens:
             ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
-        if group:
+        if group and self._forked:
             streams = ctx.streams
             if S == 1:  # (sliced: the prefetch stream already ran the resolve)
                 streams.prefetch.wait_stream(streams.current())
@@ -266,6 +278,9 @@ class Resolver:
                         )
                     self.events[s].record()
         return out
+
+    def _capturing(self) -> bool:
+        return self.ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def _resolve_sliced(self, bs: int, S: int, launch: Callable[[int, int, torch.Tensor], None],
                         on_slice: Callable[[int, int], None]) -> None:

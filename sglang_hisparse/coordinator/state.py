@@ -128,6 +128,9 @@ class SlotState:
                 page_size=residency_page_size,
                 ring=torch.zeros(1, dtype=torch.int32, device=self.device),
             )
+        #: the last decode batch mapped (``map_last_loc``) is all resident: its resolves copy
+        #: nothing, so the resolver may skip the replays (host-side, never inside a capture)
+        self.batch_all_resident = False
         # Host-side bookkeeping, one entry per request slot.
         self.phase = [Phase.FREE] * num_reqs
         #: fully resident (``res_flag`` on the host; rows follow from the page table)

@@ -107,6 +107,7 @@ class StepMapper:
         self._grow([r for r, _ in grow], [s for _, s in grow])
         for r, n in zip(req_index_cpu, seq_lens_cpu, strict=True):
             st.seq_len[r] = n
+        st.batch_all_resident = residency is not None and all(st.is_resident[r] for r in req_index_cpu)
 
         dev = ctx.device
         r_dev = req_index.to(dev, torch.int64)
