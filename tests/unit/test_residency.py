@@ -7,13 +7,15 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sglang_hisparse.config import HiSparseConfig
 from sglang_hisparse.coordinator.residency import shrink_plan
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResidentRows
 from sglang_hisparse.kernels.synthetic import make_state, make_topk
-from sglang_hisparse.memory.allocator import DualSpaceAllocator
+from sglang_hisparse.memory.allocator import UNMAPPED, DualSpaceAllocator
 from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, ToyRequest
 from sglang_hisparse.testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
 from sglang_hisparse.testing.toy_model import ToyModel
@@ -240,3 +242,53 @@ def test_pressure_lifecycles_are_exact_with_the_fra_policy(config: str) -> None:
             raise
         shrinks += engine.core.residency_counts()["shrinks"]
     assert shrinks > 0
+
+
+# -- allocator: resident buffers under random operations -----------------------------------------
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(page=st.sampled_from([1, 2, 4, 8]), hot=st.integers(2, 12),
+       ops=st.lists(st.tuples(st.sampled_from(["admit", "decode", "decode", "shrink", "finish"]),
+                              st.integers(0, 5), st.integers(1, 40)), max_size=50))
+def test_resident_buffers_keep_the_allocator_whole(page: int, hot: int, ops) -> None:
+    """Prefill rows kept resident, grown a page at a time as tokens open one, shrunk to a hot
+    buffer (freed rows unmapped) or released with the ids' free: integrity after every step and
+    both spaces whole at the end; a resident position's row is its prefill row."""
+    a = DualSpaceAllocator(256, host_to_device_ratio=2, page_size=page)
+    reqs: dict[int, dict] = {}
+    for op, r, n in ops:
+        if op == "admit" and r not in reqs:
+            ids = a.alloc_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]))
+            if ids is None:
+                continue
+            rows = a.translate(ids).clone()
+            pages = a.keep_resident(r, ids)
+            assert pages is not None  # prefill lays rows out by position
+            assert [a.hot.resident_row(r, p) for p in range(n)] == rows.tolist()
+            reqs[r] = dict(ids=ids.tolist(), resident=True)
+        elif op == "decode" and r in reqs:
+            q = reqs[r]
+            last = torch.tensor([q["ids"][-1]])
+            new = a.alloc_decode(torch.tensor([len(q["ids"]) + 1]), last)
+            if new is None:
+                continue
+            if q["resident"]:
+                got = a.hot.grow_resident(r)
+                if got is None:
+                    a.free(new)
+                    continue
+                a.map_tokens(new, torch.tensor([got[0]]))
+            q["ids"].append(int(new[0]))
+        elif op == "shrink" and r in reqs and reqs[r]["resident"] and len(reqs[r]["ids"]) > hot:
+            freed = a.hot.shrink_resident(r, hot)
+            a.hot.unmap_rows(freed)
+            reqs[r]["resident"] = False
+        elif op == "finish" and r in reqs:
+            a.free_request(r, torch.tensor(reqs.pop(r)["ids"]))
+        a.check_integrity()
+        assert a.available_rows() == a.rows.available_size()  # no reclaimer set
+    for r, q in list(reqs.items()):
+        a.free_request(r, torch.tensor(q["ids"]))
+    a.check_integrity()
+    assert a.rows.used_size() == 0 and a.logical.used_size() == 0
+    assert int((a.mapping[:-1] != UNMAPPED).sum()) == 0
