@@ -75,7 +75,6 @@ class Residency:
         self.shrinks = 0
         self.shrunk_rows = 0
         self.resident_admissions = 0
-        self._last_counts: tuple[int, int] | None = None
         if self.enabled:
             ctx.allocator.set_reclaimer(self)
 
@@ -110,7 +109,7 @@ class Residency:
             return False
         self.ctx.state.install_resident(r, pages, n)
         self.resident_admissions += 1
-        self._log_change(f"request slot {r} ({n} tokens) stays resident")
+        self._log_change(f"request slot {r} ({n} tokens) stays resident", level=logging.DEBUG)
         return True
 
     def admit_direct(self, r: int, n: int) -> bool:
@@ -123,15 +122,13 @@ class Residency:
         pages = ctx.allocator.hot.alloc_resident(r, n)
         if pages is None:
             return False
-        ps = ctx.allocator.page_size
-        rows = (torch.tensor(pages, dtype=torch.int64).repeat_interleave(ps)[:n] * ps
-                + torch.arange(n, dtype=torch.int64) % ps).to(ctx.device, non_blocking=True)
+        rows = ctx.allocator.hot.resident_rows(r).to(ctx.device, non_blocking=True)
         # NOTE: on the caller's stream, as the short preload: the first resolve reads them.
         transfer.to_device(ctx, ctx.host.host_rows[r, :n], rows)
         ctx.state.install_resident(r, pages, n)
         ctx.telemetry.add_direct(n, n * ctx.item_bytes * ctx.num_layers)
         self.resident_admissions += 1
-        self._log_change(f"PD request slot {r} ({n} tokens) admitted resident")
+        self._log_change(f"PD request slot {r} ({n} tokens) admitted resident", level=logging.DEBUG)
         return True
 
     def make_resident(self, r: int, length: int) -> bool:
@@ -265,9 +262,14 @@ class Residency:
         self.shrunk_rows += freed.numel()
         return freed.numel()
 
-    def _log_change(self, what: str) -> None:
+    def _log_change(self, what: str, *, level: int = logging.INFO) -> None:
+        """One line per change: INFO for shrinks (HBM ran short), DEBUG for the admissions
+        that keep a request resident (every request, while there is room)."""
+        if not logger.isEnabledFor(level):
+            return
         c = self.counts()
-        logger.info(
+        logger.log(
+            level,
             "HiSparse residency: %s; now %d resident, %d hot, %d device rows free (watermark %d).",
             what, c["resident"], c["hot"], c["free_rows"], c["watermark_rows"],
         )

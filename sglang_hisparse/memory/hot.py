@@ -114,6 +114,13 @@ class HotBuffers:
         buf = self._bufs[req_slot]
         return buf.pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
+    def resident_rows(self, req_slot: int) -> torch.Tensor:
+        """int64 [length] (CPU): the device row of every position of a resident buffer."""
+        buf = self._bufs[req_slot]
+        ps, n = self.page_size, buf.length
+        pages = torch.tensor(buf.pages, dtype=torch.int64)
+        return pages.repeat_interleave(ps)[:n] * ps + torch.arange(n, dtype=torch.int64) % ps
+
     def resident_pages_after_shrink(self, length: int, hot_size: int) -> int:
         """Pages a resident buffer of ``length`` positions keeps when it shrinks."""
         first = ceil_div(hot_size, self.page_size)
