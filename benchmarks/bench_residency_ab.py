@@ -69,12 +69,23 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
     return own, args
 
 
-def run_batch(own, args, b: int, model, storage, device) -> dict:
-    point = dict(kind="low_pressure", label=f"{own.layers}L batch {b}", layers=own.layers,
-                 context=own.context, selection="calibrated", batch=b)
+def pinned_storage(args, host_bytes: int, layers: int, device: torch.device):
+    """(carrier, storage): one pinned pool of ``host_bytes`` viewed as [layers, rows, I]."""
+    rows = host_bytes // args.item // args.page * args.page
+    carrier = HostKVPool(num_layers=1, item_bytes=args.item, capacity_tokens=rows - args.page,
+                         page_size=args.page, max_requests=1, max_context=1, device=device)
+    hrows = host_bytes // (layers * args.item) // args.page * args.page
+    return carrier, carrier.kv.view(-1)[: layers * hrows * args.item].view(layers, hrows, args.item)
+
+
+def build_runners(args, *, b: int, n: int, model, storage, device, steps: int,
+                  modes: list[str]) -> dict:
+    """Full KV and one HiSparse runner per residency mode for batch ``b`` at length ``n``,
+    admitted, on the same calibrated selections and pinned host rows."""
+    point = dict(kind="low_pressure", label=f"batch {b}", layers=model.toy.num_layers,
+                 context=n, selection="calibrated", batch=b)
     plan = plan_point(args, point, model, storage.numel())
-    n, cap = own.context, plan["cap"]
-    steps = own.warmup + own.rounds + 2
+    cap = plan["cap"]
     seeds = torch.arange(1000, 1000 + b, dtype=torch.int64, device=device)
     selections = SelectionTable(SelectionSpec(), seeds=seeds, n0=n, k=args.top_k,
                                 anchors=model.anchors, steps=steps)
@@ -82,7 +93,6 @@ def run_batch(own, args, b: int, model, storage, device) -> dict:
     runners: dict[str, object] = {"full": FullKVRunner(model, compute, bs=b, n=n, cap=cap, device=device,
                                                         selections=selections)}
     runners["full"].admit()
-    modes = ["pressure"] + (["always_hot"] if b <= own.always_hot_up_to else [])
     for i, mode in enumerate(modes):
         r = HiSparseRunner(model, compute, bs=b, n=n, cap=cap, buffer_size=args.buffer, page=args.page,
                            storage=storage, prefetch=True, skip_io=False, device=device,
@@ -90,6 +100,14 @@ def run_batch(own, args, b: int, model, storage, device) -> dict:
                            device_rows=plan["hisparse_device_rows"])
         r.admit(fill_host=i == 0)
         runners[mode] = r
+    return dict(plan=plan, runners=runners)
+
+
+def run_batch(own, args, b: int, model, storage, device) -> dict:
+    modes = ["pressure"] + (["always_hot"] if b <= own.always_hot_up_to else [])
+    built = build_runners(args, b=b, n=own.context, model=model, storage=storage, device=device,
+                          steps=own.warmup + own.rounds + 2, modes=modes)
+    plan, runners = built["plan"], built["runners"]
     names = list(runners)
     for _ in range(own.warmup):
         for name in names:
@@ -127,14 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     own, args = _args(argv)
     device = torch.device(args.device)
     own.out.mkdir(parents=True, exist_ok=True)
-    host_bytes = bench_e2e.host_pool_bytes(args)
-    rows = host_bytes // args.item // args.page * args.page
-    carrier = HostKVPool(num_layers=1, item_bytes=args.item, capacity_tokens=rows - args.page,
-                         page_size=args.page, max_requests=1, max_context=1, device=device)
     model = build_model(args, own.layers)
-    L = model.toy.num_layers
-    hrows = host_bytes // (L * args.item) // args.page * args.page
-    storage = carrier.kv.view(-1)[: L * hrows * args.item].view(L, hrows, args.item)
+    carrier, storage = pinned_storage(args, bench_e2e.host_pool_bytes(args), model.toy.num_layers, device)
     results, t0 = [], time.perf_counter()
     try:
         for b in own.batches:

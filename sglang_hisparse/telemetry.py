@@ -106,9 +106,8 @@ class Telemetry:
         """Count one resolve: ``top_k`` int32 [bs, k]; ``miss_count`` int32 [bs];
         ``real_mask`` bool [bs] (rows below ``num_real_reqs``); ``copies`` = layers that
         copy these misses (the anchor plus its replayed shared layers)."""
-        selected = ((top_k >= 0) & real_mask[:, None]).sum()
+        self.add_selected(top_k=top_k, real_mask=real_mask)
         misses = (miss_count.to(torch.int64) * real_mask).sum()
-        self._dev[0].add_(selected)
         self._dev[1].add_(misses)
         self._dev[2].add_(misses * (item_bytes * copies))
 

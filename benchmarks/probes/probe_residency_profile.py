@@ -19,12 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import bench_residency_ab as ab  # noqa: E402
-from e2e_engine import FullKVRunner, HiSparseRunner  # noqa: E402
-from e2e_model import ComputeStandIn  # noqa: E402
-from e2e_points import RESIDENCY, build_model, plan_point  # noqa: E402
-from e2e_selection import SelectionSpec, SelectionTable  # noqa: E402
-
-from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
+from e2e_points import build_model  # noqa: E402
 
 
 def main() -> int:
@@ -38,27 +33,12 @@ def main() -> int:
     own, args = ab._args(["--out", "/tmp/probe_res", "--layers", str(a.layers), "--context",
                           str(a.context), "--batches", str(a.batch)])
     dev = torch.device("cuda")
-    host_bytes = min(ab.bench_e2e.host_pool_bytes(args), 48 * ab.GIB)
-    rows = host_bytes // args.item // args.page * args.page
-    carrier = HostKVPool(num_layers=1, item_bytes=args.item, capacity_tokens=rows - args.page,
-                         page_size=args.page, max_requests=1, max_context=1, device=dev)
     model = build_model(args, a.layers)
-    L, b, n = model.toy.num_layers, a.batch, a.context
-    hrows = host_bytes // (L * args.item) // args.page * args.page
-    storage = carrier.kv.view(-1)[: L * hrows * args.item].view(L, hrows, args.item)
-    point = dict(kind="low_pressure", label="probe", layers=L, context=n, selection="calibrated", batch=b)
-    plan = plan_point(args, point, model, storage.numel())
-    seeds = torch.arange(1000, 1000 + b, dtype=torch.int64, device=dev)
-    sel = SelectionTable(SelectionSpec(), seeds=seeds, n0=n, k=args.top_k, anchors=model.anchors,
-                         steps=2 * a.steps + 8)
-    compute = ComputeStandIn(model, max_batch=b, device=dev)
-    full = FullKVRunner(model, compute, bs=b, n=n, cap=plan["cap"], device=dev, selections=sel)
-    full.admit()
-    res = HiSparseRunner(model, compute, bs=b, n=n, cap=plan["cap"], buffer_size=args.buffer,
-                         page=args.page, storage=storage, prefetch=True, skip_io=False, device=dev,
-                         selections=sel, core_options=dict(RESIDENCY["pressure"]),
-                         device_rows=plan["hisparse_device_rows"])
-    res.admit(fill_host=True)
+    carrier, storage = ab.pinned_storage(args, min(ab.bench_e2e.host_pool_bytes(args), 48 * ab.GIB),
+                                         model.toy.num_layers, dev)
+    runners = ab.build_runners(args, b=a.batch, n=a.context, model=model, storage=storage,
+                               device=dev, steps=2 * a.steps + 8, modes=["pressure"])["runners"]
+    full, res = runners["full"], runners["pressure"]
     for name, r in (("full", full), ("pressure", res)):
         for _ in range(3):
             r.step()

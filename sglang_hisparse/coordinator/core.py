@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.config import check_buffer_holds_selection
+from sglang_hisparse.config import RESIDENCY_MODES, check_buffer_holds_selection
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext, HostTable
 from sglang_hisparse.coordinator.lifecycle import Lifecycle, StagingEntry
-from sglang_hisparse.coordinator.residency import RESIDENCY_MODES, Residency
+from sglang_hisparse.coordinator.residency import Residency
 from sglang_hisparse.coordinator.resolver import Resolver
 from sglang_hisparse.coordinator.spec import SpecWindow
 from sglang_hisparse.coordinator.state import SlotState

@@ -39,16 +39,15 @@ import logging
 
 import torch
 
-from sglang_hisparse.config import RESIDENCY_MODES
 from sglang_hisparse.coordinator import transfer
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.coordinator.state import Phase
-from sglang_hisparse.kernels.reference import int32_bits
+from sglang_hisparse.kernels.reference import resident_hint
 from sglang_hisparse.memory.paged import ceil_div
 
 logger = logging.getLogger("sglang_hisparse")
 
-__all__ = ["RESIDENCY_MODES", "Residency", "ShrinkPlan", "shrink_plan"]
+__all__ = ["Residency", "ShrinkPlan", "shrink_plan"]
 
 
 class Residency:
@@ -63,10 +62,7 @@ class Residency:
 
     def __init__(self, ctx: CoreContext, *, mode: str, watermark_rows: int,
                  record_layer: list[int]) -> None:
-        if mode not in RESIDENCY_MODES:
-            raise ValueError(f"residency = {mode!r}: use one of {RESIDENCY_MODES}.")
         self.ctx = ctx
-        self.mode = mode
         self.enabled = mode == "pressure" and ctx.state.resident_rows is not None
         self.watermark_rows = max(0, int(watermark_rows))
         self.record_layer = torch.tensor(record_layer, dtype=torch.int64, device=ctx.device)
@@ -177,10 +173,9 @@ class Residency:
                 f"map_last_loc: no free device page for resident request slot {r}'s next token "
                 f"({self.rows_free} rows free) and nothing left to shrink."
             )
-        row, page = got
-        if page is not None:
-            length = hot._bufs[r].length  # noqa: SLF001 - the buffer's own count
-            self.ctx.state.set_resident_page(r, (length - 1) // self.ctx.allocator.page_size, page)
+        row, taken = got
+        if taken is not None:
+            self.ctx.state.set_resident_page(r, *taken)
         return row
 
     # -- pressure ----------------------------------------------------------------------------
@@ -224,10 +219,10 @@ class Residency:
         ctx, st, B = self.ctx, self.ctx.state, self.ctx.buffer_size
         hot = ctx.allocator.hot
         n = st.seq_len[r]
-        if hot._bufs[r].length != n:  # noqa: SLF001
+        if hot.resident_length(r) != n:
             raise RuntimeError(
-                f"shrink: resident request slot {r} covers {hot._bufs[r].length} positions but its "  # noqa: SLF001
-                f"length is {n}; shrink only between steps."
+                f"shrink: resident request slot {r} covers {hot.resident_length(r)} positions but "
+                f"its length is {n}; shrink only between steps."
             )
         streams = ctx.streams
         streams.current_after(streams.backup, streams.prefetch)
@@ -254,7 +249,7 @@ class Residency:
         if st.policy_state is not None:  # fra: the warm slots start as never selected
             st.policy_state[:, r].zero_()
         if st.resident is not None:
-            st.resident[:, r] = _bits_per_layer(plan.slot_tokens, st.resident.shape[2])
+            st.resident[:, r] = resident_hint(plan.slot_tokens, B, st.resident.shape[2])
         st.clear_resident(r)
         freed = hot.shrink_resident(r, B)
         hot.unmap_rows(freed)
@@ -315,13 +310,3 @@ def shrink_plan(record: torch.Tensor, *, n: int, buffer_size: int) -> ShrinkPlan
     lru = torch.argsort(score.gather(1, slot_tokens), dim=1, stable=True)
     return ShrinkPlan(slot_tokens, movers, free_slots, valid, lru)
 
-
-def _bits_per_layer(slot_tokens: torch.Tensor, words: int) -> torch.Tensor:
-    """int32 [L, words]: the resident hint of each layer's history slots."""
-    L, P = slot_tokens.shape[0], 32 * words
-    mask = torch.zeros(L, P + 1, dtype=torch.bool, device=slot_tokens.device)
-    t = slot_tokens.to(torch.int64)
-    mask.scatter_(1, torch.where((t >= 0) & (t < P), t, P), True)
-    mask = mask[:, :P]
-    shifts = torch.arange(32, device=slot_tokens.device, dtype=torch.int64)
-    return int32_bits((mask.view(L, words, 32).to(torch.int64) << shifts).sum(-1))

@@ -171,10 +171,10 @@ class SlotState:
         self.seq_len[r] = 0
         self.skip_backup[r] = False
 
-    def install_resident(self, r: int, pages: list[int], seq_len: int, *, host_has_all: bool = True) -> None:
+    def install_resident(self, r: int, pages: list[int], seq_len: int) -> None:
         """Make request ``r`` of length ``seq_len`` fully resident over device ``pages`` (its
-        page table, in position order). ``host_has_all``: the host holds every token (staged or
-        transferred), so the next step skips the write-through of the newest."""
+        page table, in position order). A request new to decoding has every token on host
+        (staged or transferred), so its next step skips the write-through of the newest."""
         rr = self.resident_rows
         if rr is None:
             raise ValueError("install_resident: this state was built without residency (residency_page_size = 0).")
@@ -186,7 +186,7 @@ class SlotState:
         self.is_resident[r] = True
         if self.phase[r] is not Phase.DECODING:
             self._clear_slots(r)
-            self.skip_backup[r] = host_has_all
+            self.skip_backup[r] = True
         self.seq_len[r] = seq_len
         self.phase[r] = Phase.DECODING
 

@@ -140,31 +140,35 @@ class StepMapper:
         st.resident[:, r_t, w_t] |= bit_t.to(dev, non_blocking=True)
 
     def _backup(self, rs: list[int], slots: list[int], positions: list[int]) -> None:
-        ctx, st = self.ctx, self.ctx.state
-        for r, q in zip(rs, positions, strict=True):
-            self._ensure_host(r, q)
-        dev = ctx.device
+        """Write-through of hot requests' previous newest tokens, read from their slots: the
+        forward overwrites slot B, so it waits on the backup fence this arms."""
+        st, dev = self.ctx.state, self.ctx.device
         r_t = torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True)
         s_t = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
-        q_t = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-        dev_rows = st.slot_rows[r_t, s_t].to(torch.int64)
-        host_rows = ctx.host.host_rows[r_t, q_t]
-        streams = ctx.streams
-        transfer.to_host_async(ctx, dev_rows, host_rows, side=streams.backup, done=streams.backup_fence)
+        self._write_through(rs, positions, st.slot_rows[r_t, s_t].to(torch.int64), r_t=r_t,
+                            done=self.ctx.streams.backup_fence)
 
     def _backup_resident(self, entries: list[tuple[int, int, int]]) -> None:
-        """Write-through of resident requests' previous newest tokens. Their new token has a
-        row of its own, so the forward need not wait for this copy: it records no fence (a
-        shrink and a release order themselves after the whole backup stream)."""
-        ctx = self.ctx
-        for r, _, q in entries:
+        """Write-through of resident requests' previous newest tokens (request, row, position).
+        Their new token has a row of its own, so the forward need not wait for this copy: it
+        records no fence (a shrink and a release order themselves after the whole backup
+        stream)."""
+        rows = torch.tensor([row for _, row, _ in entries], dtype=torch.int64)
+        self._write_through([r for r, _, _ in entries], [q for _, _, q in entries],
+                            rows.to(self.ctx.device, non_blocking=True), done=None)
+
+    def _write_through(self, rs: list[int], positions: list[int], dev_rows: torch.Tensor, *,
+                       done, r_t: torch.Tensor | None = None) -> None:
+        """Device rows ``dev_rows`` -> the host rows of (request, position), all layers, on the
+        backup stream after the forward that wrote them; ``done`` recorded behind (or None)."""
+        ctx, dev = self.ctx, self.ctx.device
+        for r, q in zip(rs, positions, strict=True):
             self._ensure_host(r, q)
-        dev = ctx.device
-        r_t = torch.tensor([r for r, _, _ in entries], dtype=torch.int64).to(dev, non_blocking=True)
-        q_t = torch.tensor([q for _, _, q in entries], dtype=torch.int64).to(dev, non_blocking=True)
-        dev_rows = torch.tensor([row for _, row, _ in entries], dtype=torch.int64).to(dev, non_blocking=True)
+        if r_t is None:
+            r_t = torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True)
+        q_t = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
         transfer.to_host_async(ctx, dev_rows, ctx.host.host_rows[r_t, q_t], side=ctx.streams.backup,
-                               done=None)
+                               done=done)
 
     def _ensure_host(self, r: int, q: int) -> None:
         if not self.ctx.host.ensure(r, q + 1):

@@ -125,11 +125,15 @@ def position_bits(positions: torch.Tensor, words: int) -> torch.Tensor:
 
 def resident_hint(slot_tokens: torch.Tensor, buffer_size: int, words: int) -> torch.Tensor:
     """The exact resident hint of ``slot_tokens`` [R, >=B] (history slots 0..B-1): int32
-    [R, words], bit p of row r set iff some slot s < B of r holds position p."""
-    rows = [_pack_bits(t, words) for t in slot_tokens[:, :buffer_size]]
-    if not rows:
-        return torch.zeros(0, words, dtype=torch.int32, device=slot_tokens.device)
-    return int32_bits(torch.stack(rows))
+    [R, words], bit p of row r set iff some slot s < B of r holds position p (positions outside
+    [0, 32*words) ignored). All rows at once, no host sync (a shrink builds each layer's hint
+    with it inside ``map_last_loc``)."""
+    R, P = slot_tokens.shape[0], 32 * words
+    t = slot_tokens[:, :buffer_size].to(torch.int64)
+    mask = torch.zeros(R, P + 1, dtype=torch.bool, device=slot_tokens.device)
+    mask.scatter_(1, torch.where((t >= 0) & (t < P), t, P), True)  # column P: the ignored ones
+    shifts = torch.arange(32, device=slot_tokens.device, dtype=torch.int64)
+    return int32_bits((mask[:, :P].view(R, words, 32).to(torch.int64) << shifts).sum(-1))
 
 
 def _lg8(x: torch.Tensor) -> torch.Tensor:

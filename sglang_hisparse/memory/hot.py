@@ -109,6 +109,11 @@ class HotBuffers:
     def resident_slots(self) -> list[int]:
         return sorted(r for r, buf in self._bufs.items() if buf.resident)
 
+    def resident_length(self, req_slot: int) -> int:
+        """Positions a resident buffer has rows for (0 for any other buffer)."""
+        buf = self._bufs.get(req_slot)
+        return buf.length if buf is not None and buf.resident else 0
+
     def resident_row(self, req_slot: int, pos: int) -> int:
         """Device row of position ``pos`` of a resident buffer."""
         buf = self._bufs[req_slot]
@@ -232,20 +237,20 @@ class HotBuffers:
 
     def grow_resident(self, req_slot: int) -> tuple[int, int | None] | None:
         """The row of a resident buffer's next position (``length``), taking a fresh page when
-        that position opens one. Returns (row, new page or None), or None when no page is free
-        (nothing changed)."""
+        that position opens one. Returns (row, (page index, page) of a page it took, or None), or
+        None when no page is free (nothing changed)."""
         buf = self._buffer(req_slot, "grow_resident")
         p, ps = buf.length, self.page_size
-        new_page = None
+        taken = None
         if p // ps == len(buf.pages):
             got = self.rows.alloc_pages(1)
             if got is None:
                 return None
-            new_page = int(got[0])
-            buf.pages.append(new_page)
-            self._page_owner[new_page] = req_slot
+            taken = (p // ps, int(got[0]))
+            buf.pages.append(taken[1])
+            self._page_owner[taken[1]] = req_slot
         buf.length = p + 1
-        return buf.pages[p // ps] * ps + p % ps, new_page
+        return buf.pages[p // ps] * ps + p % ps, taken
 
     def resident_growth_rows(self, req_slots: list[int]) -> int:
         """Rows the next decode step's resident growth takes (one page per request whose next

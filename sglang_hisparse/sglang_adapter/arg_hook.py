@@ -209,21 +209,23 @@ def parse_hisparse_config() -> HiSparseConfig:
     return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
 
 
+def _published_text() -> str | None:
+    """The server's ``--hisparse-config`` text; raises ValueError when no SGLang config is
+    published (tests, benchmarks: not a server)."""
+    from sglang.srt.runtime_context import get_memory
+
+    return get_memory().hisparse_config
+
+
 def published_config() -> HiSparseConfig:
     """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
     config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
     in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``) here."""
-    from sglang.srt.runtime_context import get_memory
-
     try:
-        text = get_memory().hisparse_config
-    except ValueError:  # SGLang raises this when no config is published: not a server
+        text = _published_text()
+    except ValueError:
         return HiSparseConfig()
-    return HiSparseConfig.from_dict(_parse_json_object(text), num_draft_tokens=None)
-
-
-def _parse_json_object(text: str | None) -> dict:
-    return json.loads(text) if text else {}
+    return HiSparseConfig.from_json(text)
 
 
 def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
@@ -234,11 +236,9 @@ def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: 
     2 * 512 rather than 2 * 2048; an explicit size, or one that did not come from the parser
     (tests, benchmarks: no SGLang config published), is returned unchanged.
     """
-    from sglang.srt.runtime_context import get_memory
-
     try:
-        text = get_memory().hisparse_config
-    except ValueError:  # SGLang raises this when no config is published: not a server
+        text = _published_text()
+    except ValueError:
         return device_buffer_size
     W = int(num_draft_tokens or 0)
     parsed = HiSparseConfig.from_json(text, num_draft_tokens=W)

@@ -31,6 +31,7 @@ sized to the logical capacity so every admitted token fits.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -142,9 +143,9 @@ class SGLangHiSparseCoordinator:
         )
         # SGLang passes only its own keys; ours come from the validated server config
         cfg = published_config()
-        mode = residency if residency is not None else cfg.residency
-        share = residency_watermark if residency_watermark is not None else cfg.residency_watermark
-        watermark = int(share * self.dual.size_device) if mode == "pressure" else 0
+        cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
+                                                ("residency_watermark", residency_watermark)) if v is not None})
+        mode, watermark = cfg.residency, cfg.watermark_rows(self.dual.size_device)
         policy = cfg.policy  # the replacement policy ("lru" when no config is published)
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
