@@ -132,7 +132,7 @@ class StepRig:
                                             device=device)
         self.pool = DeviceKVPool(num_layers=layers, item_bytes=item, allocator=self.allocator)
         self.host = HostKVPool(num_layers=layers, item_bytes=item,
-                               capacity_tokens=(slots + 1) * ((ctx_len // page + 1) * page),
+                               capacity_tokens=rows * ratio,  # a logical id's host row is the id
                                page_size=page, max_requests=slots + 1, max_context=ctx_len,
                                device=device)
         self.core = HiSparseCore(
@@ -154,7 +154,7 @@ class StepRig:
             ids = self.allocator.alloc_logical_extend(zero, torch.tensor([self.n0]),
                                                       torch.full((1,), -1, dtype=torch.int64))
             self.req_to_token[r, : self.n0] = ids.to(device)
-            self.host.ensure(r, self.n0)
+            self.host.bind(r, 0, ids)
             self.core.admit_direct(r, self.n0)
         self.req_index = torch.arange(bs, device=device)
         self._mark = (lambda t: device_side(t)) if device.type == "cpu" else (lambda t: t)

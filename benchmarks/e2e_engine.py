@@ -279,11 +279,16 @@ class HiSparseRunner(_Runner):
         toy = model.toy
         plan = hisparse_plan(bs=bs, cap=cap, buffer_size=buffer_size, page=page, device_rows=device_rows)
         self.device_rows = plan.device_rows
-        self.allocator = DualSpaceAllocator(plan.device_rows, host_to_device_ratio=plan.ratio,
-                                            page_size=page, device=device)
+        host_capacity = (storage.shape[1] // page - 1) * page
+        need = bs * plan.max_ctx + page
+        if host_capacity < need:
+            raise ValueError(f"host storage holds {host_capacity} rows; {bs} requests of {plan.max_ctx} need {need}")
+        # a logical id's host row is the id: the logical space is what the storage holds
+        self.allocator = DualSpaceAllocator(
+            plan.device_rows, host_to_device_ratio=plan.ratio, page_size=page, device=device,
+            logical_capacity=max(plan.device_rows, min(plan.device_rows * plan.ratio, host_capacity)))
         self.pool = DeviceKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
                                  allocator=self.allocator, index_item_bytes=4 * toy.index_dim)
-        host_capacity = (storage.shape[1] // page - 1) * page
         self.host = HostKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
                                capacity_tokens=host_capacity, page_size=page, max_requests=bs,
                                max_context=plan.max_ctx, device=device, storage=storage)
@@ -320,15 +325,16 @@ class HiSparseRunner(_Runner):
         pos = torch.arange(n, device=dev)
         zero, none = torch.zeros(1, dtype=torch.int64), torch.full((1,), -1, dtype=torch.int64)
         ids = self.allocator.alloc_logical_extend(zero, torch.tensor([n]), none)
-        if ids is None or not self.host.ensure(b, n):
-            raise RuntimeError(f"admit: request {b} does not fit (logical ids or host rows)")
+        if ids is None:
+            raise RuntimeError(f"admit: request {b} does not fit (logical ids)")
+        self.host.bind(b, 0, ids)  # a logical id's host row is the id
         self._r2t_all[b, :n] = ids
         if self.r2t32 is not None:
             self.r2t32[b, :n] = ids
         for a in self.model.anchors:
             self.pool.write_index(a, ids, toy.index_keys(seed, pos, a).view(torch.uint8))
         if fill_host:
-            rows = self.host.host_row_ids(b, 0, n)
+            rows = ids.cpu()
             start = int(rows[0])
             contiguous = bool(torch.equal(rows, torch.arange(start, start + n)))
             for layer in range(toy.num_layers):

@@ -18,6 +18,11 @@ How to read them (docs/coordinator.md has the long form):
 - ``staged_requests`` / ``staged_tokens``: prompts copied device→host after prefill.
 - ``backup_tokens``: previous-newest tokens written through to host (one per request-step,
   minus the first step after admission); ``backup_bytes`` counts all layers.
+- ``prefix_hit_tokens``: prompt tokens a prefill did not compute (radix-cache matches held by
+  ``prepare_prefix``); ``prefix_load_tokens`` / ``prefix_load_bytes``: those of them loaded
+  host→device because no device row held them (the rest were on the device already);
+  ``prefix_copy_rows``: rows a collect copied device to device out of pages another request
+  still reads.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ class TelemetrySnapshot:
     #: residency ("pressure"): requests resident / hot now, free device rows, shrinks so far;
     #: None when residency is off (always_hot)
     residency: dict[str, int] | None = None
+    prefix_hit_tokens: int = 0
+    prefix_load_tokens: int = 0
+    prefix_load_bytes: int = 0
+    prefix_copy_rows: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -84,6 +93,10 @@ class Telemetry:
         self.direct_admissions = 0
         self.preload_tokens = 0
         self.preload_bytes = 0
+        self.prefix_hit_tokens = 0
+        self.prefix_load_tokens = 0
+        self.prefix_load_bytes = 0
+        self.prefix_copy_rows = 0
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
         #: () -> residency counts (``Residency.counts``), set by the core when residency is on
@@ -132,6 +145,14 @@ class Telemetry:
         self.preload_tokens += preload_tokens
         self.preload_bytes += preload_bytes
 
+    def add_prefix(self, hit_tokens: int, load_tokens: int, load_bytes: int) -> None:
+        self.prefix_hit_tokens += hit_tokens
+        self.prefix_load_tokens += load_tokens
+        self.prefix_load_bytes += load_bytes
+
+    def add_prefix_copy(self, rows: int) -> None:
+        self.prefix_copy_rows += rows
+
     # -- reporting (syncs) ------------------------------------------------------------------
     def snapshot(self) -> TelemetrySnapshot:
         selected, misses, h2d = (int(v) for v in self._dev.tolist())
@@ -147,6 +168,10 @@ class Telemetry:
             direct_admissions=self.direct_admissions,
             preload_tokens=self.preload_tokens,
             residency=self.residency_counts() if self.residency_counts is not None else None,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            prefix_load_tokens=self.prefix_load_tokens,
+            prefix_load_bytes=self.prefix_load_bytes,
+            prefix_copy_rows=self.prefix_copy_rows,
         )
 
     def maybe_log(self) -> None:
@@ -183,7 +208,15 @@ def format_line(
         f"hit rate {snap.hit_rate:.2%}, {snap.h2d_bytes / 1e9:.3f} GB moved, "
         f"{snap.staged_requests} staged, {snap.direct_admissions} direct"
         + _residency_part(snap.residency)
+        + _prefix_part(snap)
     )
+
+
+def _prefix_part(snap: TelemetrySnapshot) -> str:
+    if not snap.prefix_hit_tokens:
+        return ""
+    return (f" | prefix: {snap.prefix_hit_tokens} hit tokens ({snap.prefix_load_tokens} loaded, "
+            f"{snap.prefix_load_bytes / 1e9:.3f} GB), {snap.prefix_copy_rows} rows copied")
 
 
 def _residency_part(c: dict[str, int] | None) -> str:

@@ -9,9 +9,10 @@ GPU benchmark, and over the SGLang-facing wrappers in a server:
     :class:`~sglang_hisparse.memory.hot.HotBuffers`), ``translate``, ``rebind``, ``rows``.
 
 ``host`` (:class:`HostTable`, e.g. :class:`~sglang_hisparse.memory.host_pool.HostKVPool`)
-    ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unallocated),
-    ``ensure(r, n) -> bool`` (rows for positions ``0..n-1``, lazily extended; False = no
-    room, nothing changed), ``free_request(r)`` (idempotent: a slot holding nothing is fine).
+    ``host_rows`` int64 [R, max_ctx] on the coordinator's device (-1 = unbound): the host
+    row of each position, which is its logical id; ``total_rows`` (>= the logical space's
+    ids); ``bind(r, start, ids)`` / ``bind_positions(rs, ps, ids, req_t=, pos_t=)`` write it,
+    ``allocated_len(r)`` how much is bound, ``unbind(r)`` (idempotent) clears it.
 
 Per-layer KV arrays are plain tensor lists: ``device_kv[l]`` uint8 [device_rows, I] and
 ``host_kv[l]`` uint8 [host_rows_total, I] (pinned when the device is CUDA).
@@ -34,10 +35,16 @@ class HostTable(Protocol):
     """The host pool as the coordinator uses it (see the module docstring)."""
 
     host_rows: torch.Tensor
+    total_rows: int
 
-    def ensure(self, r: int, n: int) -> bool: ...
+    def bind(self, r: int, start: int, logical_ids: torch.Tensor) -> None: ...
 
-    def free_request(self, r: int) -> None: ...
+    def bind_positions(self, req_slots: list[int], positions: list[int], logical_ids: torch.Tensor,
+                       *, req_t: torch.Tensor | None = None, pos_t: torch.Tensor | None = None) -> None: ...
+
+    def allocated_len(self, r: int) -> int: ...
+
+    def unbind(self, r: int) -> None: ...
 
 
 @dataclass

@@ -167,6 +167,12 @@ class HiSparseCore:
             )
         check_buffer_holds_selection(buffer_size, top_k, num_draft_tokens)
         check_resolve_fits(top_k, buffer_size, int(host.host_rows.shape[1]), policy=policy)
+        if int(host.total_rows) < allocator.logical.total_ids:
+            raise ValueError(
+                f"the host pool has {host.total_rows} rows but the logical space {allocator.logical.total_ids} "
+                f"ids; a logical id's host row is the id, so build the host pool with capacity_tokens = "
+                f"device rows x host_to_device_ratio ({allocator.size_full}) and the allocator's page size."
+            )
         if len(device_kv) != len(host_kv) or len(device_kv) == 0:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
@@ -243,10 +249,14 @@ class HiSparseCore:
     def set_producer_stream(self, stream: Any) -> None:
         self.streams.set_producer(stream)
 
+    def prepare_prefix(self, r: int, prefix_ids: torch.Tensor, computed_ids: torch.Tensor | None = None) -> bool:
+        return self.lifecycle.prepare_prefix(r, prefix_ids, computed_ids)
+
     def admit_staging(
-        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False
+        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False,
+        own_start: int = 0,
     ) -> None:
-        self.lifecycle.admit_staging(r, logical_ids, req, prompt_written=prompt_written)
+        self.lifecycle.admit_staging(r, logical_ids, req, prompt_written=prompt_written, own_start=own_start)
 
     def collect_ready(self) -> list[StagingEntry]:
         ready = self.lifecycle.collect_ready()
@@ -267,10 +277,10 @@ class HiSparseCore:
         if self.spec is not None:
             self.spec.admit(r)
 
-    def finish(self, r: int) -> None:
+    def finish(self, r: int, logical_ids: torch.Tensor | None = None) -> None:
         if self.spec is not None:
             self.spec.finish(r)  # before the lifecycle releases (and unmaps) the window rows
-        self.lifecycle.finish(r)
+        self.lifecycle.finish(r, logical_ids)
 
     def residency_counts(self) -> dict[str, int]:
         """Requests resident / hot, free device rows, shrinks (``Residency.counts``)."""

@@ -1,21 +1,32 @@
-"""Request lifecycle: staging, TP-consistent collection, direct admission, finish/abort.
+"""Request lifecycle: prefix, staging, TP-consistent collection, direct admission, release.
 
 ```
- prefill (device rows for every prompt token, mapped)
-    │ admit_staging: host rows for the prompt; all layers device→host on the staging stream
-    ▼
- STAGING ──collect_ready (event done on every TP rank)──► shrink to the hot buffer ─► DECODING
-    │ abort_staging: wait for the staging stream, free host rows                         │
+ prepare_prefix (radix hit: hold the matched prefix's pages, loading from host those no
+    │            device row holds; hold the pages the prefill computes)
+ prefill (device rows for every computed prompt token, mapped)
+    │ admit_staging: bind host rows (= logical ids); the computed tokens device→host on the
+    ▼              staging stream
+ STAGING ──collect_ready (event done on every TP rank)──► resident or hot buffer ─► DECODING
+    │ abort_staging: wait for the staging stream, drop holds                             │
     ▼                                                                                    │
-  FREE ◄──────── finish: wait for backup/prefetch copies, release hot rows + host rows ◄─┘
+  FREE ◄──────── finish: wait for backup/prefetch copies, release hot rows, unbind ◄─────┘
     ▲  │
-    │  └── finish on FREE: frees host rows PD pre-allocation took (released before admission)
+    │  └── finish on FREE: drops holds a prefill took / unbinds what PD pre-allocation bound
     └── admit_direct (PD: KV already in host rows) ─► hot buffer (preloaded if short) ─► DECODING
 ```
 
 Ownership: the caller (SGLang's ``release_kv_cache``, or the harness) frees the request's
 logical ids with ``allocator.free``, which also frees prefill rows still mapped (a request
-aborted while staging). The coordinator frees what it took: host rows and hot-buffer rows.
+aborted while staging), or leaves them to SGLang's radix tree; a logical id's host row is the
+id's (``memory/host_pool.py``). The coordinator frees what it took: hot-buffer rows, and the
+prefill rows of prefix pages nobody holds any more (``DualSpaceAllocator.drop_unread``).
+
+With the radix cache a prefill row can be shared: while request A stages, request B may match
+A's prompt and read A's rows. Every request holds the pages it reads from ``prepare_prefix``
+until it is collected (or released), and at collect a request takes over only the rows of
+pages no one else holds; the positions its buffer needs from the others are copied device to
+device into private rows (``DualSpaceAllocator.take_staged_rows``). A hot buffer therefore
+never aliases a row another request reads.
 """
 
 from __future__ import annotations
@@ -62,17 +73,53 @@ class Lifecycle:
         self.queue: list[StagingEntry] = []
 
     # -- staging (co-located prefill) -----------------------------------------------------
+    # -- prefix (radix cache) --------------------------------------------------------------
+    def prepare_prefix(self, r: int, prefix_ids: torch.Tensor, computed_ids: torch.Tensor | None = None) -> bool:
+        """Before a prefill of request slot ``r`` whose prompt starts with ids it did not
+        compute (a radix-cache match, or ids SGLang's checkpoint repointed to the tree's):
+        hold the pages of ``prefix_ids`` (int, read on the CPU; whole pages of ids in use),
+        giving those no device row holds fresh rows loaded from their host rows on the
+        caller's stream, so the prefill (or the collect) reads them through the mapping.
+        ``computed_ids``: the ids this prefill computes, held too (another request may match
+        them while this one stages). Returns False when the device rows are short (nothing
+        loaded; what was held stays held, released by :meth:`finish`)."""
+        ctx = self.ctx
+        self._require(r, Phase.FREE, "prepare_prefix")
+        if computed_ids is not None and computed_ids.numel():
+            ctx.allocator.note_computed(r, computed_ids)
+        if prefix_ids.numel() == 0:
+            return True
+        got = ctx.allocator.load_prefix(prefix_ids)
+        if got is None:
+            return False
+        ids, rows = got
+        ctx.allocator.hold(r, prefix_ids)
+        if ids.numel():
+            dev = ctx.device
+            # NOTE: on the caller's stream (the forward's): the prefill reads these rows next.
+            transfer.to_device(ctx, ids.to(dev, non_blocking=True), rows.to(dev, non_blocking=True))
+        ctx.telemetry.add_prefix(prefix_ids.numel(), ids.numel(), ids.numel() * ctx.item_bytes * ctx.num_layers)
+        return True
+
+    # -- staging (co-located prefill) -----------------------------------------------------
     def admit_staging(
-        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False
+        self, r: int, logical_ids: torch.Tensor, req: Any = None, *, prompt_written: bool = False,
+        own_start: int = 0,
     ) -> None:
         """Start copying the prefilled prompt of request slot ``r`` to host.
 
         ``logical_ids`` int [n]: the prompt's logical ids in position order, all mapped to
-        device rows by prefill. The request is not decodable until :meth:`collect_ready`.
-        ``prompt_written``: the caller has seen the prefill forward finish on the host, so
-        the copy waits only for the caller's stream (where the row translation is queued),
-        not for the forward stream, which by then may already hold the next batch: waiting
-        on it would make the request decodable a step later than necessary.
+        device rows (by prefill, or by :meth:`prepare_prefix` for ids it did not compute).
+        Only the ids this request computed are copied: those :meth:`prepare_prefix` recorded
+        as computed and still its own (a checkpoint may have freed some as duplicates of the
+        tree's), or without such a record ``logical_ids[own_start:]`` (ids before
+        ``own_start`` are a radix-cache prefix: their host rows hold their KV already, or
+        their owner's staging writes them). The request is not decodable until
+        :meth:`collect_ready`. ``prompt_written``: the caller has seen the prefill forward
+        finish on the host, so the copy waits only for the caller's stream (where the row
+        translation is queued), not for the forward stream, which by then may already hold
+        the next batch: waiting on it would make the request decodable a step later than
+        necessary.
         """
         ctx, st = self.ctx, self.ctx.state
         self._require(r, Phase.FREE, "admit_staging")
@@ -80,16 +127,18 @@ class Lifecycle:
         n = ids.numel()
         if n < 1:
             raise ValueError(f"admit_staging: request slot {r} has an empty prompt; nothing to stage.")
-        self._ensure_host(r, n, "admit_staging")
-        dev_rows = ctx.allocator.translate(ids)
-        host_rows = ctx.host.host_rows[r, :n]
+        if not 0 <= own_start <= n:
+            raise ValueError(f"admit_staging: own_start = {own_start} outside 0..{n} (prompt of request slot {r}).")
+        ctx.host.bind(r, 0, ids)
+        computed = ctx.allocator.computed_ids(r)
+        own = ids[own_start:] if computed is None else computed.to(ctx.device, non_blocking=True)
         event = ctx.streams.new_event()
-        transfer.to_host_async(ctx, dev_rows, host_rows, side=ctx.streams.staging, done=event,
+        transfer.to_host_async(ctx, ctx.allocator.translate(own), own, side=ctx.streams.staging, done=event,
                                after_forward=not prompt_written)
         st.phase[r] = Phase.STAGING
         st.seq_len[r] = n
         self.queue.append(StagingEntry(r, ids, event, req))
-        ctx.telemetry.add_staging(n)
+        ctx.telemetry.add_staging(own.numel())
 
     def has_ongoing_staging(self) -> bool:
         return bool(self.queue)
@@ -109,16 +158,45 @@ class Lifecycle:
                 break
             done += 1
         done = self._agree(done)
-        ready, self.queue = self.queue[:done], self.queue[done:]
-        ctx, B = self.ctx, self.ctx.buffer_size
-        for entry in ready:
-            r, n = entry.req_slot, entry.logical_ids.numel()
-            if ctx.residency is not None and ctx.residency.admit_prefilled(r, entry.logical_ids, n):
-                continue  # keeps every prefill row (coordinator/residency.py)
-            slot_rows = ctx.allocator.shrink_to_hot_buffer(r, entry.logical_ids, B)
-            rows = slot_rows[slot_rows >= 0]  # slots 0..min(n,B)-1, then slot B when n > B
-            ctx.state.install(r, rows.to(ctx.device, non_blocking=True), n, resident=True)
+        taken = 0
+        for entry in self.queue[:done]:
+            if not self._take_rows(entry):
+                break  # no rows for its private copies now: it and those behind it wait
+            taken += 1
+        ready, self.queue = self.queue[:taken], self.queue[taken:]
         return ready
+
+    def _take_rows(self, entry: StagingEntry) -> bool:
+        """A staged request's rows become its resident or hot buffer (module docstring).
+        False (nothing changed) when the private copies of shared rows find no device rows;
+        every TP rank decides the same from host-side counts."""
+        ctx, B = self.ctx, self.ctx.buffer_size
+        r, ids = entry.req_slot, entry.logical_ids.cpu()
+        n = ids.numel()
+        hot_need = torch.zeros(n, dtype=torch.bool)
+        hot_need[: min(n, B)] = True
+        hot_need[n - 1] = True
+        resident = ctx.residency is not None and ctx.residency.wants_resident(n)
+        got = ctx.allocator.take_staged_rows(r, ids, torch.ones(n, dtype=torch.bool)) if resident else None
+        if got is None:
+            resident = False
+            got = ctx.allocator.take_staged_rows(r, ids, hot_need)
+        if got is None:
+            return False
+        rows, shared, src, dst = got
+        if src.numel():
+            dev = ctx.device
+            transfer.device_to_device(ctx, src.to(dev, non_blocking=True), dst.to(dev, non_blocking=True))
+            ctx.telemetry.add_prefix_copy(src.numel())
+        if resident:
+            pages = ctx.allocator.hot.adopt_resident(r, rows)
+            if pages is not None:
+                ctx.residency.note_resident(r, pages, n)
+                return True
+        slot_rows = ctx.allocator.adopt_staged_hot(r, ids, rows, shared, B)
+        kept = slot_rows[slot_rows >= 0]  # slots 0..min(n,B)-1, then slot B when n > B
+        ctx.state.install(r, kept.to(ctx.device, non_blocking=True), n, resident=True)
+        return True
 
     def _agree(self, count: int) -> int:
         if self.tp_world_size <= 1:
@@ -136,7 +214,7 @@ class Lifecycle:
         self._require(r, Phase.FREE, "admit_direct")
         if seq_len < 1:
             raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 1.")
-        self._ensure_host(r, seq_len, "admit_direct")
+        self._require_bound(r, seq_len, "admit_direct")
         if ctx.residency is not None and ctx.residency.admit_direct(r, seq_len):
             return
         slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
@@ -161,9 +239,12 @@ class Lifecycle:
         ctx.telemetry.add_direct(preload, preload * ctx.item_bytes * ctx.num_layers)
 
     # -- release ----------------------------------------------------------------------------
-    def finish(self, r: int) -> None:
+    def finish(self, r: int, logical_ids: torch.Tensor | None = None) -> None:
         """Release request slot ``r`` in any phase (finished, aborted or retracted); calling
         it again, or for a slot never admitted, is a no-op past freeing what is left.
+        ``logical_ids`` (int, on the device: the request's ids): those mapped into its hot
+        rows are unmapped here, for the ids the caller does not free (the radix tree keeps
+        them); without it the caller's free must cover every id.
 
         FREE (finished during prefill, or a PD request released before admission): only host
         rows can be held, and they are freed. STAGING: :meth:`abort_staging`. DECODING: order
@@ -172,31 +253,70 @@ class Lifecycle:
         """
         phase = self.ctx.state.phase[r]
         if phase is Phase.FREE:
-            # PD decode takes host rows for the transfer destination while the slot is still
+            # PD decode binds host rows for the transfer destination while the slot is still
             # FREE (``alloc_paged_token_slots``, before ``admit_direct``); a transfer failure,
-            # abort or timeout then releases the request without admitting it. Every exit
-            # from FREE sets the phase last, so a FREE slot's device state is already reset.
-            self.ctx.host.free_request(r)
+            # abort or timeout then releases the request without admitting it. A prefill
+            # released before staging (aborted between chunks) holds pages. Every exit from
+            # FREE sets the phase last, so a FREE slot's device state is already reset.
+            self.ctx.host.unbind(r)
+            self._stage_computed(r)
+            self._drop_holds(r)
             return
         if phase is Phase.STAGING:
             self.abort_staging(r)
             return
         ctx = self.ctx
+        self._backup_newest(r)
         ctx.streams.current_after(ctx.streams.backup, ctx.streams.prefetch)
-        ctx.allocator.hot.release(r)
-        ctx.host.free_request(r)
+        ctx.allocator.hot.release(r, unmap_ids=logical_ids)
+        ctx.host.unbind(r)
         ctx.state.reset(r)
         if ctx.recorder is not None:
             ctx.recorder.release(r)
 
     def abort_staging(self, r: int) -> None:
-        """Drop a staging request: dequeue it, wait for the staging copy, free its host rows.
-        Its prefill rows stay mapped; the caller's ``allocator.free(logical ids)`` frees them."""
+        """Drop a staging request: dequeue it, wait for the staging copy, drop its holds (the
+        prefill rows of pages nobody else holds are freed; the ids stay with the caller, whose
+        ``allocator.free`` frees them, or with the radix tree, their host rows written)."""
         self._require(r, Phase.STAGING, "abort_staging")
         self.queue = [e for e in self.queue if e.req_slot != r]
         self.ctx.streams.current_after(self.ctx.streams.staging)
-        self.ctx.host.free_request(r)
+        self.ctx.host.unbind(r)
+        self._drop_holds(r)
         self.ctx.state.reset(r)
+
+    def _backup_newest(self, r: int) -> None:
+        """The newest token's KV reaches host only with the next step's write-through, which a
+        finished request never runs; SGLang's radix tree may keep its id (prompt + output are
+        inserted at finish), so it is written now. Speculative rounds write every accepted
+        token at commit; a request that never decoded has its newest token on host already."""
+        ctx, st = self.ctx, self.ctx.state
+        if st.num_draft_tokens or st.skip_backup[r]:
+            return
+        n, B = st.seq_len[r], ctx.buffer_size
+        if st.is_resident[r]:
+            row = torch.tensor([ctx.allocator.hot.resident_row(r, n - 1)], dtype=torch.int64).to(ctx.device, non_blocking=True)
+        else:
+            row = st.slot_rows[r, min(n - 1, B) : min(n - 1, B) + 1].to(torch.int64)
+        transfer.to_host_async(ctx, row, ctx.host.host_rows[r, n - 1 : n], side=ctx.streams.backup, done=None)
+        ctx.telemetry.add_backup(1, ctx.item_bytes * ctx.num_layers)
+
+    def _stage_computed(self, r: int) -> None:
+        """A prefill released before staging (finished at its prefill, aborted between
+        chunks): the radix tree may keep the ids it computed, so their KV goes to host before
+        their prefill rows are dropped (the caller's stream waits for the copy)."""
+        ctx = self.ctx
+        own = ctx.allocator.computed_ids(r)
+        if own is None or own.numel() == 0:
+            return
+        ids = own.to(ctx.device, non_blocking=True)
+        transfer.to_host_async(ctx, ctx.allocator.translate(ids), ids, side=ctx.streams.staging,
+                               done=None, after_forward=True)
+        ctx.streams.current_after(ctx.streams.staging)
+
+    def _drop_holds(self, r: int) -> None:
+        alloc = self.ctx.allocator
+        alloc.drop_unread(alloc.unhold(r))
 
     # -- helpers ----------------------------------------------------------------------------
     def _require(self, r: int, phase: Phase, op: str) -> None:
@@ -209,9 +329,10 @@ class Lifecycle:
                 f"Each request slot must be finished before it is admitted again."
             )
 
-    def _ensure_host(self, r: int, n: int, op: str) -> None:
-        if not self.ctx.host.ensure(r, n):
-            raise RuntimeError(
-                f"{op}: the host KV pool has no room for request slot {r}'s {n} tokens. The host "
-                f"pool must cover the logical capacity the scheduler admits against."
+    def _require_bound(self, r: int, n: int, op: str) -> None:
+        have = self.ctx.host.allocated_len(r)
+        if have < n:
+            raise ValueError(
+                f"{op}: request slot {r} has host rows bound for {have} of its {n} tokens; bind "
+                f"its logical ids first (HostKVPool.bind; PD: alloc_paged_token_slots)."
             )

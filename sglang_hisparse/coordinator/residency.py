@@ -95,18 +95,16 @@ class Residency:
         return self.rows_free - rows >= self.watermark_rows
 
     # -- admission -------------------------------------------------------------------------
-    def admit_prefilled(self, r: int, logical_ids: torch.Tensor, n: int) -> bool:
-        """Keep a staged request resident (its prefill rows are already held) when rows are
-        not short; False: the caller shrinks it to its hot buffer."""
-        if not self.enabled or n <= self.ctx.buffer_size or not self._room(0):
-            return False
-        pages = self.ctx.allocator.keep_resident(r, logical_ids)
-        if pages is None:
-            return False
+    def wants_resident(self, n: int) -> bool:
+        """Whether a staged request of ``n`` tokens should keep every row (its prefill rows
+        are already held, so it costs none unless it copies rows another request reads)."""
+        return self.enabled and n > self.ctx.buffer_size and self._room(0)
+
+    def note_resident(self, r: int, pages: list[int], n: int) -> None:
+        """A staged request kept all its rows as a resident buffer of ``pages``."""
         self.ctx.state.install_resident(r, pages, n)
         self.resident_admissions += 1
         self._log_change(f"request slot {r} ({n} tokens) stays resident", level=logging.DEBUG)
-        return True
 
     def admit_direct(self, r: int, n: int) -> bool:
         """PD direct admission: take rows for all ``n`` tokens and load them from host when

@@ -153,9 +153,6 @@ class SpecWindow:
         slots: list[int] = []
         for r, s in zip(req_index_cpu, seq_lens_cpu, strict=True):
             self._check_len(r, s)
-            if not ctx.host.ensure(r, s + W):
-                raise RuntimeError(f"spec prepare: the host KV pool has no room for request slot "
-                                   f"{r}'s positions up to {s + W - 1}.")
             short = s + W <= B
             self._grow_history(r, s + W if short else B)
             first = s if short else B
@@ -169,6 +166,10 @@ class SpecWindow:
         short = (base + W <= B).repeat_interleave(W)
         st.slot_tokens[:, r_t, s_t] = pos.to(torch.int32)
         ctx.allocator.rebind(out_cache_loc, st.slot_rows[r_t, s_t], logical_ids_cpu=out_cache_loc_cpu)
+        # the window's host rows are its ids (a rejected draft's entry is rebound next round)
+        ctx.host.bind_positions(
+            [r for r in req_index_cpu for _ in range(W)],
+            [s + j for s in seq_lens_cpu for j in range(W)], out_cache_loc, req_t=r_t, pos_t=pos)
         self._round = VerifyRound(req_slots=list(req_index_cpu), rows_req=r_t, slots=s_t,
                                   positions=pos, short=short)
 

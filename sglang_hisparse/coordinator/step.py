@@ -11,7 +11,8 @@ length just became ``n`` (new token ``p = n-1``, previous newest ``q = n-2``)::
              (short requests, and slot B on the first growth past B)
     map      slot_tokens[:, r, s] = p;  mapping[out_cache_loc] = slot_rows[r, s], so the
              forward's KV write of p lands in the hot buffer (``allocator.rebind``, which
-             also frees a device row SGLang's page_size-1 ``alloc()`` may have given p)
+             also frees a device row SGLang's page_size-1 ``alloc()`` may have given p);
+             host_rows[r, p] = out_cache_loc (the host row of a logical id is the id)
 
 The forward must not overwrite slot B before the backup read it:
 :meth:`StepMapper.wait_for_pending_backup` (SGLang calls it before the decode forward)
@@ -121,6 +122,8 @@ class StepMapper:
             got = torch.tensor([row for _, row in res_new], dtype=rows.dtype).to(dev, non_blocking=True)
             rows = rows.index_copy(0, at, got)
         ctx.allocator.rebind(new_logical, rows, logical_ids_cpu=new_logical_cpu)
+        ctx.host.bind_positions(req_index_cpu, [n - 1 for n in seq_lens_cpu], new_logical,
+                                req_t=r_dev, pos_t=seq_lens.to(dev, torch.int64) - 1)
         if ctx.recorder is not None:
             ctx.recorder.begin_step(req_index_cpu, seq_lens_cpu)
         ctx.telemetry.add_step()
@@ -162,20 +165,11 @@ class StepMapper:
         """Device rows ``dev_rows`` -> the host rows of (request, position), all layers, on the
         backup stream after the forward that wrote them; ``done`` recorded behind (or None)."""
         ctx, dev = self.ctx, self.ctx.device
-        for r, q in zip(rs, positions, strict=True):
-            self._ensure_host(r, q)
         if r_t is None:
             r_t = torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True)
         q_t = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
         transfer.to_host_async(ctx, dev_rows, ctx.host.host_rows[r_t, q_t], side=ctx.streams.backup,
                                done=done)
-
-    def _ensure_host(self, r: int, q: int) -> None:
-        if not self.ctx.host.ensure(r, q + 1):
-            raise RuntimeError(
-                f"map_last_loc: the host KV pool has no room for token {q} of request slot {r}. "
-                f"The host pool must cover the logical capacity the scheduler admits against."
-            )
 
     def _grow(self, rs: list[int], slots: list[int]) -> None:
         ctx, st = self.ctx, self.ctx.state

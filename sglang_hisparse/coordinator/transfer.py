@@ -142,6 +142,19 @@ def to_host_async(
     streams.keep_alive(host_rows, side)
 
 
+def device_to_device(ctx: CoreContext, src_rows: torch.Tensor, dst_rows: torch.Tensor) -> None:
+    """Copy device rows to other device rows for every layer, on the current stream (a
+    collect's private copy of rows another request still reads)."""
+    tables = layer_tables(ctx)
+    if tables is not None:
+        device, _ = tables
+        copy_rows(src=device, dst=device, src_rows=src_rows.to(ctx.device, torch.int64),
+                  dst_rows=dst_rows.to(ctx.device, torch.int64))
+        return
+    for dev_kv in ctx.device_kv:
+        _copy_rows(dev_kv, src_rows, dev_kv, dst_rows)
+
+
 def to_device(ctx: CoreContext, host_rows: torch.Tensor, dev_rows: torch.Tensor) -> None:
     """Copy host rows to device rows for every layer (see the module docstring)."""
     tables = layer_tables(ctx)

@@ -14,6 +14,13 @@ A used device row is owned in exactly one of two ways:
 * **prefill row** of a logical id: ``alloc_extend`` / ``alloc`` give every new logical id a
   device row and map it; ``free(logical_ids)`` returns those rows. The allocator keeps a CPU
   copy of this ownership (``_prefill_row``) so frees never read the device mapping.
+  A prefill row can be *shared*: SGLang's radix tree keeps a finished request's ids, and a
+  later request whose prompt matches them reads their KV through the same mapping. Readers
+  are counted per logical page (:meth:`hold`): every request from its prefill until it is
+  staged and collected holds the pages it reads (its matched prefix, loaded from host by
+  :meth:`load_prefix` where no device row holds it) and the pages it computed. At collect,
+  :meth:`take_staged_rows` hands the request its own rows, copying only those of pages
+  another request still holds; a page nobody holds any more is freed by :meth:`drop_unread`.
 * **hot buffer** of request slot ``r`` (``hot``, a ``memory.hot.HotBuffers``):
   ``shrink_to_hot_buffer`` turns the prompt's prefill rows into the hot buffer (keeping the
   rows the hot slots need, freeing the rest); ``hot.alloc`` (PD direct admission) and
@@ -58,6 +65,8 @@ class DualSpaceAllocator:
     host_to_device_ratio: logical capacity = ratio * device_rows
     page_size:            ids per page, shared by both spaces (in-page offsets agree)
     device:               where ``mapping`` and returned ids live
+    logical_capacity:     logical ids if not ``ratio * device_rows`` (at most that; a caller
+                          whose host pool holds fewer rows, since a logical id's host row is the id)
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class DualSpaceAllocator:
         host_to_device_ratio: int,
         page_size: int = 1,
         device: str | torch.device = "cpu",
+        logical_capacity: int | None = None,
     ):
         if host_to_device_ratio < 1:
             raise ValueError(
@@ -75,8 +85,15 @@ class DualSpaceAllocator:
         self.page_size = page_size
         self.host_to_device_ratio = host_to_device_ratio
         self.device = torch.device(device)
+        full = device_rows * host_to_device_ratio
+        if logical_capacity is not None and not device_rows <= logical_capacity <= full:
+            raise ValueError(
+                f"logical_capacity = {logical_capacity} must lie in device_rows..ratio x device_rows "
+                f"({device_rows}..{full})."
+            )
         self.logical = PagedIdAllocator(
-            device_rows * host_to_device_ratio, page_size, device=device, name="logical ids"
+            full if logical_capacity is None else logical_capacity, page_size, device=device,
+            name="logical ids",
         )
         self.rows = PagedIdAllocator(device_rows, page_size, device=device, name="device rows")
         #: int64 [logical.total_ids + 1] on ``device``: device row per logical id, UNMAPPED (0) if none; last = -1
@@ -129,10 +146,19 @@ class DualSpaceAllocator:
         self.mapping.zero_()
         self.mapping[-1] = -1
         self.last_alloc_cpu = self._last_alloc_out = None
+        #: the latest ``alloc_logical_extend`` result (device), or None
+        self.last_logical_extend: torch.Tensor | None = None
         #: int64 [logical.total_ids] (CPU): prefill row owned through each logical id, 0 if none
         self._prefill_row = torch.zeros(self.logical.total_ids, dtype=torch.int64)
         #: the per-request hot buffers (device pages owned by request slots)
         self.hot = HotBuffers(self.rows, self.mapping)
+        #: int32 [logical pages + 1] (CPU): requests holding each logical page's prefill rows
+        self._readers = torch.zeros(self.logical.num_pages + 1, dtype=torch.int32)
+        #: request slot -> the logical pages it holds (CPU int64, unique)
+        self._held: dict[int, torch.Tensor] = {}
+        #: request slot -> the ids its prefill computed and still owns (CPU int64): what its
+        #: staging copies; ids SGLang frees (a checkpoint's duplicates) drop out
+        self._computed: dict[int, torch.Tensor] = {}
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -212,8 +238,12 @@ class DualSpaceAllocator:
     def alloc_logical_extend(
         self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        """PD / speculative paths: logical ids only, unmapped. Same layout as ``alloc_extend``."""
-        return self.logical.alloc_extend(prefix_lens, seq_lens, last_loc)
+        """PD / speculative paths: logical ids only, unmapped. Same layout as ``alloc_extend``.
+        The result is kept as ``last_logical_extend``: PD decode binds its host rows to it
+        (``alloc_paged_token_slots`` runs before SGLang writes the ids into ``req_to_token``)."""
+        out = self.logical.alloc_extend(prefix_lens, seq_lens, last_loc)
+        self.last_logical_extend = out
+        return out
 
     def free(self, logical_ids: torch.Tensor) -> None:
         """Free logical ids (whole pages), their prefill rows, and unmap every id of those pages.
@@ -237,11 +267,184 @@ class DualSpaceAllocator:
         self.logical.free_pages(log_pages)
         self.rows.free_pages(pages)
         self._prefill_row[ids] = UNMAPPED
+        if bool((self._readers[log_pages] > 0).any()):
+            self._forget_holds(log_pages)
+        for r, own in list(self._computed.items()):
+            gone = torch.isin(own // self.page_size, log_pages)
+            if bool(gone.any()):
+                self._computed[r] = own[~gone]
         # NOTE: every id of the freed pages is unmapped, not only the listed ones: a freed page
         # can hold ids the caller no longer lists that still point at hot rows (a rejected
         # draft in the page of the last accepted token), and hot.release leaves unmapping to
         # this free (memory/hot.py). Proportional to the pages freed.
         self.mapping[self.logical.page_ids_to_ids(log_pages).to(self.device)] = UNMAPPED
+
+    # ---- shared prefill rows: readers per logical page -------------------------------------
+    def hold(self, req_slot: int, logical_ids: torch.Tensor) -> None:
+        """Request slot ``req_slot`` reads the prefill rows of ``logical_ids``' pages (int, any
+        device; read on the CPU) until :meth:`unhold`; pages it already holds count once."""
+        pages = torch.unique(_as_cpu_int64(logical_ids, "logical ids to hold") // self.page_size)
+        have = self._held.get(req_slot)
+        if have is not None:
+            pages = pages[~torch.isin(pages, have)]
+        if pages.numel() == 0:
+            return
+        self._readers[pages] += 1
+        self._held[req_slot] = pages if have is None else torch.cat((have, pages))
+
+    def note_computed(self, req_slot: int, logical_ids: torch.Tensor) -> None:
+        """The prefill of ``req_slot`` computed ``logical_ids`` (held too): its staging copies
+        those of them still allocated to it (:meth:`computed_ids`)."""
+        ids = _as_cpu_int64(logical_ids, "computed logical ids").reshape(-1)
+        self.hold(req_slot, ids)
+        have = self._computed.get(req_slot)
+        self._computed[req_slot] = ids if have is None else torch.cat((have, ids))
+
+    def computed_ids(self, req_slot: int) -> torch.Tensor | None:
+        """The ids :meth:`note_computed` recorded for ``req_slot`` that are still its (CPU),
+        or None when nothing was recorded (no radix cache: every id of the prompt is its own)."""
+        return self._computed.get(req_slot)
+
+    def unhold(self, req_slot: int) -> torch.Tensor:
+        """Drop every hold of ``req_slot`` (and its computed-ids record); returns the logical
+        pages it held (CPU int64)."""
+        self._computed.pop(req_slot, None)
+        pages = self._held.pop(req_slot, None)
+        if pages is None:
+            return torch.empty(0, dtype=torch.int64)
+        self._readers[pages] -= 1
+        return pages
+
+    def readers(self, logical_pages: torch.Tensor) -> torch.Tensor:
+        """int32 [n] (CPU): holders of each logical page."""
+        return self._readers[logical_pages]
+
+    def _forget_holds(self, log_pages: torch.Tensor) -> None:
+        """Freed logical pages are held by no one any more (SGLang freed ids a request still
+        held: a duplicate its checkpoint replaced by the tree's)."""
+        for r, held in list(self._held.items()):
+            gone = torch.isin(held, log_pages)
+            if bool(gone.any()):
+                self._readers[held[gone]] -= 1
+                if bool(gone.all()):
+                    del self._held[r]
+                else:
+                    self._held[r] = held[~gone]
+
+    def drop_unread(self, log_pages: torch.Tensor) -> int:
+        """Free the prefill rows of those of ``log_pages`` (CPU int64) nobody holds, and unmap
+        their ids; the ids stay allocated (their KV is on host). Returns the rows freed."""
+        if log_pages.numel() == 0:
+            return 0
+        pages = log_pages[self._readers[log_pages] == 0]
+        if pages.numel() == 0:
+            return 0
+        ids = self.logical.page_ids_to_ids(pages)
+        rows = self._prefill_row[ids]
+        has = rows > 0
+        if not bool(has.any()):
+            return 0
+        ids, rows = ids[has], rows[has]
+        dev_pages = torch.unique(rows // self.page_size)
+        self.rows.check_freeable(dev_pages)
+        self.rows.free_pages(dev_pages)
+        self._prefill_row[ids] = UNMAPPED
+        self.mapping[ids.to(self.device)] = UNMAPPED
+        return int(dev_pages.numel()) * self.page_size
+
+    def load_prefix(self, logical_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Give the ids of ``logical_ids``' pages that have no prefill row one (fresh device
+        pages, same in-page offset), mapped: a matched prefix about to be read by a prefill.
+
+        logical_ids: int, any device (read on the CPU), whole pages of ids in use. Returns
+        (ids, rows) CPU int64 of what the caller must copy host -> device, or None when the
+        device rows are short (nothing changed)."""
+        ids = _as_cpu_int64(logical_ids, "prefix logical ids")
+        if ids.numel() == 0:
+            empty = torch.empty(0, dtype=torch.int64)
+            return empty, empty
+        pages = torch.unique(ids // self.page_size)
+        all_ids = self.logical.page_ids_to_ids(pages)
+        if not bool(self.logical.is_used(all_ids).all()):
+            raise ValueError(
+                f"load_prefix: prefix ids {all_ids[~self.logical.is_used(all_ids)][:8].tolist()} are "
+                f"not allocated; a matched prefix must be ids the radix tree holds."
+            )
+        has = (self._prefill_row[all_ids] > 0).view(-1, self.page_size)
+        partial = has.any(1) & ~has.all(1)
+        if bool(partial.any()):
+            raise ValueError(
+                f"load_prefix: logical pages {pages[partial][:8].tolist()} have prefill rows for only "
+                f"some of their ids; a page's rows are taken and given up together."
+            )
+        missing = pages[~has.any(1)]
+        if missing.numel() == 0:
+            empty = torch.empty(0, dtype=torch.int64)
+            return empty, empty
+        if not self._rows_for(int(missing.numel())):
+            return None
+        got = self.rows.alloc_pages(int(missing.numel()))
+        new_ids = self.logical.page_ids_to_ids(missing)
+        new_rows = self.rows.page_ids_to_ids(got)
+        self._bind_prefill(new_ids, new_rows)
+        return new_ids, new_rows
+
+    def take_staged_rows(
+        self, req_slot: int, logical_ids: torch.Tensor, need: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A staged request's rows, for its hot or resident buffer, at collect.
+
+        logical_ids: int64 [n] (CPU), the request's tokens in order, all with prefill rows;
+        need: bool [n], the positions its buffer keeps. Drops the request's holds first. Rows
+        of pages nobody else holds are handed over (their prefill ownership ends); for the
+        needed positions of pages another request still holds, fresh private rows are taken
+        (same in-page offset) and the caller copies ``src -> dst`` device to device.
+
+        Returns (token_rows int64 [n], 0 where a shared position is not needed; shared bool
+        [n]; src; dst), or None when the private rows are short (holds restored, nothing else
+        changed)."""
+        ids = _as_cpu_int64(logical_ids, "logical_ids")
+        computed = self._computed.get(req_slot)
+        held = self.unhold(req_slot)
+        log_pages = ids // self.page_size
+        shared = self._readers[log_pages] > 0
+        rows = self._prefill_row[ids].clone()
+        if bool((rows <= 0).any()):
+            self._restore_holds(req_slot, held)
+            if computed is not None:
+                self._computed[req_slot] = computed
+            bad = ids[rows <= 0][:8].tolist()
+            raise ValueError(
+                f"take_staged_rows: request slot {req_slot}: logical ids {bad} have no prefill device "
+                f"row. Only a prefilled request can be collected; admit logical-only (PD) requests "
+                f"with hot.alloc."
+            )
+        copy = shared & need
+        src = dst = torch.empty(0, dtype=torch.int64)
+        if bool(copy.any()):
+            src_pages = torch.unique(rows[copy] // self.page_size)
+            if not self._rows_for(int(src_pages.numel())):
+                self._restore_holds(req_slot, held)
+                if computed is not None:
+                    self._computed[req_slot] = computed
+                return None
+            got = self.rows.alloc_pages(int(src_pages.numel()))
+            # page-wise: a shared page's needed rows move to the same offsets of a private page
+            remap = torch.zeros(int(src_pages.max()) + 1, dtype=torch.int64)
+            remap[src_pages] = got
+            src = rows[copy]
+            dst = remap[src // self.page_size] * self.page_size + src % self.page_size
+            rows[copy] = dst
+            # private pages' rows no position needs stay with the buffer as spare / page fill
+        rows[shared & ~need] = 0
+        own = ~shared
+        self._prefill_row[ids[own]] = UNMAPPED
+        return rows, shared, src, dst
+
+    def _restore_holds(self, req_slot: int, pages: torch.Tensor) -> None:
+        if pages.numel():
+            self._readers[pages] += 1
+            self._held[req_slot] = pages
 
     # ---- hot buffers (the ownership itself is ``self.hot``) ----------------------------------
     def shrink_to_hot_buffer(
@@ -296,6 +499,22 @@ class DualSpaceAllocator:
         if pages is not None:
             self._prefill_row[ids] = UNMAPPED
         return pages
+
+    def adopt_staged_hot(
+        self, req_slot: int, logical_ids: torch.Tensor, token_rows: torch.Tensor,
+        shared: torch.Tensor, hot_size: int,
+    ) -> torch.Tensor:
+        """:meth:`shrink_to_hot_buffer` for rows from :meth:`take_staged_rows`: the hot buffer
+        adopts ``token_rows`` (freeing the own pages no slot needs); the own tokens but the
+        newest are unmapped, the shared ones stay mapped to the shared rows. Returns
+        ``slot_rows`` as there."""
+        ids = _as_cpu_int64(logical_ids, "logical_ids")
+        slot_rows = self.hot.adopt(req_slot, token_rows, hot_size)
+        own = ~shared
+        own[-1] = False
+        if bool(own.any()):
+            self.mapping[ids[own].to(self.device)] = UNMAPPED
+        return slot_rows
 
     def free_request(self, req_slot: int, logical_ids: torch.Tensor) -> None:
         """Everything a finished / aborted / retracted request holds: hot buffer (if any),

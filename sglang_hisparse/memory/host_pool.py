@@ -1,14 +1,19 @@
-"""Pinned host KV pool: the authoritative copy of every active request's KV, paged per request.
+"""Pinned host KV pool: the authoritative copy of every logical id's KV, addressed by id.
 
 Layout (layer first, per TP rank)::
 
     kv        uint8 [L, host_rows_total, I]   kv[l] is layer l's host KV (the kernels' host_cache)
-    host_rows int64 [R, max_ctx] on `device`  host row of each logical position; -1 unallocated
-    allocated_lens int64 [R] (CPU)            positions with a host row, per request slot
+    host_rows int64 [R, max_ctx] on `device`  host row of each logical position; -1 unbound
+    allocated_lens int64 [R] (CPU)            positions bound, per request slot
 
-Host rows come from a ``PagedIdAllocator`` (row 0 / page 0 is the padding page, never handed
-out). A request's pages are taken lazily by ``ensure(req_slot, length)`` as it grows; its
-positions ``p`` live at ``page[p // P] * P + p % P``. ``free_request`` returns them all.
+**The host row of logical id ``l`` is row ``l``** (docs/prefix-cache.md, decision 1). The pool
+has exactly the logical space's rows (``capacity_tokens = device rows x host_to_device_ratio``,
+page 0 the padding page in both), so owning a logical id is owning its host row, whoever owns
+the id: a request, or SGLang's radix tree after the request finished. ``host_rows`` is the
+kernels' per-position table; :meth:`bind` writes a request's logical ids into it (so several
+requests read one shared prefix's rows simply because their rows hold the same ids), and
+:meth:`unbind` clears it at release. The pool allocates nothing per request and cannot run
+short of rows while the logical space has ids.
 
 The pool is sized, then checked against available host memory (``budget``), and only
 then allocated and pinned, so a too-large ratio fails with both figures in GiB instead of an
@@ -20,6 +25,10 @@ NOTE: one registration, not chunks. A DMA copy (``Tensor.copy_`` → ``cudaMemcp
 host range crosses the boundary between two registrations fails with ``invalid argument``;
 the H200 end-to-end run hit exactly that with 1 GiB chunks on an 84 GiB pool (a layer's rows
 span many chunks). Pinning 83.86 GiB took 40.4 s in one call vs 43.8 s in 1 GiB chunks.
+
+NOTE: rejected, host pages allocated per request (the layout before identity addressing): a
+finished request's KV then had no owner once SGLang's radix tree kept its ids, a shared prefix
+needed one host copy per reader, and PD decode could exhaust host rows with logical ids free.
 """
 
 from __future__ import annotations
@@ -27,7 +36,6 @@ from __future__ import annotations
 import torch
 
 from sglang_hisparse.memory.budget import GIB, check_host_budget
-from sglang_hisparse.memory.paged import PagedIdAllocator, ceil_div
 
 __all__ = ["HostKVPool", "host_pool_bytes"]
 
@@ -44,12 +52,12 @@ def host_pool_bytes(
 
 
 class HostKVPool:
-    """Per-request, lazily paged, pinned host KV.
+    """Pinned host KV addressed by logical id, with the per-position ``host_rows`` table.
 
     num_layers:      L layers held by this rank
     item_bytes:      I bytes per KV row (multiple of 16)
-    capacity_tokens: usable host rows (rounded down to pages); size it as
-                     ``device_rows * host_to_device_ratio`` so every logical id fits
+    capacity_tokens: usable host rows (rounded down to pages): the logical capacity,
+                     ``device_rows * host_to_device_ratio`` (every logical id is a row)
     page_size:       rows per page (SGLang's page size)
     max_requests:    R request slots (``req_to_token_pool`` size)
     max_context:     columns of ``host_rows`` (longest request, in tokens)
@@ -88,7 +96,14 @@ class HostKVPool:
             raise ValueError(
                 f"HostKVPool: item_bytes = {item_bytes} must be a positive multiple of 16 (KV rows are copied in 16-byte vectors)."
             )
-        self.rows = PagedIdAllocator(capacity_tokens, page_size, name="host rows")
+        if page_size < 1 or capacity_tokens < page_size:
+            raise ValueError(
+                f"HostKVPool: capacity_tokens = {capacity_tokens} must hold at least one page of "
+                f"page_size = {page_size} (>= 1)."
+            )
+        #: usable rows and all rows (usable + the padding page), as the logical space's
+        self.capacity = capacity_tokens // page_size * page_size
+        self.total_rows = self.capacity + page_size
         self.num_layers, self.item_bytes, self.page_size = num_layers, item_bytes, page_size
         self.max_requests, self.max_context = max_requests, max_context
         self.device = torch.device(device)
@@ -100,7 +115,7 @@ class HostKVPool:
         )
         if storage is not None:
             # Someone else (SGLang's HiCache pool) sized, budget-checked, allocated and pinned it.
-            want = (num_layers, self.rows.total_ids, item_bytes)
+            want = (num_layers, self.total_rows, item_bytes)
             if storage.dtype != torch.uint8 or tuple(storage.shape) != want:
                 raise ValueError(
                     f"HostKVPool: storage is {storage.dtype} {tuple(storage.shape)}, expected uint8 {want}."
@@ -114,15 +129,15 @@ class HostKVPool:
             return
         check_host_budget(
             required,
-            what=f"HiSparse host KV pool ({num_layers} layers x {self.rows.total_ids} rows x {item_bytes} B)",
+            what=f"HiSparse host KV pool ({num_layers} layers x {self.total_rows} rows x {item_bytes} B)",
             available_bytes=available_bytes,
             ranks_per_host=ranks_per_host,
         )
         self.nbytes = required
         #: uint8 [L, host_rows_total, I]; kv[l] is layer l
-        self.kv = torch.empty((num_layers, self.rows.total_ids, item_bytes), dtype=torch.uint8)
+        self.kv = torch.empty((num_layers, self.total_rows, item_bytes), dtype=torch.uint8)
         self.kv[:, : self.page_size].zero_()  # padding rows read as zeros
-        #: int64 [R, max_ctx]: host row of each position, -1 unallocated
+        #: int64 [R, max_ctx]: host row (= logical id) of each position, -1 unbound
         self.host_rows = torch.full(
             (max_requests, max_context), -1, dtype=torch.int64, device=self.device
         )
@@ -133,10 +148,8 @@ class HostKVPool:
             self._pin()
 
     def _init_bookkeeping(self) -> None:
-        #: host pages of each request slot, in position order
-        self._pages: list[list[int]] = [[] for _ in range(self.max_requests)]
         #: int64 [R] (CPU): ``allocated_len`` of every request slot, kept in step by
-        #: ``ensure`` / ``free_request``. SGLang's PD decode reads it (and our
+        #: ``bind`` / ``unbind``. SGLang's PD decode reads it (and our
         #: ``alloc_paged_token_slots`` writes it) per request, so it is one tensor updated in
         #: place rather than rebuilt per access.
         self.allocated_lens = torch.zeros(self.max_requests, dtype=torch.int64)
@@ -168,67 +181,79 @@ class HostKVPool:
     # ---- queries ---------------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return self.rows.size
-
-    def available_size(self) -> int:
-        return self.rows.available_size()
+        """Usable host rows: the logical capacity."""
+        return self.capacity
 
     def layer(self, layer_id: int) -> torch.Tensor:
         """uint8 [host_rows_total, I]: layer ``layer_id``'s host KV (the resolve kernel's ``host_cache``)."""
         return self.kv[layer_id]
 
     def allocated_len(self, req_slot: int) -> int:
-        """Positions of the request that have a host row (a page multiple, capped at max_context)."""
-        return min(len(self._pages[req_slot]) * self.page_size, self.max_context)
-
-    def host_row_ids(self, req_slot: int, start: int, end: int) -> torch.Tensor:
-        """int64 [end-start] (CPU): host rows of positions ``start..end-1`` (must be ensured)."""
-        if not 0 <= start <= end <= self.allocated_len(req_slot):
-            raise ValueError(
-                f"host_row_ids: positions {start}..{end} of request slot {req_slot} are outside its "
-                f"{self.allocated_len(req_slot)} allocated positions; call ensure() first."
-            )
-        pos = torch.arange(start, end, dtype=torch.int64)
-        pages = torch.tensor(self._pages[req_slot], dtype=torch.int64)
-        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
+        """Positions ``0..allocated_len-1`` of the request are bound (have a host row)."""
+        return int(self.allocated_lens[req_slot])
 
     # ---- mutation --------------------------------------------------------------------------
-    def ensure(self, req_slot: int, length: int) -> bool:
-        """Give positions ``0..length-1`` of the request host rows, taking pages lazily.
+    def bind(self, req_slot: int, start: int, logical_ids: torch.Tensor) -> None:
+        """Positions ``start..start+n-1`` of request slot ``req_slot`` hold ``logical_ids``
+        (int [n], any device): their host rows are those ids. Non-blocking device write; no
+        host sync. ``start`` may not leave a gap after the bound positions."""
+        self._check_slot(req_slot, "bind")
+        n = logical_ids.numel()
+        end = start + n
+        have = int(self.allocated_lens[req_slot])
+        if not 0 <= start <= have:
+            raise ValueError(
+                f"bind: request slot {req_slot} has positions 0..{have - 1} bound; binding from "
+                f"position {start} would leave a gap (bind in position order)."
+            )
+        self._check_len(req_slot, end, "bind")
+        if n:
+            self.host_rows[req_slot, start:end] = logical_ids.reshape(-1).to(self.device, torch.int64, non_blocking=True)
+        self.allocated_lens[req_slot] = max(have, end)
 
-        Returns False (nothing changed) when the pool is short. Writes the new rows into
-        ``host_rows[req_slot]`` (non-blocking upload).
-        """
+    def bind_positions(
+        self, req_slots: list[int], positions: list[int], logical_ids: torch.Tensor,
+        *, req_t: torch.Tensor | None = None, pos_t: torch.Tensor | None = None,
+    ) -> None:
+        """Decode / verify growth: position ``positions[i]`` of ``req_slots[i]`` holds
+        ``logical_ids[i]`` (int, on ``device``; SGLang's ``out_cache_loc``). One scatter on the
+        device, no host sync; ``req_t`` / ``pos_t``: the same lists already on ``device``."""
+        for r, q in zip(req_slots, positions, strict=True):
+            self._check_slot(r, "bind_positions")
+            have = int(self.allocated_lens[r])
+            if not 0 <= q <= have:
+                raise ValueError(
+                    f"bind_positions: request slot {r} has positions 0..{have - 1} bound; position "
+                    f"{q} would leave a gap."
+                )
+            self._check_len(r, q + 1, "bind_positions")
+            self.allocated_lens[r] = max(have, q + 1)
+        if not req_slots:
+            return
+        if req_t is None:
+            req_t = torch.tensor(req_slots, dtype=torch.int64).to(self.device, non_blocking=True)
+        if pos_t is None:
+            pos_t = torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True)
+        self.host_rows[req_t, pos_t] = logical_ids.reshape(-1).to(self.device, torch.int64)
+
+    def unbind(self, req_slot: int) -> None:
+        """Release: reset the request's ``host_rows`` row to -1. The rows themselves belong
+        to the logical ids, which SGLang frees or keeps in its tree."""
+        n = int(self.allocated_lens[req_slot])
+        if n:
+            self.host_rows[req_slot, :n] = -1
+            self.allocated_lens[req_slot] = 0
+
+    def _check_slot(self, req_slot: int, op: str) -> None:
         if not 0 <= req_slot < self.max_requests:
-            raise ValueError(f"ensure: req_slot = {req_slot} outside 0..{self.max_requests - 1}.")
+            raise ValueError(f"{op}: req_slot = {req_slot} outside 0..{self.max_requests - 1}.")
+
+    def _check_len(self, req_slot: int, length: int, op: str) -> None:
         if length > self.max_context:
             raise ValueError(
-                f"ensure: length {length} of request slot {req_slot} exceeds max_context = "
+                f"{op}: length {length} of request slot {req_slot} exceeds max_context = "
                 f"{self.max_context}; raise the pool's max_context (the model's context length)."
             )
-        have = len(self._pages[req_slot])
-        need = ceil_div(length, self.page_size) - have
-        if need <= 0:
-            return True
-        pages = self.rows.alloc_pages(need)
-        if pages is None:
-            return False
-        start = have * self.page_size
-        self._pages[req_slot].extend(pages.tolist())
-        end = self.allocated_len(req_slot)
-        self.allocated_lens[req_slot] = end
-        rows = self.rows.page_ids_to_ids(pages)[: end - start]
-        self.host_rows[req_slot, start:end] = rows.to(self.device, non_blocking=True)
-        return True
-
-    def free_request(self, req_slot: int) -> None:
-        """Return all of the request's pages and reset its ``host_rows`` row to -1."""
-        pages = self._pages[req_slot]
-        if pages:
-            self.rows.free_pages(torch.tensor(pages, dtype=torch.int64))
-            self.host_rows[req_slot, : self.allocated_len(req_slot)] = -1
-            self._pages[req_slot] = []
-            self.allocated_lens[req_slot] = 0
 
     # ---- data movement (reference paths: CPU harness, tests, staging fallback) ------------
     def write(
@@ -249,30 +274,23 @@ class HostKVPool:
 
     # ---- integrity -------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """free + used == capacity; request page lists are disjoint and match ``host_rows``."""
-        self.rows.check_integrity()
-        owned = [pg for pages in self._pages for pg in pages]
-        ps = self.page_size
-        free, used, cap = self.rows.available_size(), len(owned) * ps, self.rows.size
-        if len(set(owned)) != len(owned) or free + used != cap or used != self.rows.used_size():
-            raise ValueError(
-                f"host pool: free {free} + used {used} != capacity {cap} rows, or request page lists "
-                f"overlap ({len(owned) - len(set(owned))} duplicate pages, allocator says {self.rows.used_size()} used)."
-            )
-        # Only per-row counts and the allocated prefixes come back to the CPU: the full
-        # [R, max_ctx] table can be gigabytes.
-        filled = (self.host_rows != -1).sum(dim=1).cpu()
+        """Every request's bound positions are set, in range, and nothing else is set. Syncs."""
+        # Only per-row counts and reductions come back to the CPU: the full [R, max_ctx] table
+        # can be gigabytes.
+        bound = self.host_rows != -1
+        filled = bound.sum(dim=1).cpu()
         for r in range(self.max_requests):
-            n = self.allocated_len(r)
-            if int(self.allocated_lens[r]) != n:
+            n = int(self.allocated_lens[r])
+            if int(filled[r]) != n or (n and not bool(bound[r, :n].all())):
                 raise ValueError(
-                    f"host pool: allocated_lens[{r}] = {int(self.allocated_lens[r])}, but {n} positions are allocated."
+                    f"host pool: host_rows[{r}] has {int(filled[r])} rows set, but positions "
+                    f"0..{n - 1} are bound."
                 )
-            if int(filled[r]) != n:
+        if bool(bound.any()):
+            vals = self.host_rows[bound]
+            lo, hi = int(vals.min()), int(vals.max())
+            if lo < self.page_size or hi >= self.total_rows:
                 raise ValueError(
-                    f"host pool: host_rows[{r}] has {int(filled[r])} rows set, but {n} positions are allocated."
-                )
-            if n and not torch.equal(self.host_rows[r, :n].cpu(), self.host_row_ids(r, 0, n)):
-                raise ValueError(
-                    f"host pool: host_rows[{r}, :{n}] disagrees with the request's pages {self._pages[r][:8]}."
+                    f"host pool: host_rows holds rows {lo}..{hi}, outside the usable rows "
+                    f"{self.page_size}..{self.total_rows - 1} (page 0 is padding)."
                 )

@@ -147,10 +147,12 @@ class HotBuffers:
         """Make the prefill rows of a request's tokens its hot buffer, freeing the pages no
         hot slot needs.
 
-        token_rows: int64 [n] (CPU), the device row of each token 0..n-1 (all > 0; the caller
-        has dropped their prefill ownership). Keeps the rows of tokens ``0..min(n, B)-1`` and,
-        when ``n > B``, the newest token's row, with the whole pages holding them. Returns
-        ``slot_rows`` int64 [B+1] (CPU): device row per slot, -1 where none yet.
+        token_rows: int64 [n] (CPU), the device row of each token 0..n-1 (the caller has
+        dropped their prefill ownership); 0 for a token whose row the request does not own (a
+        shared prefix page, ``DualSpaceAllocator.take_staged_rows``), allowed only where no
+        slot needs it. Keeps the rows of tokens ``0..min(n, B)-1`` and, when ``n > B``, the
+        newest token's row, with the whole pages holding them. Returns ``slot_rows`` int64
+        [B+1] (CPU): device row per slot, -1 where none yet.
         """
         self._require_new(req_slot, "shrink_to_hot_buffer")
         n, ps = token_rows.numel(), self.page_size
@@ -160,7 +162,11 @@ class HotBuffers:
         if n > hot_size:
             slot_rows[hot_size] = token_rows[n - 1]
         assigned = slot_rows[slot_rows >= 0]
-        pages = torch.unique(token_rows // ps)
+        if bool((assigned <= 0).any()):
+            raise ValueError(
+                f"shrink_to_hot_buffer: request slot {req_slot}: a hot slot's token has no row of its own."
+            )
+        pages = torch.unique(token_rows[token_rows > 0] // ps)
         keep = torch.unique(assigned // ps)
         drop = pages[~torch.isin(pages, keep)]
         self.rows.check_freeable(drop)
@@ -305,6 +311,17 @@ class HotBuffers:
         self.mapping[:-1].masked_fill_(released[self.mapping[:-1]], UNMAPPED)
         released.index_fill_(0, dev_rows, False)
 
+    def _unmap_into(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Unmap those of ``ids`` whose mapping points into ``rows`` (int64, CPU): proportional
+        to the ids, no host sync."""
+        released = self._released_scratch()
+        dev_rows = rows.to(released.device, non_blocking=True)
+        released.index_fill_(0, dev_rows, True)
+        ids = ids.to(self.mapping.device, torch.int64).reshape(-1)
+        cur = self.mapping[ids]
+        self.mapping[ids] = torch.where(released[cur.clamp(min=0)], torch.zeros_like(cur), cur)
+        released.index_fill_(0, dev_rows, False)
+
     def _positional_pages(self, rows: torch.Tensor) -> list[int] | None:
         ps, n = self.page_size, rows.numel()
         if n == 0:
@@ -353,8 +370,14 @@ class HotBuffers:
         buf.history.extend(out)
         return torch.tensor(out, dtype=torch.int64)
 
-    def release(self, req_slot: int) -> None:
+    def release(self, req_slot: int, *, unmap_ids: torch.Tensor | None = None) -> None:
         """Return all pages of a request's hot buffer, in time proportional to its pages.
+
+        ``unmap_ids`` (int, on the mapping's device; the request's logical ids): unmap those of
+        them that point into the released rows, on the device, no host sync. Needed when the
+        caller's free does not follow for every id: SGLang's radix tree keeps a finished
+        request's ids, and a kept id mapped to a released row would translate into whoever
+        takes the row next.
 
         The mapping is left to the caller's ``free(logical_ids)``, which follows at once
         (``DualSpaceAllocator.free_request``; in a server SGLang's ``release_kv_cache`` right
@@ -374,6 +397,8 @@ class HotBuffers:
         self.rows.check_freeable(pages)
         if self.scan_on_release:
             self.unmap_rows(self.rows.page_ids_to_ids(pages))
+        elif unmap_ids is not None and unmap_ids.numel():
+            self._unmap_into(unmap_ids, self.rows.page_ids_to_ids(pages))
         self.rows.free_pages(pages)
         for pg in buf.pages:
             del self._page_owner[pg]

@@ -165,6 +165,7 @@ class SGLangHiSparseCoordinator:
         # rows to the hot buffer (one of them may be slot B's), so W pages-rounded covers it.
         self.mem_pool_host = self.host_pool
         self.req_to_host_pool = self.host_pool.host_rows
+        self.host_pool.logical_source = lambda: self.dual.last_logical_extend
         self.padded_buffer_size = self.dual.hot.max_pages(device_buffer_size) * self.dual.page_size
         if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
             # check_decode_mem then counts hot-buffer growth, so SGLang retracts before a step
@@ -252,7 +253,9 @@ class SGLangHiSparseCoordinator:
     def request_finished(self, req: Any) -> None:
         r = req.kv.req_pool_idx
         if r is not None:
-            self.core.finish(r)
+            # its ids, for those the radix tree keeps (mapped into hot rows released here)
+            n = self.host_pool.allocated_len(r)
+            self.core.finish(r, self.req_to_token_pool.req_to_token[r, :n] if n else None)
         req.hisparse_staging = False
 
     def retract_req(self, req: Any) -> None:
@@ -353,7 +356,7 @@ class SGLangHiSparseCoordinator:
         dev_cap = self.dual.size_device
         dev_used = self.dual.rows.used_size()
         host_cap = self.host_pool.size
-        host_used = host_cap - self.host_pool.available_size()
+        host_used = self.dual.logical.used_size()  # a logical id's host row is the id
         return HiSparseTokenStats(
             device_tokens=dev_used,
             device_token_usage=dev_used / dev_cap if dev_cap else 0.0,

@@ -59,7 +59,9 @@ class HiCacheHostPool(HostKVPool):
     """Core host pool over the buffer of SGLang's HiCache ``MLATokenToKVPoolHost``.
 
     HiCache provides the storage, its pinning and the PD registration info
-    (``get_contiguous_buf_infos``); row allocation per request is the core's.
+    (``get_contiguous_buf_infos``); rows are addressed by logical id (``HostKVPool``).
+    ``logical_source``: () -> the allocator's latest logical-only ids (set by the
+    coordinator), which PD decode's ``alloc_paged_token_slots`` binds.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class HiCacheHostPool(HostKVPool):
             storage=storage,
         )
         self.hicache = hicache
+        self.logical_source: Any = None
 
     @property
     def layer_num(self) -> int:
@@ -105,14 +108,22 @@ class HiCacheHostPool(HostKVPool):
         num_tokens: int,
     ) -> torch.Tensor:
         """PD decode: host rows (int64 [num_tokens], on ``req_to_host_pool``'s device) of
-        positions ``start_pos..start_pos+num_tokens-1``, extending the request lazily."""
+        positions ``start_pos..start_pos+num_tokens-1``: the logical ids SGLang's
+        ``alloc_for_decode_prealloc_hisparse`` just took for them (``alloc_logical_only``,
+        decode.py:2424; they reach ``req_to_token`` only after this call, :2371), bound as
+        the request's host rows. No host sync, nothing allocated."""
         end = start_pos + num_tokens
-        if num_tokens > 0 and not self.ensure(req_pool_idx, end):
-            raise RuntimeError(
-                f"HiSparse host pool exhausted: request slot {req_pool_idx} needs {end} positions, "
-                f"{self.available_size()} of {self.size} host rows free. Lower the decode batch "
-                f"or raise host_to_device_ratio."
-            )
+        if num_tokens > 0:
+            ids = self.logical_source() if self.logical_source is not None else None
+            if ids is None or ids.numel() != num_tokens:
+                raise RuntimeError(
+                    f"alloc_paged_token_slots: request slot {req_pool_idx} asks for {num_tokens} host "
+                    f"rows, but the latest logical-only allocation holds "
+                    f"{'none' if ids is None else ids.numel()} ids. The host row of a logical id is "
+                    f"the id, so PD decode must allocate the request's logical ids "
+                    f"(alloc_logical_only) right before this call."
+                )
+            self.bind(req_pool_idx, start_pos, ids)
         if req_to_host_pool is not self.host_rows:
             n = self.allocated_len(req_pool_idx)
             req_to_host_pool[req_pool_idx, :n] = self.host_rows[req_pool_idx, :n].to(

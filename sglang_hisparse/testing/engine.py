@@ -21,6 +21,18 @@ finish/abort/retract(req)   core.finish, then allocator.free(logical ids) (relea
                   a retracted request re-queues with its generated tokens as prompt
 ```
 
+Radix mode (``radix=True``, SGLang's radix cache on; ``testing/toy_radix.py``): a request's
+tokens are (seed, position) pairs, except that its first ``shared_len`` positions use
+``prefix_seed``, so requests with one ``prefix_seed`` share a prompt prefix (a system prompt)
+and a retracted request re-matches its own prompt. ``prefill`` matches the tree (whole pages,
+at least one token left to compute), locks the path, allocates only the rest, and calls
+``core.prepare_prefix`` with the matched ids and the computed ones; ``flush_prefills`` then
+checkpoints each prefilled request into the tree in admission order (a page another request
+inserted meanwhile is a duplicate: its ids are freed, the row repointed to the tree's and
+those held with ``prepare_prefix``) and stages it. ``release`` checkpoints a finished request's
+prompt + output, frees what the tree does not keep, and unlocks; an abort or retraction keeps
+the pages its prefill inserted. The oracle's KV of a position follows the same seeds.
+
 Admission (``can_admit``) is SGLang's PrefillAdder reservation: the prompt's ids and rows
 now, plus ``new_token_ratio`` x what the running requests and this one may still grow (logical
 ids for the remaining tokens, device rows for the hot-buffer slots not yet held). At ratio 1
@@ -50,6 +62,7 @@ from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.testing.device_pool import DeviceKVPool
 from sglang_hisparse.testing.sync_guard import device_side, forbid_device_reads, mark_device_state
 from sglang_hisparse.testing.toy_model import ToyModel
+from sglang_hisparse.testing.toy_radix import ToyRadixTree
 
 
 class ReqStatus(enum.Enum):
@@ -76,6 +89,16 @@ class ToyRequest:
     generated: int = 0
     status: ReqStatus = ReqStatus.WAITING
     history: list[str] = field(default_factory=list)
+    #: radix mode: positions < shared_len are the shared prefix's (prefix_seed) tokens
+    prefix_seed: int = -1
+    shared_len: int = 0
+    #: radix mode, while admitted: locked tree path, cache-protected length, matched length
+    locked: list[int] = field(default_factory=list)
+    cpl: int = 0
+    matched: int = 0
+
+    def token_keys(self, n: int) -> list[tuple[int, int]]:
+        return [(self.prefix_seed if p < self.shared_len else self.seed, p) for p in range(n)]
 
 
 @dataclass
@@ -132,8 +155,11 @@ class DecodeEngine:
         policy: str = "lru",
         residency: str = "always_hot",
         watermark_rows: int = 0,
+        radix: bool = False,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
+        self.tree = ToyRadixTree(sizes.page_size) if radix else None
+        self._pending: list[ToyRequest] = []  # prefilled, not yet checkpointed and staged
         self.new_token_ratio = new_token_ratio
         self._prefetch_asked = prefetch
         # SGLang's page_size-1 decode takes ids with ``alloc(bs)``, which maps fresh device
@@ -199,8 +225,13 @@ class DecodeEngine:
         grow_ids = sum(q.max_new - q.generated for q in alive) + req.max_new - req.generated
         grow_rows = sum(self._rows_ahead(q) for q in alive) + self._rows_ahead(req, prompt=True)
         ratio = self.new_token_ratio
+        need_ids = _pages(n, ps) + ps + int(ratio * grow_ids + 0.999)
+        if self.tree is not None and self.allocator.logical.available_size() < need_ids:
+            # SGLang's admission counts the tree's evictable ids and evicts for the shortfall
+            short = need_ids - self.allocator.logical.available_size()
+            self.allocator.free(self.tree.evict(-(-short // ps)))
         return (
-            self.allocator.logical.available_size() >= _pages(n, ps) + ps + int(ratio * grow_ids + 0.999)
+            self.allocator.logical.available_size() >= need_ids
             and self.allocator.available_rows() >= prompt_rows + int(ratio * grow_rows + 0.999)
         )
 
@@ -246,22 +277,78 @@ class DecodeEngine:
         self.pressure_aborts += len(aborted)
         return retracted, aborted
 
-    def prefill(self, req: ToyRequest) -> None:
-        """Co-located prefill: full device rows for the prompt, then staging."""
+    def prefill(self, req: ToyRequest, *, defer: bool = False) -> None:
+        """Co-located prefill: device rows for the prompt (radix: for what the tree does not
+        hold), then checkpoint and staging (``defer``: at :meth:`flush_prefills`, so several
+        requests prefill as one batch before any checkpoints)."""
         r, n = self._take_slot(req)
-        zero = torch.zeros(1, dtype=torch.int64)
-        ids = self.allocator.alloc_extend(zero, torch.tensor([n]), torch.full((1,), -1, dtype=torch.int64, device=self.device))
+        m, prefix = 0, torch.empty(0, dtype=torch.int64)
+        if self.tree is not None:
+            req.locked, prefix = self.tree.match(req.token_keys(n))
+            self.tree.lock(req.locked)
+            m = prefix.numel()
+        req.matched = req.cpl = m
+        ids = self.allocator.alloc_extend(torch.tensor([m]), torch.tensor([n]), torch.full((1,), -1, dtype=torch.int64, device=self.device))
         if ids is None:
             raise RuntimeError("prefill: allocator full (can_admit should have refused)")
-        self.req_to_token[r, :n] = ids
-        pos = torch.arange(n, device=self.device)
+        self.req_to_token[r, :m] = prefix.to(self.device)
+        self.req_to_token[r, m:n] = ids
+        if self.tree is not None and not self.core.prepare_prefix(r, prefix, computed_ids=ids.cpu()):
+            raise RuntimeError("prefill: no device rows for the matched prefix (can_admit should have refused)")
+        pos = torch.arange(m, n, device=self.device)
         for layer in range(self.model.num_layers):
-            self.pool.write(layer, ids, self.model.kv(req.seed, pos, layer))
+            self.pool.write(layer, ids, self._kv(req, pos, layer))
         self._write_index(req, ids, pos)
-        self.core.admit_staging(r, ids, req)
         req.status = ReqStatus.STAGING
         self.staging.append(req)
-        req.history.append(f"prefill n={n} r={r}")
+        req.history.append(f"prefill n={n} r={r} matched={m}")
+        self._pending.append(req)
+        if not defer:
+            self.flush_prefills()
+
+    def flush_prefills(self) -> None:
+        """Checkpoint (radix) and stage every prefilled request, in admission order."""
+        pending, self._pending = self._pending, []
+        for req in pending:
+            r, n = req.req_pool_idx, req.seq_len
+            if self.tree is not None:
+                self._checkpoint(req, n)
+            self.core.admit_staging(r, self.req_to_token[r, :n], req)
+
+    def _checkpoint(self, req: ToyRequest, n: int) -> None:
+        """SGLang's checkpoint_kv_cache after a prefill: insert the whole pages past ``cpl``;
+        a duplicate page's own ids are freed and the row repointed to the tree's, which the
+        request then holds (prepare_prefix, before staging); the lock moves to the new path."""
+        r, ps = req.req_pool_idx, self.sizes.page_size
+        row = self.req_to_token[r, :n].cpu()
+        keys, dups = self.tree.checkpoint(req.token_keys(n), row, req.cpl // ps)
+        for j, tree_ids in dups:
+            self.allocator.free(row[j * ps : (j + 1) * ps])
+            self.req_to_token[r, j * ps : (j + 1) * ps] = tree_ids.to(self.device)
+        if dups:
+            repointed = torch.cat([t for _, t in dups])
+            if not self.core.prepare_prefix(r, repointed):
+                raise RuntimeError("checkpoint: no device rows for the repointed pages")
+        self.tree.lock(keys)
+        self.tree.unlock(req.locked)
+        req.locked, req.cpl = keys, len(keys) * ps
+
+    def _kv(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """KV bytes of ``req``'s positions (radix mode: the shared prefix's seed below shared_len)."""
+        kv = self.model.kv(req.seed, pos, layer)
+        if req.shared_len:
+            shared = pos < req.shared_len
+            if bool(shared.any()):
+                kv = torch.where(shared[:, None], self.model.kv(req.prefix_seed, pos, layer), kv)
+        return kv
+
+    def _index_keys(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
+        keys = self.model.index_keys(req.seed, pos, layer)
+        if req.shared_len:
+            shared = pos < req.shared_len
+            if bool(shared.any()):
+                keys = torch.where(shared[:, None], self.model.index_keys(req.prefix_seed, pos, layer), keys)
+        return keys
 
     def admit_direct(self, req: ToyRequest) -> None:
         """PD decode side: logical ids only; the 'prefill instance' writes host rows."""
@@ -272,12 +359,11 @@ class DecodeEngine:
             raise RuntimeError("admit_direct: logical ids exhausted (can_admit should have refused)")
         self.req_to_token[r, :n] = ids
         self._write_index(req, ids, torch.arange(n, device=self.device))
-        if not self.host.ensure(r, n):
-            raise RuntimeError("admit_direct: host pool full")
+        self.host.bind(r, 0, ids)  # alloc_paged_token_slots: the host rows are the ids
         host_rows = self.host.host_rows[r, :n]
         pos = torch.arange(n, device=self.device)
         for layer, kv in enumerate(self.host.kv):
-            kv[host_rows.to(kv.device)] = self.model.kv(req.seed, pos, layer).to(kv.device)
+            kv[host_rows.to(kv.device)] = self._kv(req, pos, layer).to(kv.device)
         self.core.admit_direct(r, n)
         req.status = ReqStatus.RUNNING
         self.running.append(req)
@@ -287,7 +373,7 @@ class DecodeEngine:
         """Indexer keys of anchor layers, by logical id (the DSA indexer's K cache)."""
         for layer in range(self.model.num_layers):
             if not self.model.shared[layer]:
-                keys = self.model.index_keys(req.seed, pos, layer)
+                keys = self._index_keys(req, pos, layer)
                 self.pool.write_index(layer, ids, keys.view(torch.uint8))
 
     def _take_slot(self, req: ToyRequest) -> tuple[int, int]:
@@ -307,8 +393,13 @@ class DecodeEngine:
     def release(self, req: ToyRequest, why: str) -> None:
         """finish / abort / retract: coordinator first, then the logical ids (release_kv_cache)."""
         r = req.req_pool_idx
-        self.core.finish(r)
-        self.allocator.free(self.req_to_token[r, : req.seq_len])
+        if req in self._pending:  # released before its checkpoint (never in a scenario)
+            self._pending.remove(req)
+        self.core.finish(r, self.req_to_token[r, : req.seq_len])
+        if self.tree is None:
+            self.allocator.free(self.req_to_token[r, : req.seq_len])
+        else:
+            self._release_kv(req, checkpoint=why == "finish")
         self.req_to_token[r].zero_()
         if req in self.running:
             self.running.remove(req)
@@ -322,6 +413,24 @@ class DecodeEngine:
             req.prompt_len, req.status = req.seq_len, ReqStatus.WAITING
         else:
             req.status = ReqStatus.DONE
+
+    def _release_kv(self, req: ToyRequest, *, checkpoint: bool) -> None:
+        """SGLang's release_kv_cache with the tree: a finish first inserts prompt + output
+        (whole pages; duplicates freed), then the ids past the tree's part are freed and the
+        path unlocked. An abort or retraction inserts nothing; the tree keeps ``[0, cpl)``."""
+        r, n, ps = req.req_pool_idx, req.seq_len, self.sizes.page_size
+        row = self.req_to_token[r, :n].cpu()
+        if checkpoint:
+            keys, dups = self.tree.checkpoint(req.token_keys(n), row, req.cpl // ps)
+            for j, _ in dups:
+                self.allocator.free(row[j * ps : (j + 1) * ps])
+            self.tree.lock(keys)
+            self.tree.unlock(req.locked)
+            req.locked, req.cpl = keys, len(keys) * ps
+        if n > req.cpl:
+            self.allocator.free(row[req.cpl :])
+        self.tree.unlock(req.locked)
+        req.locked, req.cpl = [], 0
 
     # -- one decode step ------------------------------------------------------------------------
     def step(self, pad_to: int | None = None) -> None:
@@ -369,11 +478,11 @@ class DecodeEngine:
             kv = self.pool.layer(layer)
             # set_kv_buffer: the new tokens' KV (and indexer keys) by logical id
             self.pool.write(layer, new_ids, torch.cat([
-                m.kv(q.seed, new_pos[b : b + 1], layer) for b, q in enumerate(batch)
+                self._kv(q, new_pos[b : b + 1], layer) for b, q in enumerate(batch)
             ]))
             if not m.shared[layer]:
                 for b, q in enumerate(batch):
-                    self.pool.write_index(layer, new_ids[b : b + 1], m.index_keys(q.seed, new_pos[b : b + 1], layer).view(torch.uint8))
+                    self.pool.write_index(layer, new_ids[b : b + 1], self._index_keys(q, new_pos[b : b + 1], layer).view(torch.uint8))
                     ids = self.req_to_token[q.req_pool_idx, : q.seq_len]
                     keys = self.pool.read_index(layer, ids).view(torch.float32)
                     top_k[b] = m.select(keys, q.seed, layer)
@@ -388,7 +497,7 @@ class DecodeEngine:
                 raise Mismatch(f"layer {layer}: -1 pattern of rows {rows[:bs].tolist()} != top_k {top_k[:bs].tolist()}")
             got = m.attend(kv[rows[:bs].clamp(min=0).long()], valid)
             want_bytes = torch.stack([
-                m.kv(q.seed, top_k[b].clamp(min=0), layer) for b, q in enumerate(batch)
+                self._kv(q, top_k[b].clamp(min=0).long(), layer) for b, q in enumerate(batch)
             ])
             want = m.attend(want_bytes, valid)
             if not torch.equal(got, want):
@@ -418,7 +527,12 @@ class DecodeEngine:
 
     # -- leak check -----------------------------------------------------------------------------
     def check_no_leaks(self) -> None:
-        """With no request alive: every allocator and pool is back to empty and consistent."""
+        """With no request alive: every allocator and pool is back to empty and consistent
+        (radix mode: once the idle tree, which may keep pages, is evicted through the allocator)."""
+        if self.tree is not None:
+            self.tree.check()
+            self.allocator.check_integrity()
+            self.allocator.free(self.tree.evict(len(self.tree.nodes)))
         self.allocator.check_integrity()
         self.host.check_integrity()
         problems = []
@@ -426,8 +540,10 @@ class DecodeEngine:
             problems.append(f"{self.allocator.logical.used_size()} logical ids still used")
         if self.allocator.rows.used_size():
             problems.append(f"{self.allocator.rows.used_size()} device rows still used")
-        if self.host.rows.used_size():
-            problems.append(f"{self.host.rows.used_size()} host rows still used")
+        if int(self.host.allocated_lens.sum()):
+            problems.append(f"{int(self.host.allocated_lens.sum())} host-row positions still bound")
+        if int(self.allocator._readers.abs().sum()) or self.allocator._held:
+            problems.append(f"prefill pages still held by request slots {sorted(self.allocator._held)}")
         if int((self.allocator.mapping[:-1] != 0).sum()):
             problems.append("mapping entries left")
         st = self.core.state

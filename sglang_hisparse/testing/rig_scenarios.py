@@ -260,7 +260,7 @@ def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
         for v in victims:
             if v in acted or v not in r.prefill.published:
                 continue
-            acted[v] = host.size - host.available_size()  # host rows in use while in flight
+            acted[v] = int(host.allocated_lens.sum())  # host-row positions bound while in flight
             if how == "abort":
                 r.abort(v)
             else:  # a transfer error, or a receiver giving up after its waiting timeout

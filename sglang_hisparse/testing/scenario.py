@@ -32,6 +32,10 @@ class ScenarioSpec:
     p_abort: float = 0.04
     p_retract: float = 0.05
     pad_batches: bool = True
+    #: radix engines: share of requests whose prompt starts with one of ``prefix_seeds``
+    #: shared prefixes (of random length), so the tree matches across requests
+    p_shared: float = 0.0
+    prefix_seeds: int = 2
 
 
 @dataclass
@@ -52,14 +56,22 @@ class ScenarioStats:
 def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -> ScenarioStats:
     """Drive ``engine`` through one random scenario; raises ``Mismatch`` or ``AssertionError``."""
     B = engine.sizes.buffer_size
+    if spec.max_prompt + spec.max_new > engine.sizes.max_ctx:
+        raise ValueError(
+            f"ScenarioSpec(max_prompt={spec.max_prompt}, max_new={spec.max_new}) can draw a request of "
+            f"{spec.max_prompt + spec.max_new} tokens but EngineSizes.max_ctx is {engine.sizes.max_ctx}: "
+            "lower max_prompt/max_new or raise max_ctx (such a request could never be admitted)")
     stats = ScenarioStats(prefetch=engine.prefetch_coverage)
     waiting = []
+    prefix_seeds = [rng.randint(0, 2**30) for _ in range(spec.prefix_seeds)]
     for i in range(spec.num_requests):
         prompt = rng.randint(1, spec.max_prompt)
         req = ToyRequest(
             rid=i, seed=rng.randint(0, 2**30), prompt_len=prompt,
             max_new=rng.randint(1, spec.max_new), direct=rng.random() < spec.p_direct,
         )
+        if rng.random() < spec.p_shared:
+            req.prefix_seed, req.shared_len = rng.choice(prefix_seeds), rng.randint(1, spec.max_prompt)
         stats.long_requests += prompt + req.max_new > B
         waiting.append(req)
     guard = 0
@@ -76,7 +88,8 @@ def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -
                 engine.admit_direct(req)
                 stats.directs += 1
             else:
-                engine.prefill(req)
+                engine.prefill(req, defer=True)  # one batch: checkpoints after every prefill
+        engine.flush_prefills()
         if engine.staging and rng.random() < spec.p_abort_staging:
             engine.release(rng.choice(engine.staging), "abort")
             stats.staging_aborts += 1

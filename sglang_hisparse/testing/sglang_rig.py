@@ -357,8 +357,10 @@ class Rig:
             )
         host = coord.host_pool
         host.check_integrity()
-        if host.available_size() != host.size:
-            raise AssertionError(f"idle: host pool {host.available_size()}/{host.size} rows free")
+        if int(host.allocated_lens.sum()):
+            raise AssertionError(f"idle: host pool still binds {int(host.allocated_lens.sum())} positions")
+        if dual._held:
+            raise AssertionError(f"idle: request slots {sorted(dual._held)} still hold prefill pages")
         busy = [r for r in range(core.state.num_reqs) if core.state.phase[r].value != "free"]
         if busy or core.has_ongoing_staging():
             raise AssertionError(f"idle: request slots {busy} not FREE (staging {core.has_ongoing_staging()})")

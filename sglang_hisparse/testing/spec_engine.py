@@ -70,9 +70,9 @@ class SpecDecodeEngine(DecodeEngine):
         window = -(-W // ps) * ps + ps
         return ids, len(batch) * (2 * window + ps)
 
-    def prefill(self, req: ToyRequest) -> None:
+    def prefill(self, req: ToyRequest, *, defer: bool = False) -> None:
         self.core.reserve_spec([self.free_slots[0]])  # allocate_spec_scratch
-        super().prefill(req)
+        super().prefill(req, defer=defer)
         self.salts[req.rid] = [0] * req.prompt_len
 
     def admit_direct(self, req: ToyRequest) -> None:

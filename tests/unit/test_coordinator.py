@@ -91,7 +91,7 @@ class Rig:
         self.host.check_integrity()
         assert self.alloc.logical.used_size() == 0
         assert self.alloc.rows.used_size() == 0
-        assert self.host.rows.used_size() == 0
+        assert int(self.host.allocated_lens.sum()) == 0
         assert all(p is Phase.FREE for p in self.core.state.phase)
 
 
@@ -175,7 +175,7 @@ def test_a_short_request_grows_one_row_per_step_and_gets_slot_B_past_B() -> None
 def _direct(rig: Rig, r: int, n: int) -> None:
     ids = rig.alloc.alloc_logical_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]))
     rig.ids[r] = ids.tolist()
-    assert rig.host.ensure(r, n)
+    rig.host.bind(r, 0, ids)
     for layer in range(L):
         rig.host.write(rig.host.host_rows[r, :n], torch.stack([_kv(p, layer) for p in range(n)]), layer)
     rig.core.admit_direct(r, n)

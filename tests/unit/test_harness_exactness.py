@@ -165,7 +165,7 @@ def test_prefetch_without_a_shared_layer_says_so() -> None:
     """Prefetch on, but every layer runs its own indexer: nothing is replayed, and the stats
     say so instead of counting the run as prefetch coverage."""
     model = ToyModel(num_layers=2, top_k=4, item_bytes=16, shared=(False, False))
-    sizes = EngineSizes(num_reqs=4, buffer_size=8, device_rows=256, max_ctx=48)
+    sizes = EngineSizes(num_reqs=4, buffer_size=8, device_rows=256, max_ctx=64)
     engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False)
     stats = _run(engine, BASE_SEED, ScenarioSpec(num_requests=3),
                  "tests/unit/test_harness_exactness.py::test_prefetch_without_a_shared_layer_says_so")

@@ -1,4 +1,5 @@
-"""Host pool core: lazy per-request pages, budget check before allocation, integrity (CPU)."""
+"""Host pool core: rows addressed by logical id, the per-position table, budget check before
+allocation, integrity (CPU)."""
 
 from __future__ import annotations
 
@@ -33,30 +34,27 @@ def pool(**kw) -> HostKVPool:
     return HostKVPool(**args)
 
 
-def test_ensure_is_lazy_and_paged_with_exact_rows():
+def test_bind_writes_the_logical_ids_as_host_rows():
     p = pool()
-    assert p.kv.shape == (2, 20, 32)  # 4 usable pages + the padding page
-    assert p.ensure(0, 3)  # one page: page 1 -> rows 4..7
-    assert p.host_rows[0].tolist() == [4, 5, 6, 7] + [-1] * 8
-    assert p.ensure(1, 5)  # two pages: 2, 3
-    assert p.ensure(0, 4)  # already covered: nothing taken
-    assert p.available_size() == 4
-    assert p.ensure(0, 6)  # page 4
-    assert p.host_row_ids(0, 2, 6).tolist() == [6, 7, 16, 17]
-    assert not p.ensure(2, 1)  # pool exhausted: False, nothing changed
-    assert p.host_rows[2].eq(-1).all()
+    assert p.kv.shape == (2, 20, 32) and p.total_rows == 20  # 4 usable pages + the padding page
+    p.bind(0, 0, torch.tensor([9, 10, 11]))
+    assert p.host_rows[0].tolist() == [9, 10, 11] + [-1] * 9 and p.allocated_len(0) == 3
+    p.bind(0, 3, torch.tensor([4]))  # continue in position order
+    p.bind(1, 0, torch.tensor([9, 10]))  # a shared prefix: the same rows for two requests
+    p.bind_positions([0, 1], [4, 2], torch.tensor([16, 17]))
+    assert p.host_rows[0, :5].tolist() == [9, 10, 11, 4, 16] and p.host_rows[1, :3].tolist() == [9, 10, 17]
+    p.bind(0, 1, torch.tensor([12]))  # rebinding a bound position (a rejected draft's) is fine
+    assert p.allocated_len(0) == 5
     p.check_integrity()
-    p.free_request(0)
-    assert p.host_rows[0].eq(-1).all() and p.available_size() == 8
-    assert p.ensure(2, 8)  # freed pages come back first, ascending
-    assert p.host_rows[2, :8].tolist() == [4, 5, 6, 7, 16, 17, 18, 19]
+    p.unbind(0)
+    assert p.host_rows[0].eq(-1).all() and p.allocated_len(0) == 0
+    p.unbind(0)  # idempotent
     p.check_integrity()
 
 
 def test_write_read_roundtrip_per_layer_and_all_layers():
     p = pool()
-    p.ensure(0, 4)
-    rows = p.host_row_ids(0, 0, 4)
+    rows = torch.tensor([4, 5, 6, 7])
     data = torch.randint(0, 256, (2, 4, 32), dtype=torch.uint8)
     p.write(rows, data)
     assert torch.equal(p.read(rows), data)
@@ -68,11 +66,20 @@ def test_write_read_roundtrip_per_layer_and_all_layers():
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="item_bytes = 20 must be a positive multiple of 16"):
         pool(item_bytes=20)
+    with pytest.raises(ValueError, match="capacity_tokens = 2 must hold at least one page"):
+        pool(capacity_tokens=2)
     p = pool()
     with pytest.raises(ValueError, match="exceeds max_context = 12"):
-        p.ensure(0, 13)
-    with pytest.raises(ValueError, match="call ensure"):
-        p.host_row_ids(0, 0, 1)
+        p.bind(0, 0, torch.arange(4, 17))
+    with pytest.raises(ValueError, match="would leave a gap"):
+        p.bind(0, 2, torch.tensor([4]))
+    with pytest.raises(ValueError, match="would leave a gap"):
+        p.bind_positions([1], [3], torch.tensor([4]))
+    with pytest.raises(ValueError, match="req_slot = 3 outside 0..2"):
+        p.bind(3, 0, torch.tensor([4]))
+    p.bind(0, 0, torch.tensor([2]))  # row 2 is in the padding page
+    with pytest.raises(ValueError, match="outside the usable rows 4..19"):
+        p.check_integrity()
 
 
 def test_budget_checked_before_allocating():
@@ -130,20 +137,21 @@ def test_available_host_bytes_honours_cgroup(tmp_path: Path):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12), st.booleans()), max_size=30))
-def test_random_ensure_free_sequences(ops):
+def test_random_bind_unbind_sequences(ops):
     p = pool(max_requests=4)
     for r, length, finish in ops:
         if finish:
-            p.free_request(r)
+            p.unbind(r)
         else:
-            before = p.allocated_len(r)
-            ok = p.ensure(r, length)
-            assert p.allocated_len(r) >= (length if ok else before)
+            have = p.allocated_len(r)
+            start = min(have, length)
+            p.bind(r, start, torch.arange(4, 4 + max(length - start, 0)))
+            assert p.allocated_len(r) == max(have, length)
         p.check_integrity()
     for r in range(4):
-        p.free_request(r)
+        p.unbind(r)
     p.check_integrity()
-    assert p.available_size() == p.size and p.host_rows.eq(-1).all()
+    assert p.host_rows.eq(-1).all() and int(p.allocated_lens.sum()) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")

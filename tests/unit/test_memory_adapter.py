@@ -194,17 +194,19 @@ def test_host_pool_on_hicache_buffer(pool):
     _, lens, _ = host.get_contiguous_buf_infos()
     assert lens == [(512 + PAGE) * 656] * LAYERS
     # decode.py:2321-2344: alloc_paged_token_slots(req_to_host_pool, allocated_len, idx, 0, n)
+    # the host rows are the logical ids the PD prealloc just took (logical_source)
     allocated = torch.zeros(4, dtype=torch.int64)
+    latest = {"ids": torch.arange(192, 262)}
+    host.logical_source = lambda: latest["ids"]
     rows = host.alloc_paged_token_slots(host.host_rows, allocated, 2, 0, 70)
-    assert rows.tolist() == list(range(64, 134)) and allocated[2].item() == 128
-    assert host.alloc_paged_token_slots(host.host_rows, allocated, 2, 70, 10).tolist() == list(
-        range(134, 144)
-    )
+    assert rows.tolist() == list(range(192, 262)) and allocated[2].item() == 70
+    latest["ids"] = torch.arange(300, 310)
+    assert host.alloc_paged_token_slots(host.host_rows, allocated, 2, 70, 10).tolist() == list(range(300, 310))
     host.check_integrity()
-    with pytest.raises(RuntimeError, match="host pool exhausted"):
+    with pytest.raises(RuntimeError, match="latest logical-only allocation holds 10 ids"):
         host.alloc_paged_token_slots(host.host_rows, allocated, 3, 0, 512)
-    host.free_request(2)
-    assert host.available_size() == 512
+    host.unbind(2)
+    assert host.allocated_len(2) == 0 and bool((host.host_rows[2] == -1).all())
     host.destroy()
 
 

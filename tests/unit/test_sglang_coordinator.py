@@ -134,7 +134,7 @@ class Server:
         self.alloc.core.check_integrity()
         self.coord.host_pool.check_integrity()
         assert self.alloc.core.logical.used_size() == 0 and self.alloc.core.rows.used_size() == 0
-        assert self.coord.host_pool.rows.used_size() == 0
+        assert int(self.coord.host_pool.allocated_lens.sum()) == 0
         assert all(p is Phase.FREE for p in self.coord.core.state.phase)
 
 
@@ -370,15 +370,15 @@ def test_pd_requests_released_before_admission_give_their_host_rows_back() -> No
     """Transfer failure / abort / timeout: ``_release_request`` (decode.py:2812) calls
     request_finished on a request that was never admitted, then release_kv_cache."""
     srv = Server()
-    pool = srv.coord.host_pool
-    full = pool.available_size()
+    pool, ids = srv.coord.host_pool, srv.coord.dual.logical
+    full = ids.available_size()
     for n in (130, 70, 200):  # a burst of failed transfers, every slot reused
         for r in range(R):
             req, _ = _pd_prealloc(srv, r, n)
-            assert pool.available_size() == full - -(-n // PAGE) * PAGE
+            assert ids.available_size() == full - -(-n // PAGE) * PAGE and pool.allocated_len(r) == n
             srv.release(req)
             srv.coord.request_finished(req)  # a second release (abort after the failure) is a no-op
-            assert pool.available_size() == full, (n, r)
+            assert ids.available_size() == full and pool.allocated_len(r) == 0, (n, r)
             pool.check_integrity()
     srv.assert_empty()
 
@@ -400,15 +400,17 @@ def test_pd_requests_released_before_admission_give_their_host_rows_back() -> No
 
 def test_host_rows_taken_twice_for_one_slot_are_one_set() -> None:
     srv = Server()
-    coord, pool = srv.coord, srv.coord.host_pool
-    full = pool.available_size()
+    coord, ids = srv.coord, srv.coord.dual.logical
+    full = ids.available_size()
     req, first = _pd_prealloc(srv, 0, 100)
     again = coord.mem_pool_host.alloc_paged_token_slots(
         coord.req_to_host_pool, coord.req_to_host_pool_allocated_len, 0, 0, 100
     )
-    assert torch.equal(first, again) and pool.available_size() == full - 2 * PAGE
+    # the host rows are the logical ids, so asking twice binds the same ones
+    assert torch.equal(first, again) and ids.available_size() == full - 2 * PAGE
+    assert first.tolist() == srv.req_to_token_pool.req_to_token[0, :100].tolist()
     srv.release(req)
-    assert pool.available_size() == full
+    assert ids.available_size() == full
     srv.assert_empty()
 
 
@@ -429,7 +431,7 @@ def test_every_release_path_is_idempotent_and_leaves_nothing() -> None:
     srv.coord.abort_staging_request(staged)
     srv.release(staged)
     srv.assert_empty()
-    assert srv.coord.host_pool.available_size() == srv.coord.host_pool.size
+    assert int(srv.coord.host_pool.allocated_lens.sum()) == 0
 
 
 def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
@@ -444,9 +446,9 @@ def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
     pd, _ = _pd_prealloc(srv, 2, 70)
     staged = srv.prefill(0, 10)
     coord.admit_request_into_staging(staged)
-    assert lens.tolist() == [PAGE, 0, 2 * PAGE] + [0] * (slots - 3)
+    assert lens.tolist() == [10, 0, 70] + [0] * (slots - 3)
     srv.release(pd)
-    assert lens.tolist() == [PAGE] + [0] * (slots - 1)
+    assert lens.tolist() == [10] + [0] * (slots - 1)
     coord.collect_ready_reqs()
     srv.release(staged)
     assert lens.tolist() == [0] * slots

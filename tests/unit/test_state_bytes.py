@@ -28,7 +28,7 @@ L, R, B, P = 3, 5, 6, 70
 
 
 def _host(max_context: int = P, num_layers: int = L) -> HostKVPool:
-    return HostKVPool(num_layers=num_layers, item_bytes=16, capacity_tokens=64, page_size=1,
+    return HostKVPool(num_layers=num_layers, item_bytes=16, capacity_tokens=128, page_size=1,
                       max_requests=R, max_context=max_context, pin=False)
 
 
