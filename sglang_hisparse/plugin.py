@@ -5,12 +5,12 @@ every scheduler process, before server arguments are parsed and before any pool 
 coordinator is built (docs/patches.md has the full ledger). Importing this module does
 nothing; :func:`register` is idempotent.
 
-Every target but two is a REPLACE: the in-tree object is swapped for ours, and SGLang's own
+The first five targets are REPLACEs: the in-tree object is swapped for ours, and SGLang's own
 call sites (which only run under ``--enable-hisparse``) construct our classes. Without
-``--enable-hisparse`` nothing we install is ever called, except the AROUND hook on the KV
-budget (``sglang_adapter.budget``), which then returns SGLang's figure unchanged, and the
-AFTER hook on ``Scheduler.abort_request`` (``sglang_adapter.scheduler_hooks``), which then
-finds no coordinator and returns. ``SGLANG_PLUGINS=<names without
+``--enable-hisparse`` those are never called; the AROUND hooks (the KV budget,
+``sglang_adapter.budget``; the radix-cache call paths, ``sglang_adapter.radix_hooks``) and the
+AFTER hook on ``Scheduler.abort_request`` (``sglang_adapter.scheduler_hooks``) are, and find no
+HiSparse allocator or coordinator and return SGLang's result unchanged. ``SGLANG_PLUGINS=<names without
 hisparse>`` keeps this plugin from loading, which gives the in-tree HiSparse back for A/B.
 """
 
@@ -72,6 +72,30 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
         "sglang_hisparse.sglang_adapter.budget:reserve_coordinator_state",
         "the KV budget less the coordinator's per-request-slot GPU state, built after the pool",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.allocation.alloc_for_extend",
+        "sglang_hisparse.sglang_adapter.radix_hooks:prepare_extend_prefixes",
+        "radix cache: a matched prefix is held, and loaded from host where no device row holds it",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.common.release_kv_cache",
+        "sglang_hisparse.sglang_adapter.radix_hooks:release_unstaged",
+        "radix cache: a prefill released without request_finished stages what the tree keeps",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.prefill_budget.PrefillBudget._available_and_evictable",
+        "sglang_hisparse.sglang_adapter.radix_hooks:available_rows_bound",
+        "radix cache: evicting the tree frees logical ids, not device rows",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req",
+        "sglang_hisparse.sglang_adapter.radix_hooks:reserve_prefix_rows",
+        "radix cache: a matched prefix may need device rows to be loaded into",
         hook="AROUND",
     ),
     HookTarget(

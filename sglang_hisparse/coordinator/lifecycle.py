@@ -93,12 +93,14 @@ class Lifecycle:
         if got is None:
             return False
         ids, rows = got
-        ctx.allocator.hold(r, prefix_ids)
+        new_pages = ctx.allocator.hold(r, prefix_ids)
+        # hits: prefix tokens first held now (a later chunk re-presents its earlier ones)
+        hit = int(torch.isin(prefix_ids.cpu().reshape(-1) // ctx.allocator.page_size, new_pages).sum())
         if ids.numel():
             dev = ctx.device
             # NOTE: on the caller's stream (the forward's): the prefill reads these rows next.
             transfer.to_device(ctx, ids.to(dev, non_blocking=True), rows.to(dev, non_blocking=True))
-        ctx.telemetry.add_prefix(prefix_ids.numel(), ids.numel(), ids.numel() * ctx.item_bytes * ctx.num_layers)
+        ctx.telemetry.add_prefix(hit, ids.numel(), ids.numel() * ctx.item_bytes * ctx.num_layers)
         return True
 
     # -- staging (co-located prefill) -----------------------------------------------------

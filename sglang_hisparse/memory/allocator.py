@@ -229,7 +229,9 @@ class DualSpaceAllocator:
         ids = self.logical.alloc_extend_cpu(p, seq_lens, last)
         rows = self.rows.alloc_extend_cpu(p, seq_lens, dev_last)
         self._bind_prefill(ids, rows)
-        return ids.to(self.device, non_blocking=True)
+        out = ids.to(self.device, non_blocking=True)
+        self.last_alloc_cpu, self._last_alloc_out = ids, out  # cpu_ids_of: the extend's own ids
+        return out
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """Decode: one logical id per request, no device row (the coordinator maps it to its slot)."""
@@ -280,17 +282,19 @@ class DualSpaceAllocator:
         self.mapping[self.logical.page_ids_to_ids(log_pages).to(self.device)] = UNMAPPED
 
     # ---- shared prefill rows: readers per logical page -------------------------------------
-    def hold(self, req_slot: int, logical_ids: torch.Tensor) -> None:
+    def hold(self, req_slot: int, logical_ids: torch.Tensor) -> torch.Tensor:
         """Request slot ``req_slot`` reads the prefill rows of ``logical_ids``' pages (int, any
-        device; read on the CPU) until :meth:`unhold`; pages it already holds count once."""
+        device; read on the CPU) until :meth:`unhold`; pages it already holds count once.
+        Returns the pages newly held (CPU int64)."""
         pages = torch.unique(_as_cpu_int64(logical_ids, "logical ids to hold") // self.page_size)
         have = self._held.get(req_slot)
         if have is not None:
             pages = pages[~torch.isin(pages, have)]
         if pages.numel() == 0:
-            return
+            return pages
         self._readers[pages] += 1
         self._held[req_slot] = pages if have is None else torch.cat((have, pages))
+        return pages
 
     def note_computed(self, req_slot: int, logical_ids: torch.Tensor) -> None:
         """The prefill of ``req_slot`` computed ``logical_ids`` (held too): its staging copies
@@ -314,6 +318,10 @@ class DualSpaceAllocator:
             return torch.empty(0, dtype=torch.int64)
         self._readers[pages] -= 1
         return pages
+
+    def holds(self, req_slot: int) -> bool:
+        """Whether ``req_slot`` holds any page (a prefill not yet collected)."""
+        return req_slot in self._held
 
     def readers(self, logical_pages: torch.Tensor) -> torch.Tensor:
         """int32 [n] (CPU): holders of each logical page."""

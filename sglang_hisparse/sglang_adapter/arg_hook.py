@@ -63,11 +63,6 @@ def validate_hisparse(server_args: Any) -> None:
     hf_config = model_config.hf_config
     index_topk = check_model(cfg, model_config)
     check_platform()
-    if not cfg.disable_radix_cache:
-        raise ValueError(
-            "--enable-hisparse requires the radix cache off: a shared prefix's KV would live "
-            "in one request's hot buffer. Add --disable-radix-cache."
-        )
     if cfg.enable_mixed_chunk:
         raise ValueError(
             "--enable-hisparse does not support --enable-mixed-chunk: the HiSparse decode batch "
@@ -76,6 +71,7 @@ def validate_hisparse(server_args: Any) -> None:
         )
     num_draft_tokens = _check_speculative(cfg, view)
     check_serving_paths(cfg, view, speculative=cfg.speculative_algorithm if num_draft_tokens else None)
+    check_radix_cache(cfg, speculative=bool(num_draft_tokens))
 
     kv_dtype = view.kv_cache_dtype
     if kv_dtype not in KV_DTYPES:
@@ -110,6 +106,46 @@ def validate_hisparse(server_args: Any) -> None:
 
 #: speculative algorithms whose target verify is SGLang's EAGLE chain path (NEXTN resolves to EAGLE)
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+
+
+#: flags that make the radix tree move or keep KV itself (flag, attribute, why refused)
+_RADIX_CONFLICTS = (
+    ("--enable-hierarchical-cache", "enable_hierarchical_cache",
+     "HiCache would load and write back the tree's logical ids as device rows"),
+    ("--enable-lmcache", "enable_lmcache", "LMCache would store the tree's logical ids as device rows"),
+    ("--enable-flexkv", "enable_flexkv", "FlexKV would store the tree's logical ids as device rows"),
+    ("--enable-unified-cache-external-linker", "enable_unified_cache_external_linker",
+     "an external cache linker would store the tree's logical ids as device rows"),
+    ("--enable-streaming-session", "enable_streaming_session",
+     "a session keeps its request's KV row past release, outside the coordinator"),
+    ("--enable-session-radix-cache", "enable_session_radix_cache",
+     "a session keeps its request's KV row past release, outside the coordinator"),
+)
+
+
+def check_radix_cache(cfg: Any, *, speculative: bool) -> None:
+    """With the radix cache on (the default), refuse what HiSparse's prefix sharing does not
+    cover yet (docs/prefix-cache.md); the radix cache off is always fine."""
+    if cfg.disable_radix_cache:
+        return
+    fix = "or add --disable-radix-cache"
+    for flag, attr, why in _RADIX_CONFLICTS:
+        if getattr(cfg, attr, False):
+            raise ValueError(f"--enable-hisparse with the radix cache does not support {flag}: {why}. "
+                             f"Remove {flag}, {fix}.")
+    backend = getattr(cfg, "radix_cache_backend", None)
+    if backend is not None:
+        raise ValueError(f"--enable-hisparse with the radix cache needs SGLang's default tree, not "
+                         f"--radix-cache-backend {backend}: our hooks follow its call protocol. Remove "
+                         f"--radix-cache-backend, {fix}.")
+    if speculative:
+        raise ValueError("--enable-hisparse with the radix cache does not support speculative decoding yet "
+                         "(the verify path is not covered by prefix sharing). Add --disable-radix-cache, or "
+                         "remove --speculative-algorithm.")
+    if getattr(cfg, "disaggregation_mode", "null") == "decode":
+        return  # SGLang's own radix rule for PD decode applies (its decode radix cache is refused)
+    logger.info("sglang-hisparse: radix cache on: matched prefixes are shared through the host "
+                "pool (a logical id's host row is the id) and loaded to the device on demand.")
 
 
 def _check_speculative(cfg: Any, view: Any) -> int:

@@ -165,6 +165,8 @@ class SGLangHiSparseCoordinator:
         # rows to the hot buffer (one of them may be slot B's), so W pages-rounded covers it.
         self.mem_pool_host = self.host_pool
         self.req_to_host_pool = self.host_pool.host_rows
+        # the radix hooks (radix_hooks.py) reach the coordinator through the allocator
+        token_to_kv_pool_allocator.hisparse_coordinator = self
         self.host_pool.logical_source = lambda: self.dual.last_logical_extend
         self.padded_buffer_size = self.dual.hot.max_pages(device_buffer_size) * self.dual.page_size
         if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
@@ -225,10 +227,65 @@ class SGLangHiSparseCoordinator:
         r = req.kv.req_pool_idx
         n = int(req.extend_end)
         req.hisparse_staging = True
+        row = self.req_to_token_pool.req_to_token[r, :n]
+        cpl = int(getattr(req.kv, "cache_protected_len", 0) or 0)
+        if cpl and self.dual.computed_ids(r) is not None:
+            # the checkpoint just before (checkpoint_kv_cache) may have repointed pages of the
+            # row to ids another request inserted: hold them, loading what is only on host
+            self._prepare(r, self._cpu_rows([(r, cpl)])[0])
         # NOTE: SGLang's result processor synchronizes the prefill batch's copy_done event
         # (recorded on the forward stream after the forward) before it admits, so the KV is
         # written; under the overlap scheduler the forward stream already holds the next batch.
-        self.core.admit_staging(r, self.req_to_token_pool.req_to_token[r, :n], req, prompt_written=True)
+        self.core.admit_staging(r, row, req, prompt_written=True)
+
+    # -- radix cache (radix_hooks.py) -----------------------------------------------------------
+    def prepare_extend(self, reqs: list[Any], req_slots: list[int], extend_lens: list[int],
+                       out_cache_loc: torch.Tensor) -> None:
+        """After ``alloc_for_extend``: each request holds the tree part of its row
+        (``req.kv.cache_protected_len`` ids: the match, then what its checkpoints published)
+        and the ids this extend computed (``out_cache_loc``, split by ``extend_lens``).
+
+        NOTE: the tree part is read back from ``req_to_token`` (one small copy per extend batch
+        with a match; the tree keeps its values on the GPU only). The computed ids come from the
+        allocator's CPU copy of the latest allocation when ``out_cache_loc`` is it (always, in
+        SGLang 0.5.23's extend path), else they are read back too."""
+        computed = self.dual.cpu_ids_of(out_cache_loc)
+        if computed is None:
+            computed = out_cache_loc.cpu()
+        prefixes = self._cpu_rows([(r, int(getattr(q.kv, "cache_protected_len", 0) or 0))
+                                   for q, r in zip(reqs, req_slots, strict=True)])
+        off = 0
+        for r, ext, prefix in zip(req_slots, extend_lens, prefixes, strict=True):
+            self._prepare(r, prefix, computed[off : off + int(ext)])
+            off += int(ext)
+
+    def _cpu_rows(self, spans: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """``req_to_token[r, :n]`` on the CPU for each (r, n), in one read-back."""
+        r2t = self.req_to_token_pool.req_to_token
+        parts = [r2t[r, :n] for r, n in spans if n]
+        flat = torch.cat(parts).to(torch.int64).cpu() if parts else torch.empty(0, dtype=torch.int64)
+        out, off = [], 0
+        for _, n in spans:
+            out.append(flat[off : off + n])
+            off += n
+        return out
+
+    def _prepare(self, r: int, prefix: torch.Tensor, computed: torch.Tensor | None = None) -> None:
+        if not self.core.prepare_prefix(r, prefix, computed_ids=computed):
+            raise RuntimeError(
+                f"HiSparse: no device rows to load request slot {r}'s matched prefix ({prefix.numel()} "
+                f"tokens; {self.dual.rows.available_size()} rows free, {self.dual.available_rows()} with "
+                f"what resident requests give up). The prefill budget reserves them "
+                f"(radix_hooks.reserve_prefix_rows); lower --max-running-requests or raise the KV budget."
+            )
+
+    def release_unstaged(self, req: Any) -> None:
+        """Before ``release_kv_cache``: a request released with prefill state but without
+        ``request_finished`` (SGLang aborts between chunks, process_pending_chunked_abort) is
+        finished here, so the ids it computed reach host before the tree keeps them."""
+        r = getattr(req.kv, "req_pool_idx", None)
+        if r is not None and self.dual.holds(r) and self.core.state.phase[r].value == "free":
+            self.core.finish(r)
 
     def collect_ready_reqs(self) -> list[Any]:
         ready = [entry.req for entry in self.core.collect_ready()]

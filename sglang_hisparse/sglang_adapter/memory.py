@@ -267,6 +267,20 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
             "HiSparse: resizing the KV pool at runtime is unsupported (the mapping and host pool are sized once)."
         )
 
+    def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> bool | None:
+        """Evict the radix tree only for a shortfall of logical ids: evicting frees ids (and
+        their host rows), never device rows, which the coordinator's reclaimer provides; the
+        base class would evict for ``available_size()``, the smaller of the two spaces, and
+        drop cached prefixes for nothing."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        if tree_cache is None or not tree_cache.supports_prefix_sharing():
+            return None
+        shortfall = num_tokens - self.core.logical.available_size()
+        if shortfall > 0:
+            tree_cache.evict_for_alloc(EvictParams(num_tokens=shortfall))
+        return None
+
     # ---- decode memory check: SGLang's retraction converges on it -----------------------
     def configure_hot_buffer(self, hot_size: int) -> None:
         """B, so that :meth:`check_decode_capacity` can count the hot-buffer growth of a step."""

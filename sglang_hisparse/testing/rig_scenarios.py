@@ -78,7 +78,8 @@ def _expect_aborted(rig: Rig, rids: set[str] | dict[str, Any]) -> None:
 
 def _stats(rig: Rig) -> dict[str, Any]:
     t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
-    out = {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups") if k in t}
+    out = {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups", "prefix_hit_tokens",
+                             "prefix_load_tokens", "prefix_copy_rows") if k in t}
     if rig.coordinator is not None:
         c = rig.coordinator.core.residency_counts()
         out.update(shrinks=c["shrinks"], resident_admissions=c["resident_admissions"])
@@ -104,6 +105,116 @@ def spec_mixed_lengths(rig: Rig) -> dict[str, Any]:
         raise AssertionError(f"spec_mixed_lengths: accept lengths {stats.get('accept_lengths')}; "
                              f"every length 1..{w} must occur")
     return {"requests": _check_tokens(rig, reqs), **stats}
+
+
+# -- radix cache --------------------------------------------------------------------------------
+def _hit_tokens(rig: Rig) -> int:
+    return int(rig.coordinator.telemetry()["prefix_hit_tokens"]) if rig.coordinator is not None else 0
+
+
+def radix_shared_prefix(rig: Rig) -> dict[str, Any]:
+    """A 4-page system prompt: one request computes it, then 8 others whose prompts start with
+    it (suffixes of 1..90 tokens) match it, load it back from host or read its rows, and decode
+    exactly; at least 90 % of their prefix tokens are not computed again."""
+    rnd = random.Random(21)
+    ps = rig.config.page_size
+    base = [rnd.randrange(1000) for _ in range(4 * ps)]
+    first = {"sys0": (base + [rnd.randrange(1000) for _ in range(10)], 6)}
+    _submit_all(rig, first)
+    rig.run_until_idle()
+    before = _hit_tokens(rig)
+    reqs = {f"sys{i}": (base + [rnd.randrange(1000) for _ in range(rnd.randint(1, 90))], rnd.randint(2, 24))
+            for i in range(1, 9)}
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    hits = _hit_tokens(rig) - before
+    if hits < 0.9 * 8 * len(base):
+        raise AssertionError(f"radix_shared_prefix: {hits} prefix tokens matched, want >= 90 % of {8 * len(base)}")
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**first, **reqs}), "matched": hits, **stats}
+
+
+def radix_multi_turn(rig: Rig) -> dict[str, Any]:
+    """Six turns of one conversation: each prompt is the previous prompt, its output and a
+    few new tokens, so it matches the previous turn's prompt + output (the tree keeps them at
+    finish, the newest token's KV written to host then)."""
+    rnd = random.Random(22)
+    prompt = [rnd.randrange(1000) for _ in range(150)]
+    done: dict[str, tuple[list[int], int]] = {}
+    matched = []
+    for turn in range(6):
+        rid, new = f"turn{turn}", rnd.randint(8, 40)
+        before = _hit_tokens(rig)
+        rig.submit(rid, prompt, new)
+        rig.run_until_idle()
+        matched.append(_hit_tokens(rig) - before)
+        done[rid] = (prompt, new)
+        prompt = prompt + rig.results[rid].output_ids + [rnd.randrange(1000) for _ in range(rnd.randint(1, 30))]
+    if not all(m > 0 for m in matched[1:]):
+        raise AssertionError(f"radix_multi_turn: matched tokens per turn {matched}; every later turn must match")
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, done), "matched_per_turn": matched, **stats}
+
+
+def radix_identical_batch(rig: Rig) -> dict[str, Any]:
+    """Three identical prompts and two sharing their first pages, submitted together: one
+    prefill batch, whose checkpoints find each other's pages (SGLang frees the duplicates and
+    repoints the rows), then requests finished at their prefill (one output token) whose
+    pages later requests match."""
+    rnd = random.Random(23)
+    ps = rig.config.page_size
+    same = [rnd.randrange(1000) for _ in range(2 * ps + 20)]
+    reqs = {f"dup{i}": (list(same), rnd.randint(3, 20)) for i in range(3)}
+    reqs.update({f"near{i}": (same[: ps + 10] + [rnd.randrange(1000) for _ in range(30)], 5) for i in range(2)})
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    one = [rnd.randrange(1000) for _ in range(ps + 40)]
+    short = {"one0": (one, 1)}
+    _submit_all(rig, short)
+    rig.run_until_idle()
+    after = {"one1": (one + [rnd.randrange(1000) for _ in range(12)], 9)}
+    _submit_all(rig, after)
+    rig.run_until_idle()
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**reqs, **short, **after}), **stats}
+
+
+def radix_abort_between_chunks(rig: Rig) -> dict[str, Any]:
+    """A long prompt aborted while its chunks prefill (SGLang releases it without
+    ``request_finished``; the tree keeps the pages its chunks published), then a request whose
+    prompt starts with those pages matches them: their KV must have reached host."""
+    rnd = random.Random(24)
+    chunk = rig.config.chunked_prefill_size or 64
+    long = [rnd.randrange(1000) for _ in range(6 * chunk)]
+    victim = "chunky"
+    rig.submit(victim, long, 8)
+    acted = []
+
+    def on_step(r: Rig) -> None:
+        chunked = getattr(r.scheduler, "chunked_req", None)
+        published = chunked.kv.cache_protected_len if chunked is not None and chunked.rid == victim else 0
+        if not acted and published >= 2 * chunk:  # two chunks in the tree, more to come
+            r.abort(victim)
+            acted.append(published)
+
+    rig.run_until_idle(on_step=on_step)
+    if not acted:
+        raise AssertionError("radix_abort_between_chunks: the victim was never seen between chunks")
+    _expect_aborted(rig, {victim})
+    held = sorted(rig.coordinator.dual._held)
+    if held:  # before a later request reuses the slot (its collect would drop them)
+        raise AssertionError(f"radix_abort_between_chunks: request slots {held} still hold pages after the abort")
+    before = _hit_tokens(rig)
+    reqs = {"after_chunks": (long[: 2 * chunk] + [rnd.randrange(1000) for _ in range(20)], 12)}
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs), "aborted_at_prefix": acted[0],
+            "matched": _hit_tokens(rig) - before, **stats}
 
 
 # -- co-located --------------------------------------------------------------------------------
@@ -333,6 +444,7 @@ GROUP_ENV: dict[str, dict[str, str]] = {
     # of the real KV pressure of a small pool (which alone retracts only under some loads)
     "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "pd_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+    "radix_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
@@ -362,6 +474,23 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         RigConfig(residency="always_hot", chunked_prefill_size=64, max_running_requests=8,
                   staging_polls=3),
         [mixed_lengths, abort_mid_decode],
+    ),
+    # SGLang's radix cache on: shared prefixes, multi-turn, duplicates in one batch, finish at
+    # prefill, abort mid-decode; normal and overlap loops
+    "radix": (
+        RigConfig(radix=True, chunked_prefill_size=64, max_running_requests=8, staging_polls=3),
+        [radix_shared_prefix, radix_multi_turn, radix_identical_batch, radix_abort_between_chunks,
+         abort_mid_decode],
+    ),
+    "radix_retract": (
+        RigConfig(radix=True, device_rows=512, host_to_device_ratio=2, max_running_requests=8,
+                  extra_args=("--schedule-conservativeness", "0.01")),
+        [retract_and_resume],
+    ),
+    "radix_overlap": (
+        RigConfig(radix=True, overlap=True, chunked_prefill_size=128, device_rows=1536,
+                  max_running_requests=8, staging_polls=2),
+        [radix_shared_prefix, radix_multi_turn, mixed_lengths],
     ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(

@@ -86,6 +86,8 @@ class RigConfig:
     #: and its watermark (None: the default)
     residency: str = "pressure"
     residency_watermark: float | None = None
+    #: SGLang's radix cache on (the rig's other groups run --disable-radix-cache)
+    radix: bool = False
     extra_args: tuple[str, ...] = ()
 
     def model(self) -> TokenModel:
@@ -94,7 +96,7 @@ class RigConfig:
     def argv(self, model_dir: Path) -> list[str]:
         argv = [
             "--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu",
-            "--disable-radix-cache",
+            *(() if self.radix else ("--disable-radix-cache",)),
             "--max-running-requests", str(self.max_running_requests),
             "--page-size", str(self.page_size),
             "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
@@ -348,6 +350,16 @@ class Rig:
             return
         alloc = s.token_to_kv_pool_allocator
         alloc.check_integrity()
+        if self.config.radix:
+            # the tree keeps finished requests' ids (SGLang's check above counted them as
+            # evictable): evict all of it through the real path (our free), then check strictly
+            from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+            s.tree_cache.evict(EvictParams(num_tokens=s.tree_cache.evictable_size()))
+            if s.tree_cache.evictable_size() or s.tree_cache.protected_size():
+                raise AssertionError(f"idle: the radix tree keeps {s.tree_cache.evictable_size()} "
+                                     f"evictable / {s.tree_cache.protected_size()} protected tokens after evicting all")
+            alloc.check_integrity()
         core = coord.core
         dual = coord.dual
         if dual.logical.available_size() != dual.size_full or dual.rows.available_size() != dual.size_device:

@@ -65,6 +65,25 @@ def test_kernel_matches_reference(item, num_layers, n, direction):
         assert torch.equal(dst[li], want[li]), f"layer {li} differs"
 
 
+@pytest.mark.parametrize("num_layers,n", [(1, 1), (61, 64), (78, 300)])
+def test_device_to_device_within_one_table_matches_reference(num_layers, n):
+    """A collect's private copies of rows another request holds (transfer.device_to_device):
+    source and destination are one device table, the row sets disjoint."""
+    dev, _d = make_side(num_layers, 1024, 656, host=False, seed=5)
+    g = torch.Generator().manual_seed(n)
+    perm = torch.randperm(1024, generator=g)
+    s_rows, d_rows = perm[:n].cuda(), perm[n : 2 * n].cuda()
+    table = LayerTable.build(dev)
+    before = snapshot(dev)
+    reference_copy_rows(src=table, dst=table, src_rows=s_rows, dst_rows=d_rows)
+    want = snapshot(dev)
+    restore(dev, before)
+    copy_rows(src=table, dst=table, src_rows=s_rows, dst_rows=d_rows)
+    torch.cuda.synchronize()
+    for li in range(num_layers):
+        assert torch.equal(dev[li], want[li]), f"layer {li} differs"
+
+
 def test_out_of_range_pairs_are_skipped():
     dev, _d = make_side(4, 64, 656, host=False, seed=3)
     host, _h = make_side(4, 32, 656, host=True, seed=4)

@@ -119,7 +119,7 @@ def test_pressure_lifecycles_are_exact_leak_free_and_shrink(config: str, prefetc
     allocator/pool balances after every step (the harness checks both)."""
     model, sizes = CONFIGS[config]
     totals = {"shrinks": 0, "resident_admissions": 0, "lifecycles": 0, "directs": 0}
-    for seed in range(4):
+    for seed in range(6):  # 4 drew a scenario without a shrink about once in 50 runs
         engine = DecodeEngine(model, sizes, prefetch=prefetch, skip_io=False, max_batch=8,
                               decode_alloc_rows=seed % 2 == 1, new_token_ratio=(1.0, 0.5)[seed % 2],
                               residency="pressure", watermark_rows=sizes.page_size * 2)

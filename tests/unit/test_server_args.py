@@ -50,6 +50,15 @@ def test_accepts_good_combinations(dsa_model_dir, extra):
     check(dsa_model_dir, *OK, *extra)
 
 
+def test_accepts_the_radix_cache_and_says_so(dsa_model_dir):
+    from sglang_hisparse.testing.logs import captured_logs
+
+    with captured_logs("sglang_hisparse.sglang_adapter.arg_hook") as logs:
+        args = check(dsa_model_dir)  # the radix cache on, SGLang's default
+    assert not args.disable_radix_cache
+    assert any("radix cache on: matched prefixes are shared through the host pool" in m for m in logs), logs
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -76,7 +85,9 @@ def test_accepts_chain_speculative_decoding(dsa_model_dir, extra):
 
 
 BAD = [
-    ([], r"requires the radix cache off.*Add --disable-radix-cache"),
+    (["--enable-hierarchical-cache"], r"with the radix cache does not support --enable-hierarchical-cache: HiCache .*Remove --enable-hierarchical-cache, or add --disable-radix-cache"),
+    (["--enable-streaming-session"], r"does not support --enable-streaming-session: a session keeps"),
+    (["--speculative-algorithm", "EAGLE"], r"with the radix cache does not support speculative decoding yet.*--disable-radix-cache"),
     (OK + ["--enable-mixed-chunk"], r"does not support --enable-mixed-chunk.*Remove --enable-mixed-chunk"),
     (OK + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
            "--speculative-num-draft-tokens", "8", "--attention-backend", "flashinfer"], r"--speculative-eagle-topk 4: tree verify is not supported.*chain prefix.*Use --speculative-eagle-topk 1"),
