@@ -160,10 +160,12 @@ class Lifecycle:
                 break
             done += 1
         done = self._agree(done)
+        for entry in self.queue[:done]:
+            self.ctx.allocator.mark_landed(entry.req_slot)
         taken = 0
         for entry in self.queue[:done]:
             if not self._take_rows(entry):
-                break  # no rows for its private copies now: it and those behind it wait
+                break  # rows for its private copies, or a prefix page's host copy, missing now
             taken += 1
         ready, self.queue = self.queue[:taken], self.queue[taken:]
         return ready
@@ -175,6 +177,10 @@ class Lifecycle:
         ctx, B = self.ctx, self.ctx.buffer_size
         r, ids = entry.req_slot, entry.logical_ids.cpu()
         n = ids.numel()
+        if ctx.allocator.host_pending(ids):
+            # it shares pages with a prefill whose staging has not run (a chunked prompt still
+            # prefilling): its misses would read their host rows before they are written
+            return False
         hot_need = torch.zeros(n, dtype=torch.bool)
         hot_need[: min(n, B)] = True
         hot_need[n - 1] = True
@@ -283,6 +289,7 @@ class Lifecycle:
         self._require(r, Phase.STAGING, "abort_staging")
         self.queue = [e for e in self.queue if e.req_slot != r]
         self.ctx.streams.current_after(self.ctx.streams.staging)
+        self.ctx.allocator.mark_landed(r)
         self.ctx.host.unbind(r)
         self._drop_holds(r)
         self.ctx.state.reset(r)
@@ -315,6 +322,7 @@ class Lifecycle:
         transfer.to_host_async(ctx, ctx.allocator.translate(ids), ids, side=ctx.streams.staging,
                                done=None, after_forward=True)
         ctx.streams.current_after(ctx.streams.staging)
+        ctx.allocator.mark_landed(r)
 
     def _drop_holds(self, r: int) -> None:
         alloc = self.ctx.allocator

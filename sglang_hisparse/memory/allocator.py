@@ -159,6 +159,9 @@ class DualSpaceAllocator:
         #: request slot -> the ids its prefill computed and still owns (CPU int64): what its
         #: staging copies; ids SGLang frees (a checkpoint's duplicates) drop out
         self._computed: dict[int, torch.Tensor] = {}
+        #: bool [logical pages + 1] (CPU): computed pages whose host copy has not landed yet
+        #: (their request has not been staged), which no other request may read from host
+        self._pending_host = torch.zeros(self.logical.num_pages + 1, dtype=torch.bool)
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -269,6 +272,7 @@ class DualSpaceAllocator:
         self.logical.free_pages(log_pages)
         self.rows.free_pages(pages)
         self._prefill_row[ids] = UNMAPPED
+        self._pending_host[log_pages] = False
         if bool((self._readers[log_pages] > 0).any()):
             self._forget_holds(log_pages)
         for r, own in list(self._computed.items()):
@@ -301,8 +305,21 @@ class DualSpaceAllocator:
         those of them still allocated to it (:meth:`computed_ids`)."""
         ids = _as_cpu_int64(logical_ids, "computed logical ids").reshape(-1)
         self.hold(req_slot, ids)
+        self._pending_host[ids // self.page_size] = True
         have = self._computed.get(req_slot)
         self._computed[req_slot] = ids if have is None else torch.cat((have, ids))
+
+    def mark_landed(self, req_slot: int) -> None:
+        """The host copy of what ``req_slot`` computed has landed (its staging event is done,
+        or the caller's stream is ordered after the copy)."""
+        own = self._computed.get(req_slot)
+        if own is not None and own.numel():
+            self._pending_host[own // self.page_size] = False
+
+    def host_pending(self, logical_ids: torch.Tensor) -> bool:
+        """Whether any page of ``logical_ids`` (CPU) waits for its host copy: a request whose
+        buffer would read such a page from host must not start decoding yet."""
+        return bool(self._pending_host[_as_cpu_int64(logical_ids, "logical ids") // self.page_size].any())
 
     def computed_ids(self, req_slot: int) -> torch.Tensor | None:
         """The ids :meth:`note_computed` recorded for ``req_slot`` that are still its (CPU),

@@ -217,6 +217,37 @@ def radix_abort_between_chunks(rig: Rig) -> dict[str, Any]:
             "matched": _hit_tokens(rig) - before, **stats}
 
 
+def radix_chunk_race(rig: Rig) -> dict[str, Any]:
+    """A long prompt publishes its chunks to the tree as it prefills; a short request arrives
+    matching the first two while the long one is still prefilling, on hot buffers (its misses
+    read the shared pages' host rows). SGLang 0.5.23 gives a chunk the whole prefill budget,
+    so the short one joins the long one's last chunk and both stage together; the collect
+    would hold it back otherwise (``DualSpaceAllocator.host_pending``: a page whose host copy
+    has not landed)."""
+    rnd = random.Random(25)
+    chunk = rig.config.chunked_prefill_size or 64
+    long = [rnd.randrange(1000) for _ in range(6 * chunk)]
+    reqs = {"race_long": (long, 10)}
+    rig.submit("race_long", long, 10)
+    sent = []
+
+    def on_step(r: Rig) -> None:
+        chunked = getattr(r.scheduler, "chunked_req", None)
+        if not sent and chunked is not None and chunked.rid == "race_long" and chunked.kv.cache_protected_len >= 2 * chunk:
+            prompt = long[: 2 * chunk] + [rnd.randrange(1000) for _ in range(10)]
+            reqs["race_short"] = (prompt, 30)
+            r.submit("race_short", prompt, 30)
+            sent.append(chunked.kv.cache_protected_len)
+
+    before = _hit_tokens(rig)
+    rig.run_until_idle(on_step=on_step)
+    if not sent:
+        raise AssertionError("radix_chunk_race: the long prompt was never seen between chunks")
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs), "matched": _hit_tokens(rig) - before, **stats}
+
+
 # -- co-located --------------------------------------------------------------------------------
 def mixed_lengths(rig: Rig) -> dict[str, Any]:
     """Many concurrent requests, prompts shorter and longer than B, several prefill chunks."""
@@ -481,6 +512,11 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         RigConfig(radix=True, chunked_prefill_size=64, max_running_requests=8, staging_polls=3),
         [radix_shared_prefix, radix_multi_turn, radix_identical_batch, radix_abort_between_chunks,
          abort_mid_decode],
+    ),
+    "radix_hot": (
+        RigConfig(radix=True, residency="always_hot", chunked_prefill_size=64, max_running_requests=8,
+                  staging_polls=1),
+        [radix_chunk_race, radix_shared_prefix],
     ),
     "radix_retract": (
         RigConfig(radix=True, device_rows=512, host_to_device_ratio=2, max_running_requests=8,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, ReqStatus, ToyRequest
 from sglang_hisparse.testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
@@ -166,3 +167,20 @@ def test_an_abort_while_staging_keeps_the_tree_pages_readable() -> None:
     _run(engine, b)
     assert b.matched == 18
     engine.check_no_leaks()
+
+
+def test_pages_wait_for_their_host_copy_until_their_request_is_staged() -> None:
+    """A computed page is host-pending until its request's staging lands (or its ids are
+    freed): a collect that would read it from host waits (Lifecycle._take_rows)."""
+    engine = _engine("L2-k4-B8-p2")
+    a = engine.allocator
+    ids = a.alloc_extend(torch.tensor([0]), torch.tensor([6]), torch.tensor([-1]))
+    a.note_computed(3, ids)
+    assert a.host_pending(ids) and a.host_pending(ids[:2]) and a.holds(3)
+    a.mark_landed(3)
+    assert not a.host_pending(ids)
+    a.note_computed(3, ids[:2])
+    a.free(ids)  # a checkpoint's duplicates: freed, no longer pending, no longer held
+    assert not a.host_pending(ids) and not a.holds(3) and a.computed_ids(3).numel() == 0
+    a.unhold(3)
+    a.check_integrity()
