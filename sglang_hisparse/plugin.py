@@ -99,6 +99,18 @@ TARGETS: tuple[HookTarget, ...] = (
         hook="AROUND",
     ),
     HookTarget(
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc",
+        "sglang_hisparse.sglang_adapter.radix_hooks:pd_prealloc_with_prefix",
+        "PD decode radix cache: the prefix stays the tree's, only the suffix is transferred",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.arg_groups.pd_disaggregation_hook.handle_pd_disaggregation",
+        "sglang_hisparse.sglang_adapter.radix_hooks:allow_pd_decode_radix",
+        "PD decode radix cache: SGLang refuses it with HiSparse inline",
+        hook="AROUND",
+    ),
+    HookTarget(
         "sglang.srt.managers.scheduler.Scheduler.abort_request",
         "sglang_hisparse.sglang_adapter.scheduler_hooks:abort_staging_requests",
         "SGLang's abort never looks in the staging queue; ours marks those requests too",

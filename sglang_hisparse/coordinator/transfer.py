@@ -108,16 +108,23 @@ def layer_tables(ctx: CoreContext) -> tuple[LayerTable, LayerTable] | None:
     return ctx.layer_tables or None
 
 
-def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -> None:
-    """Copy device rows to host rows for every layer (see the module docstring)."""
+def _copy(ctx: CoreContext, src: str, src_rows: torch.Tensor, dst: str, dst_rows: torch.Tensor) -> None:
+    """Rows ``src_rows`` of every ``src`` layer ("device" / "host") to rows ``dst_rows`` of the
+    same ``dst`` layer: one launch over the layer tables, or per layer without them."""
     tables = layer_tables(ctx)
     if tables is not None:
-        device, host = tables
-        copy_rows(src=device, dst=host, src_rows=dev_rows.to(ctx.device, torch.int64),
-                  dst_rows=host_rows.to(ctx.device, torch.int64))
+        side = {"device": tables[0], "host": tables[1]}
+        copy_rows(src=side[src], dst=side[dst], src_rows=src_rows.to(ctx.device, torch.int64),
+                  dst_rows=dst_rows.to(ctx.device, torch.int64))
         return
-    for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
-        _copy_rows(dev_kv, dev_rows, host_kv, host_rows)
+    layers = {"device": ctx.device_kv, "host": _host_layers(ctx)}
+    for s_kv, d_kv in zip(layers[src], layers[dst], strict=True):
+        _copy_rows(s_kv, src_rows, d_kv, dst_rows)
+
+
+def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -> None:
+    """Copy device rows to host rows for every layer (see the module docstring)."""
+    _copy(ctx, "device", dev_rows, "host", host_rows)
 
 
 def to_host_async(
@@ -145,23 +152,9 @@ def to_host_async(
 def device_to_device(ctx: CoreContext, src_rows: torch.Tensor, dst_rows: torch.Tensor) -> None:
     """Copy device rows to other device rows for every layer, on the current stream (a
     collect's private copy of rows another request still reads)."""
-    tables = layer_tables(ctx)
-    if tables is not None:
-        device, _ = tables
-        copy_rows(src=device, dst=device, src_rows=src_rows.to(ctx.device, torch.int64),
-                  dst_rows=dst_rows.to(ctx.device, torch.int64))
-        return
-    for dev_kv in ctx.device_kv:
-        _copy_rows(dev_kv, src_rows, dev_kv, dst_rows)
+    _copy(ctx, "device", src_rows, "device", dst_rows)
 
 
 def to_device(ctx: CoreContext, host_rows: torch.Tensor, dev_rows: torch.Tensor) -> None:
     """Copy host rows to device rows for every layer (see the module docstring)."""
-    tables = layer_tables(ctx)
-    if tables is not None:
-        device, host = tables
-        copy_rows(src=host, dst=device, src_rows=host_rows.to(ctx.device, torch.int64),
-                  dst_rows=dev_rows.to(ctx.device, torch.int64))
-        return
-    for dev_kv, host_kv in zip(ctx.device_kv, _host_layers(ctx), strict=True):
-        _copy_rows(host_kv, host_rows, dev_kv, dev_rows)
+    _copy(ctx, "host", host_rows, "device", dev_rows)

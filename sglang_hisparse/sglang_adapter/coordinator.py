@@ -279,6 +279,24 @@ class SGLangHiSparseCoordinator:
                 f"(radix_hooks.reserve_prefix_rows); lower --max-running-requests or raise the KV budget."
             )
 
+    def adopt_pd_prefix(self, req: Any, prefix_ids: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        """PD decode with its radix cache (``radix_hooks.pd_prealloc_with_prefix``): SGLang's
+        HiSparse prealloc took logical ids and bound host rows for every position; the matched
+        ``m`` positions go back to the tree's ids (``prefix_ids``, whose host rows hold their KV:
+        a finished request's prompt and output), the fresh ids of them are freed, and only the
+        suffix's host rows, ``dst[m:]``, are the transfer destination (SGLang slices it to the
+        prompt's ``n - m``). One read-back, of the freed ids, outside the decode step."""
+        r, m = req.kv.req_pool_idx, prefix_ids.numel()
+        if m % self.dual.page_size:
+            raise ValueError(f"adopt_pd_prefix: a prefix of {m} tokens is not whole pages of {self.dual.page_size}.")
+        fresh = self.req_to_token_pool.req_to_token[r, :m].clone()
+        self.req_to_token_pool.req_to_token[r, :m] = prefix_ids.to(self.req_to_token_pool.req_to_token.dtype)
+        self.host_pool.bind(r, 0, prefix_ids)
+        self.dual.free(fresh)
+        req.prefix_len = m
+        self.core.telemetry.add_prefix(m, 0, 0)
+        return dst[m:]
+
     def release_unstaged(self, req: Any) -> None:
         """Before ``release_kv_cache``: a request released with prefill state but without
         ``request_finished`` (SGLang aborts between chunks, process_pending_chunked_abort) is

@@ -10,6 +10,8 @@ need our side of the protocol (docs/prefix-cache.md):
 | ``mem_cache.common.release_kv_cache`` | AROUND | a request released before staging without ``request_finished`` (aborted between chunks) gets it first: its computed ids go to host, its holds are dropped |
 | ``mem_cache.prefill_budget.PrefillBudget._available_and_evictable`` | AROUND | the tree's evictable ids free logical ids, not device rows: the budget is at most the rows |
 | ``managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req`` | AROUND | a new request's matched prefix may be loaded back into device rows: its page-rounded length is reserved |
+| ``disaggregation.decode.DecodePreallocQueue._pre_alloc`` | AROUND | PD decode with its radix cache: SGLang's HiSparse branch asserts no prefix; ours runs it for the whole fill, then gives the matched positions back to the tree's ids (their host rows are the tree's) and returns only the suffix's host rows as the transfer destination |
+| ``arg_groups.pd_disaggregation_hook.handle_pd_disaggregation`` | AROUND | its decode-radix branch refuses HiSparse inline: ours runs it with HiSparse hidden, after applying the HiSparse rules that hiding would skip |
 
 Each returns SGLang's result unchanged without a HiSparse allocator (``HiSparseTokenAllocator``
 with a coordinator attached) or with the tree off.
@@ -61,6 +63,71 @@ def available_rows_bound(original: Callable[..., int], budget: Any, *args: Any, 
     if _coordinator(allocator) is None:
         return total
     return min(total, allocator.core.available_rows())
+
+
+def pd_prealloc_with_prefix(original: Callable[..., Any], queue: Any, req: Any, prefix_indices: Any = None,
+                            prefix_len: int | None = None, total_prefix_len: int | None = None) -> Any:
+    """AROUND ``DecodePreallocQueue._pre_alloc(req, prefix_indices, prefix_len,
+    total_prefix_len)`` -> the transfer destination (host rows under HiSparse)."""
+    scheduler = getattr(queue, "scheduler", None)
+    coord = getattr(scheduler, "hisparse_coordinator", None)
+    m = int(prefix_len or 0)
+    if coord is None or not getattr(scheduler, "enable_hisparse", False) or m == 0:
+        return original(queue, req, prefix_indices, prefix_len, total_prefix_len)
+    if total_prefix_len not in (None, m):
+        raise NotImplementedError(
+            f"HiSparse PD decode: a prefix of {total_prefix_len} tokens of which only {m} are on this "
+            f"instance (decode HiCache) is not supported; it is refused at validation."
+        )
+    dst = original(queue, req, None, 0, 0)  # logical ids and host rows for every position
+    return coord.adopt_pd_prefix(req, prefix_indices[:m], dst)
+
+
+#: HiSparse refusals of ``handle_pd_disaggregation`` besides the decode-radix one (0.5.23)
+_PD_RULES = (
+    (lambda cfg: cfg.disaggregation_decode_host_receive_threshold < 1,
+     "Decode host receive does not yet support HiSparse or role switching"),
+    (lambda cfg: cfg.disaggregation_decode_allocation_policy == "prefill_complete",
+     "--disaggregation-decode-allocation-policy prefill_complete does not support HiSparse"),
+)
+
+
+def allow_pd_decode_radix(original: Callable[..., None], server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``handle_pd_disaggregation(server_args)``: a HiSparse decode server may enable
+    SGLang's decode radix cache (``--disaggregation-decode-enable-radix-cache``)."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    if not (cfg.enable_hisparse and cfg.disaggregation_mode == "decode"
+            and cfg.disaggregation_decode_enable_radix_cache):
+        return original(server_args, *args, **kwargs)
+    for broken, message in _PD_RULES:
+        if broken(cfg):
+            raise ValueError(message)
+    with hidden(server_args, enable_hisparse=False):
+        return original(server_args, *args, **kwargs)
+
+
+class hidden:
+    """Within the block, resolution reads ``fields`` as given (one more declaration on top of
+    ``server_args._resolved_overrides``, removed again on exit)."""
+
+    def __init__(self, server_args: Any, **fields: Any) -> None:
+        self.server_args, self.entry = server_args, ("sglang_hisparse", dict(fields))
+
+    def __enter__(self) -> None:
+        stack = getattr(self.server_args, "_resolved_overrides", None)
+        if stack is None:
+            stack = []
+            object.__setattr__(self.server_args, "_resolved_overrides", stack)
+        stack.append(self.entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        stack = self.server_args._resolved_overrides
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is self.entry:
+                del stack[i]
+                break
 
 
 def reserve_prefix_rows(original: Callable[..., int], adder: Any, req: Any, *args: Any, **kwargs: Any) -> int:

@@ -335,20 +335,10 @@ class DecodeEngine:
 
     def _kv(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """KV bytes of ``req``'s positions (radix mode: the shared prefix's seed below shared_len)."""
-        kv = self.model.kv(req.seed, pos, layer)
-        if req.shared_len:
-            shared = pos < req.shared_len
-            if bool(shared.any()):
-                kv = torch.where(shared[:, None], self.model.kv(req.prefix_seed, pos, layer), kv)
-        return kv
+        return _by_seed(self.model.kv, req, pos, layer)
 
     def _index_keys(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
-        keys = self.model.index_keys(req.seed, pos, layer)
-        if req.shared_len:
-            shared = pos < req.shared_len
-            if bool(shared.any()):
-                keys = torch.where(shared[:, None], self.model.index_keys(req.prefix_seed, pos, layer), keys)
-        return keys
+        return _by_seed(self.model.index_keys, req, pos, layer)
 
     def admit_direct(self, req: ToyRequest) -> None:
         """PD decode side: logical ids only; the 'prefill instance' writes host rows."""
@@ -553,6 +543,16 @@ class DecodeEngine:
             problems.append("staging queue not empty")
         if problems:
             raise AssertionError("leaks after all requests ended: " + "; ".join(problems))
+
+
+def _by_seed(fn, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
+    """``fn(seed, pos, layer)`` rows of ``req``: the shared prefix's seed below ``shared_len``."""
+    out = fn(req.seed, pos, layer)
+    if req.shared_len:
+        shared = pos < req.shared_len
+        if bool(shared.any()):
+            out = torch.where(shared[:, None], fn(req.prefix_seed, pos, layer), out)
+    return out
 
 
 def _pages(n: int, page_size: int) -> int:

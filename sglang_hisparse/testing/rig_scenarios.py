@@ -388,6 +388,32 @@ def pd_success(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs, reference=_pd_reference), "published": len(rig.prefill.published), **_stats(rig)}
 
 
+def pd_radix_suffix_only(rig: Rig) -> dict[str, Any]:
+    """PD decode with its radix cache: a request finishes, then requests whose prompts start
+    with its prompt (and a follow-up turn on its prompt + output) match it on the decode
+    instance; only their unmatched suffixes are transferred, the rest is read from the tree's
+    host rows, and they decode exactly."""
+    rnd = random.Random(26)
+    ps = rig.config.page_size
+    base = [rnd.randrange(1000) for _ in range(3 * ps + 5)]
+    first = {"pdr0": (base, 12)}
+    _submit_all(rig, first)
+    rig.run_until_idle()
+    turn = base + rig.results["pdr0"].output_ids + [rnd.randrange(1000) for _ in range(7)]
+    reqs = {f"pdr{i}": (base[: 3 * ps] + [rnd.randrange(1000) for _ in range(rnd.randint(1, 60))], rnd.randint(2, 20))
+            for i in range(1, 5)}
+    reqs["pdr_turn"] = (turn, 9)
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    short = {rid: rig.prefill.delivered[rid] for rid in reqs}
+    if any(short[rid] > len(prompt) - 3 * ps for rid, (prompt, _) in reqs.items()):
+        raise AssertionError(f"pd_radix_suffix_only: transferred positions {short}; the matched {3 * ps} must not be")
+    stats = _stats(rig)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**first, **reqs}, reference=_pd_reference),
+            "transferred": short, **stats}
+
+
 def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
     rnd = random.Random({"fail": 7, "abort": 8, "timeout": 9}[how])
     reqs = _random_requests(rnd, 5, (20, 120), (3, 15), f"pd{how}")
@@ -534,6 +560,13 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
             "--disaggregation-decode-retraction-backup", "none")),
         [pd_success, pd_transfer_failure, pd_abort_before_admission, pd_timeout_before_admission,
          pd_many_failures],
+    ),
+    "pd_decode_radix": (
+        RigConfig(radix=True, max_running_requests=8, extra_args=(
+            "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+            "--disaggregation-decode-retraction-backup", "none",
+            "--disaggregation-decode-enable-radix-cache")),
+        [pd_radix_suffix_only, pd_success, pd_transfer_failure],
     ),
     "pd_retract": (
         RigConfig(max_running_requests=8, extra_args=(

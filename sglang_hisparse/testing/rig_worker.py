@@ -66,6 +66,27 @@ def keep_overlap_for_speculative() -> None:
     speculative_hook._disable_overlap_schedule_for_cpu = lambda server_args: None
 
 
+def allow_fake_transfer_with_decode_radix() -> None:
+    """SGLang refuses its decode radix cache with the ``fake`` transfer backend (that backend
+    moves no bytes, so a matched prefix means nothing to it); the rig's ``FakePrefill`` writes
+    the bytes, so its PD decode radix group reads the backend as a real one while the PD flags
+    are validated. Call before ``prepare_server_args``."""
+    import functools
+
+    from sglang.srt.arg_groups import pd_disaggregation_hook as pd
+
+    from sglang_hisparse.sglang_adapter.radix_hooks import hidden
+
+    step = pd.handle_pd_disaggregation
+
+    @functools.wraps(step)
+    def handle_pd_disaggregation(server_args: Any) -> None:
+        with hidden(server_args, disaggregation_transfer_backend="mooncake"):
+            step(server_args)
+
+    pd.handle_pd_disaggregation = handle_pd_disaggregation
+
+
 def write_toy_model(root: Path, *, num_layers: int, top_k: int, **overrides: Any) -> Path:
     """A config-only model directory SGLang's ModelConfig accepts as a DSA model."""
     root.mkdir(parents=True, exist_ok=True)

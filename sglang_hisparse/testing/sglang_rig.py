@@ -44,6 +44,7 @@ import torch
 
 from sglang_hisparse.testing.rig_worker import (
     StandInWorker,
+    allow_fake_transfer_with_decode_radix,
     keep_overlap_for_speculative,
     pretend_sm90,
     write_toy_model,
@@ -148,6 +149,8 @@ class Rig:
                              "decoding runs on SGLang's overlap scheduler; arg_scope refuses it without)")
         if config.overlap:  # NOTE: a patch of SGLang's argument resolution (see its docstring)
             keep_overlap_for_speculative()
+        if "--disaggregation-decode-enable-radix-cache" in config.extra_args:  # NOTE: likewise
+            allow_fake_transfer_with_decode_radix()
         self.server_args = prepare_server_args(config.argv(model_dir))
         self.server_args.resolve_once()
         self.server_args.check_server_args()
@@ -419,6 +422,7 @@ class FakePrefill:
         self.receivers: dict[str, Any] = {}
         self.held: set[str] = set()
         self.published: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}  # positions written per request (the suffix)
         original = DecodePreallocQueue._send_kv_metadata
         fake = self
 
@@ -451,12 +455,21 @@ class FakePrefill:
         req = decode_req.req
         rid, prompt = self.rooms[int(req.bootstrap_room)]
         n = len(prompt)
+        # with the decode radix cache the destination covers only the unmatched suffix
+        m = int(req.kv.cache_protected_len)
         host = self.rig.coordinator.host_pool
-        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[:n]
+        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[: n - m]
+        if rows.numel() != n - m:
+            raise AssertionError(f"FakePrefill: {rid} got {rows.numel()} destination rows for positions {m}..{n - 1}")
         pos = torch.arange(n, dtype=torch.int64)
         tokens = torch.tensor(prompt, dtype=torch.int64)
         for layer in range(self.rig.toy.num_layers):
-            host.kv[layer][rows] = self.rig.toy.kv(tokens, pos, layer).contiguous().view(torch.uint8).reshape(n, -1)
+            kv = self.rig.toy.kv(tokens, pos, layer).contiguous().view(torch.uint8).reshape(n, -1)
+            host.kv[layer][rows] = kv[m:]
+        self.delivered[rid] = n - m
+        # SGLang never inserts a fake-bootstrap request into the radix tree (its KV is not
+        # written, schedule_batch.py: skip_radix_cache_insert); here it is, as a real transfer's
+        req.skip_radix_cache_insert = False
         runner = self.rig.scheduler.tp_worker.model_runner
         logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
         runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)

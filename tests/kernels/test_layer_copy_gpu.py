@@ -54,15 +54,19 @@ def test_kernel_matches_reference(item, num_layers, n, direction):
     host, _h = make_side(num_layers, 700, item, host=True, seed=2, pad=32)
     src, dst = (dev, host) if direction == "to_host" else (host, dev)
     s_rows, d_rows = rows_pair(n, src[0].shape[0], dst[0].shape[0], seed=n + num_layers)
-    st, dt = LayerTable.build(src), LayerTable.build(dst)
+    assert_kernel_equals_reference(LayerTable.build(src), LayerTable.build(dst), dst, s_rows, d_rows)
+
+
+def assert_kernel_equals_reference(st, dt, dst, s_rows, d_rows) -> None:
+    """The kernel's copy leaves ``dst`` (the layers of ``dt``) as the reference's does."""
     before = snapshot(dst)
     reference_copy_rows(src=st, dst=dt, src_rows=s_rows, dst_rows=d_rows)
     want = snapshot(dst)
     restore(dst, before)
     copy_rows(src=st, dst=dt, src_rows=s_rows, dst_rows=d_rows)
     torch.cuda.synchronize()
-    for li in range(num_layers):
-        assert torch.equal(dst[li], want[li]), f"layer {li} differs"
+    for li, (got, exp) in enumerate(zip(dst, want, strict=True)):
+        assert torch.equal(got, exp), f"layer {li} differs"
 
 
 @pytest.mark.parametrize("num_layers,n", [(1, 1), (61, 64), (78, 300)])
@@ -74,14 +78,7 @@ def test_device_to_device_within_one_table_matches_reference(num_layers, n):
     perm = torch.randperm(1024, generator=g)
     s_rows, d_rows = perm[:n].cuda(), perm[n : 2 * n].cuda()
     table = LayerTable.build(dev)
-    before = snapshot(dev)
-    reference_copy_rows(src=table, dst=table, src_rows=s_rows, dst_rows=d_rows)
-    want = snapshot(dev)
-    restore(dev, before)
-    copy_rows(src=table, dst=table, src_rows=s_rows, dst_rows=d_rows)
-    torch.cuda.synchronize()
-    for li in range(num_layers):
-        assert torch.equal(dev[li], want[li]), f"layer {li} differs"
+    assert_kernel_equals_reference(table, table, dev, s_rows, d_rows)
 
 
 def test_out_of_range_pairs_are_skipped():

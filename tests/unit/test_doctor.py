@@ -45,7 +45,7 @@ def test_fresh_interpreter_is_quiet_and_leaves_sglang_unimported():
     hooks = [c for n, c in by_name.items() if n.startswith("hook ")]
     from sglang_hisparse.plugin import TARGETS
 
-    assert len(hooks) == len(TARGETS) == 11 and all(c["status"] == "ok" for c in hooks)
+    assert len(hooks) == len(TARGETS) and all(c["status"] == "ok" for c in hooks)
     assert "device_buffer_size\": 4096" in by_name["hisparse-config"]["detail"]
     assert by_name["gpu"]["status"] in ("ok", "warn")
     assert by_name["kernel build"]["status"] in ("ok", "warn")  # FAIL only with --require-gpu
