@@ -301,10 +301,12 @@ class HiSparseCore:
         req_index_cpu: list[int],
         seq_lens_cpu: list[int],
         new_logical_cpu: torch.Tensor | None = None,
+        grows: list[bool] | None = None,
     ) -> None:
         self.step.map_last_loc(
             req_index=req_index, seq_lens=seq_lens, new_logical=new_logical,
             req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu, new_logical_cpu=new_logical_cpu,
+            grows=grows,
         )
 
     def wait_for_pending_backup(self) -> None:

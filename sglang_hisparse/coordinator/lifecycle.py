@@ -217,7 +217,8 @@ class Lifecycle:
     def admit_direct(self, r: int, seq_len: int) -> None:
         """Request slot ``r`` arrived by PD transfer: host rows ``0..seq_len-1`` already hold
         its KV. Short requests (``seq_len <= B``) are preloaded into their slots; long ones
-        start with empty slots 0..B-1 (the first step misses everything it selects)."""
+        get their newest token in slot B and start with empty slots 0..B-1 (the first step
+        misses everything else it selects)."""
         ctx, B = self.ctx, self.ctx.buffer_size
         self._require(r, Phase.FREE, "admit_direct")
         if seq_len < 1:
@@ -237,12 +238,17 @@ class Lifecycle:
             )
         rows = slot_rows[slot_rows >= 0].to(ctx.device, non_blocking=True)
         short = seq_len <= B
-        preload = 0
+        # NOTE: on the caller's stream, not a side stream: the first resolve of this request
+        # reads these rows, and stream order is the cheapest way to guarantee it.
         if short:
-            # NOTE: on the caller's stream, not a side stream: the first resolve of this
-            # request reads these rows, and stream order is the cheapest way to guarantee it.
             transfer.to_device(ctx, ctx.host.host_rows[r, :seq_len], rows.to(torch.int64))
             preload = seq_len
+        else:
+            # slot B holds the newest token for the resolve (install marks it so): a step maps a
+            # new token there first in DSA, but a compressed layout resolves before its next
+            # entry arrives (docs/v4-m3.md)
+            transfer.to_device(ctx, ctx.host.host_rows[r, seq_len - 1 : seq_len], rows[B:].to(torch.int64))
+            preload = 1
         ctx.state.install(r, rows, seq_len, resident=short)
         ctx.telemetry.add_direct(preload, preload * ctx.item_bytes * ctx.num_layers)
 

@@ -53,19 +53,35 @@ class StepMapper:
         req_index_cpu: list[int],
         seq_lens_cpu: list[int],
         new_logical_cpu: torch.Tensor | None = None,
+        grows: list[bool] | None = None,
     ) -> None:
         """``req_index``/``seq_lens``/``new_logical`` int [bs] on the device (lengths already
         include the new token); the ``_cpu`` lists carry the same values on the host.
         ``new_logical_cpu`` (optional; the adapter passes ``allocator.cpu_ids_of(new_logical)``)
         lets the allocator free device rows a page_size-1 ``alloc()`` gave the new ids without
-        reading them back (see ``allocator.rebind``)."""
+        reading them back (see ``allocator.rebind``).
+
+        ``grows`` (a compressed layout, docs/v4-m3.md): per request of the step's batch whether
+        it gains an entry; those that do not keep their length and state (``seq_lens_cpu`` is
+        their current length), and ``new_logical`` holds the ids of the growing ones only. The
+        batch-level state (the residency's relief, ``batch_all_resident``) covers every request."""
+        if grows is not None and not all(grows):
+            self._map_growing(req_index_cpu, seq_lens_cpu, new_logical, grows)
+            return
+        self._map(req_index=req_index, seq_lens=seq_lens, new_logical=new_logical,
+                  req_index_cpu=req_index_cpu, seq_lens_cpu=seq_lens_cpu,
+                  new_logical_cpu=new_logical_cpu, relieve=True)
+
+    def _map(self, *, req_index: torch.Tensor, seq_lens: torch.Tensor, new_logical: torch.Tensor,
+             req_index_cpu: list[int], seq_lens_cpu: list[int], new_logical_cpu: torch.Tensor | None,
+             relieve: bool) -> None:
         ctx, st, B = self.ctx, self.ctx.state, self.ctx.buffer_size
         if len(req_index_cpu) != len(seq_lens_cpu):
             raise ValueError(
                 f"map_last_loc: {len(req_index_cpu)} request slots but {len(seq_lens_cpu)} seq_lens."
             )
         residency = ctx.residency
-        if residency is not None:
+        if residency is not None and relieve:
             residency.begin_step(req_index_cpu)
         hot = ctx.allocator.hot
         back_r: list[int] = []
@@ -130,6 +146,35 @@ class StepMapper:
         backed = len(back_r) + len(res_back)
         ctx.telemetry.add_backup(backed, backed * ctx.item_bytes * ctx.num_layers)
         ctx.telemetry.maybe_log()
+
+    def _map_growing(self, req_index_cpu: list[int], seq_lens_cpu: list[int], new_logical: torch.Tensor,
+                     grows: list[bool]) -> None:
+        """:meth:`map_last_loc` for a batch of which only some requests gain an entry."""
+        ctx, st = self.ctx, self.ctx.state
+        if not len(req_index_cpu) == len(seq_lens_cpu) == len(grows):
+            raise ValueError(
+                f"map_last_loc: {len(req_index_cpu)} request slots, {len(seq_lens_cpu)} seq_lens and "
+                f"{len(grows)} grows flags; need one each per request of the batch."
+            )
+        for r, n, g in zip(req_index_cpu, seq_lens_cpu, grows, strict=True):
+            if not g and (st.phase[r] is not Phase.DECODING or n != st.seq_len[r]):
+                raise ValueError(
+                    f"map_last_loc: request slot {r} gains no entry but has seq_len {n} (state: "
+                    f"{st.phase[r].value}, length {st.seq_len[r]}); it must be decoding at its length."
+                )
+        rs = [r for r, g in zip(req_index_cpu, grows, strict=True) if g]
+        ns = [n for n, g in zip(seq_lens_cpu, grows, strict=True) if g]
+        if ctx.residency is not None:
+            ctx.residency.begin_step(req_index_cpu)
+        if rs:
+            dev = ctx.device
+            self._map(req_index=torch.tensor(rs, dtype=torch.int64).to(dev, non_blocking=True),
+                      seq_lens=torch.tensor(ns, dtype=torch.int64).to(dev, non_blocking=True),
+                      new_logical=new_logical, req_index_cpu=rs, seq_lens_cpu=ns, new_logical_cpu=None,
+                      relieve=False)  # relieved above, for the whole batch
+        else:
+            ctx.telemetry.add_step()
+        st.batch_all_resident = ctx.residency is not None and all(st.is_resident[r] for r in req_index_cpu)
 
     def _hint_short_growth(self, rs: list[int], slots: list[int]) -> None:
         """A short request's new token p lives in history slot p: set its resident-hint bit."""

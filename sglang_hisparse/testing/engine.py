@@ -156,8 +156,13 @@ class DecodeEngine:
         residency: str = "always_hot",
         watermark_rows: int = 0,
         radix: bool = False,
+        compress_ratio: int = 1,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
+        #: tokens per KV entry (DeepSeek-V4's C4 layout: 4); > 1 steps with ``_step_compressed``
+        self.compress_ratio = compress_ratio
+        if compress_ratio > 1 and (radix or decode_alloc_rows or num_draft_tokens):
+            raise ValueError("compress_ratio > 1: without radix, decode_alloc_rows and speculative decoding")
         self.tree = ToyRadixTree(sizes.page_size) if radix else None
         self._pending: list[ToyRequest] = []  # prefilled, not yet checkpointed and staged
         self.new_token_ratio = new_token_ratio
@@ -428,6 +433,9 @@ class DecodeEngine:
         batch = list(self.running)
         if not batch:
             return
+        if self.compress_ratio > 1:
+            self._step_compressed(batch, pad_to)
+            return
         dev, bs = self.device, len(batch)
         seq_cpu = torch.tensor([q.seq_len + 1 for q in batch], dtype=torch.int64)
         req_cpu = torch.tensor([q.req_pool_idx for q in batch], dtype=torch.int64)
@@ -460,19 +468,60 @@ class DecodeEngine:
         self._forward(batch, req_index, seq_lens, new_ids, width)
         self.steps += 1
 
-    def _forward(self, batch, req_index, seq_lens, new_ids, width) -> None:
+    def _step_compressed(self, batch: list[ToyRequest], pad_to: int | None) -> None:
+        """A compressed layout (docs/v4-m3.md): every request generates a token, but gains an
+        entry (a logical id, a write, a backup) only every ``compress_ratio`` tokens; the whole
+        batch resolves over its entries every step (``map_last_loc(grows=)``)."""
+        dev, bs, c = self.device, len(batch), self.compress_ratio
+        grows = [(q.generated + 1) % c == 0 for q in batch]
+        growing = [q for q, g in zip(batch, grows, strict=True) if g]
+        new_ids = torch.empty(0, dtype=torch.int64, device=dev)
+        if growing:
+            seq_g = torch.tensor([q.seq_len + 1 for q in growing], dtype=torch.int64)
+            req_g = torch.tensor([q.req_pool_idx for q in growing], dtype=torch.int64)
+            new_ids = self.allocator.alloc_decode(seq_g, self.req_to_token[req_g.to(dev), seq_g.to(dev) - 2])
+            if new_ids is None:
+                raise RuntimeError("step: logical ids exhausted (retract_decode should have made room)")
+            for q, nid in zip(growing, new_ids.tolist(), strict=True):
+                q.seq_len += 1
+                self.req_to_token[q.req_pool_idx, q.seq_len - 1] = nid
+        for q in batch:
+            q.generated += 1
+        seq_cpu = [q.seq_len for q in batch]
+        req_cpu = [q.req_pool_idx for q in batch]
+        req_index = torch.tensor(req_cpu, dtype=torch.int64).to(dev)
+        seq_lens = torch.tensor(seq_cpu, dtype=torch.int64).to(dev)
+        with self._no_sync():
+            self.core.map_last_loc(req_index=req_index, seq_lens=seq_lens, new_logical=new_ids,
+                                   req_index_cpu=req_cpu, seq_lens_cpu=seq_cpu, grows=grows)
+            self.core.wait_for_pending_backup()
+        self.core.num_real_reqs.fill_(bs)
+        width = max(pad_to or bs, bs)
+        if width > bs:
+            req_index = torch.cat([req_index, torch.zeros(width - bs, dtype=torch.int64, device=dev)])
+            seq_lens = torch.cat([seq_lens, torch.ones(width - bs, dtype=torch.int64, device=dev)])
+        self._forward(batch, req_index, seq_lens, new_ids, width,
+                      writers=[b for b, g in enumerate(grows) if g])
+        self.steps += 1
+
+    def _forward(self, batch, req_index, seq_lens, new_ids, width, writers: list[int] | None = None) -> None:
+        """``writers``: the batch rows whose new entry this forward writes (``new_ids`` in that
+        order); None: every row (a compressed layout writes only on aligned steps)."""
         m, dev, bs = self.model, self.device, len(batch)
+        writers = list(range(bs)) if writers is None else writers
         new_pos = torch.tensor([q.seq_len - 1 for q in batch], device=dev)
         top_k = torch.full((width, m.top_k), -1, dtype=torch.int32, device=dev)
         for layer in range(m.num_layers):
             kv = self.pool.layer(layer)
-            # set_kv_buffer: the new tokens' KV (and indexer keys) by logical id
-            self.pool.write(layer, new_ids, torch.cat([
-                self._kv(q, new_pos[b : b + 1], layer) for b, q in enumerate(batch)
-            ]))
+            # set_kv_buffer: the new entries' KV (and indexer keys) by logical id
+            if writers:
+                self.pool.write(layer, new_ids, torch.cat([
+                    self._kv(batch[b], new_pos[b : b + 1], layer) for b in writers
+                ]))
             if not m.shared[layer]:
+                for j, b in enumerate(writers):
+                    self.pool.write_index(layer, new_ids[j : j + 1], self._index_keys(batch[b], new_pos[b : b + 1], layer).view(torch.uint8))
                 for b, q in enumerate(batch):
-                    self.pool.write_index(layer, new_ids[b : b + 1], self._index_keys(q, new_pos[b : b + 1], layer).view(torch.uint8))
                     ids = self.req_to_token[q.req_pool_idx, : q.seq_len]
                     keys = self.pool.read_index(layer, ids).view(torch.float32)
                     top_k[b] = m.select(keys, q.seed, layer)

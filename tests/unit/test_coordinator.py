@@ -189,7 +189,9 @@ def test_direct_admission_preloads_short_requests_and_starts_long_ones_empty() -
     assert st.slot_tokens[0, 0].tolist() == [0, 1, 2, -1, -1]
     assert [int(rig.pool.kv[1, int(st.slot_rows[0, p]), 0]) for p in range(3)] == [10, 11, 12]
     assert st.slot_tokens[0, 1].tolist() == [-1, -1, -1, -1, 8] and st.rows_held(1) == B + 1
-    assert rig.core.telemetry.snapshot().preload_tokens == 3
+    # slot B holds the long request's newest token, loaded (a compressed layout resolves first)
+    assert int(rig.pool.kv[1, int(st.slot_rows[1, B]), 0]) == 18
+    assert rig.core.telemetry.snapshot().preload_tokens == 3 + 1
     # the long request's first resolve misses what it selects and copies it from host
     rig.step([0, 1])
     rows = rig.swap([0, 1], [[3, 0], [2, 7]], 1)
