@@ -24,6 +24,7 @@ into counter increments; it runs on the telemetry report cadence
 | ``sglang:hisparse_resident_requests`` | gauge | requests holding all their device rows, at the last report |
 | ``sglang:hisparse_hot_requests`` | gauge | decoding requests in their B-slot hot buffer, at the last report |
 | ``sglang:hisparse_free_device_rows`` | gauge | free device KV rows, at the last report |
+| ``sglang:hisparse_prefix_cached_rows`` | gauge | device rows finished requests left as cached prefix rows (radix cache), taken back first under pressure |
 
 The residency series exist with ``"residency": "pressure"`` only. Resident requests make no
 host->device copies; a rising ``hot_requests`` with ``free_device_rows`` near the watermark
@@ -60,6 +61,7 @@ GAUGES = {
     "resident": ("resident_requests", "Requests holding all their device rows (residency pressure)."),
     "hot": ("hot_requests", "Decoding requests in their B-slot hot buffer."),
     "free_rows": ("free_device_rows", "Free device KV rows."),
+    "cached_rows": ("prefix_cached_rows", "Device rows finished requests left as a radix-cache prefix cache."),
 }
 
 

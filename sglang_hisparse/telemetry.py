@@ -223,4 +223,4 @@ def _residency_part(c: dict[str, int] | None) -> str:
     if c is None:
         return ""
     return (f" | residency: {c['resident']} resident, {c['hot']} hot, {c['free_rows']} device rows "
-            f"free (watermark {c['watermark_rows']}), {c['shrinks']} shrinks")
+            f"free (watermark {c['watermark_rows']}), {c.get('cached_rows', 0)} cached, {c['shrinks']} shrinks")

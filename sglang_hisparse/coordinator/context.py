@@ -75,6 +75,9 @@ class CoreContext:
     #: ``transfer.layer_tables``' (device, host) tables of the one-launch copy (``HiSparseCore``
     #: builds them at construction); False: copies run per layer; None: not built yet
     layer_tables: Any = None
+    #: radix cache on: a finished resident request's rows stay as cached prefix rows
+    #: (``DualSpaceAllocator.cache_resident``) instead of being freed
+    cache_finished: bool = False
 
     @property
     def num_layers(self) -> int:

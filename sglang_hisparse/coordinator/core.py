@@ -126,7 +126,9 @@ class HiSparseCore:
     IO-hiding A/B switches (``benchmarks/bench_e2e.py --io-hiding``; the defaults are today's
     behaviour): ``prefetch_priority`` of the prefetch stream (-1: high), ``replay_ctas`` per
     shared-layer replay (None: the kernel's 8), ``anchor_slices`` row slices of a sliced anchor
-    resolve (``swap_in(..., on_slice=)``).
+    resolve (``swap_in(..., on_slice=)``). ``cache_finished`` (SGLang's radix cache on): a
+    finished resident request's rows stay on the device as cached prefix rows of its ids
+    (``DualSpaceAllocator.cache_resident``) until an allocation or the watermark takes them.
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class HiSparseCore:
         prefetch_priority: int = 0,
         replay_ctas: int | None = None,
         anchor_slices: int = 1,
+        cache_finished: bool = False,
     ) -> None:
         if residency not in RESIDENCY_MODES:
             raise ValueError(
@@ -195,6 +198,7 @@ class HiSparseCore:
             device=device, allocator=allocator, host=host, device_kv=device_kv, host_kv=host_kv,
             state=self.state, streams=self.streams, telemetry=self.telemetry,
             recorder=_make_recorder(), host_kv_cuda=_host_alias(host_kv, device),
+            cache_finished=cache_finished,
         )
         transfer.layer_tables(self.ctx)  # built here, outside any graph capture or sync guard
         #: int32 [1]: real batch size of the current forward (the model runner fills it)

@@ -89,11 +89,12 @@ class Lifecycle:
             ctx.allocator.note_computed(r, computed_ids)
         if prefix_ids.numel() == 0:
             return True
+        # held first: the load's allocation may take back cached rows, but not these
+        new_pages = ctx.allocator.hold(r, prefix_ids)
         got = ctx.allocator.load_prefix(prefix_ids)
         if got is None:
             return False
         ids, rows = got
-        new_pages = ctx.allocator.hold(r, prefix_ids)
         # hits: prefix tokens first held now (a later chunk re-presents its earlier ones)
         hit = int(torch.isin(prefix_ids.cpu().reshape(-1) // ctx.allocator.page_size, new_pages).sum())
         if ids.numel():
@@ -282,7 +283,12 @@ class Lifecycle:
         ctx = self.ctx
         self._backup_newest(r)
         ctx.streams.current_after(ctx.streams.backup, ctx.streams.prefetch)
-        ctx.allocator.hot.release(r, unmap_ids=logical_ids)
+        if ctx.cache_finished and ctx.state.is_resident[r] and logical_ids is not None:
+            # radix cache: its rows stay on the device as cached prefix rows of its ids
+            # (the tree may keep them) until an allocation or the watermark takes them back
+            ctx.allocator.cache_resident(r, logical_ids.cpu())
+        else:
+            ctx.allocator.hot.release(r, unmap_ids=logical_ids)
         ctx.host.unbind(r)
         ctx.state.reset(r)
         if ctx.recorder is not None:

@@ -85,6 +85,7 @@ class Residency:
         resident = sum(st.is_resident)
         decoding = sum(1 for p in st.phase if p is Phase.DECODING)
         return {"resident": resident, "hot": decoding - resident, "free_rows": self.rows_free,
+                "cached_rows": self.ctx.allocator.cached_rows,
                 "watermark_rows": self.watermark_rows, "shrinks": self.shrinks,
                 "shrunk_rows": self.shrunk_rows, "resident_admissions": self.resident_admissions}
 
@@ -178,15 +179,17 @@ class Residency:
 
     # -- pressure ----------------------------------------------------------------------------
     def relieve(self, target_free: int, *, why: str) -> int:
-        """Shrink resident requests (longest first) until ``target_free`` rows are free or none
-        is left; returns the rows freed."""
-        return self._shrink_until(lambda freed: self.rows_free >= target_free, why=why)
+        """Drop cached prefix rows, then shrink resident requests (longest first), until
+        ``target_free`` rows are free or none is left; returns the rows freed."""
+        freed = self.ctx.allocator.evict_cached(max(0, target_free - self.rows_free))
+        return freed + self._shrink_until(lambda _: self.rows_free >= target_free, why=why)
 
     def reclaim(self, rows: int) -> int:
-        """Allocator hook: free at least ``rows`` more device rows if resident requests hold
-        them (an allocation that cannot be met otherwise)."""
-        return self._shrink_until(lambda freed: freed >= rows,
-                                  why=f"an allocation of {rows} rows found the device short")
+        """Allocator hook: free at least ``rows`` more device rows if cached prefix rows or
+        resident requests hold them (an allocation that cannot be met otherwise)."""
+        cached = self.ctx.allocator.evict_cached(rows)
+        return cached + self._shrink_until(lambda freed: cached + freed >= rows,
+                                           why=f"an allocation of {rows} rows found the device short")
 
     def _shrink_until(self, done, *, why: str) -> int:
         freed, shrunk = 0, []

@@ -21,6 +21,10 @@ A used device row is owned in exactly one of two ways:
   :meth:`load_prefix` where no device row holds it) and the pages it computed. At collect,
   :meth:`take_staged_rows` hands the request its own rows, copying only those of pages
   another request still holds; a page nobody holds any more is freed by :meth:`drop_unread`.
+  A finished resident request's pages can stay as *cached* prefill rows of their logical
+  pages (:meth:`cache_resident`, a device-tier cache of what the radix tree keeps): a later
+  match finds them on the device, and they are the first rows any allocation or relief takes
+  back (:meth:`evict_cached`, least recently cached first).
 * **hot buffer** of request slot ``r`` (``hot``, a ``memory.hot.HotBuffers``):
   ``shrink_to_hot_buffer`` turns the prompt's prefill rows into the hot buffer (keeping the
   rows the hot slots need, freeing the rest); ``hot.alloc`` (PD direct admission) and
@@ -123,9 +127,10 @@ class DualSpaceAllocator:
         return min(self.logical.available_size(), self.available_rows())
 
     def available_rows(self) -> int:
-        """Free device rows plus those the reclaimer can free (resident requests' cold rows)."""
+        """Free device rows plus cached prefix rows plus those the reclaimer can free
+        (resident requests' cold rows)."""
         extra = self.reclaimer.reclaimable_rows() if self.reclaimer is not None else 0
-        return self.rows.available_size() + extra
+        return self.rows.available_size() + len(self._cached) * self.page_size + extra
 
     def set_reclaimer(self, reclaimer: Reclaimer | None) -> None:
         """Let allocations that find the device rows short call ``reclaimer.reclaim(rows)``
@@ -135,6 +140,8 @@ class DualSpaceAllocator:
     def _rows_for(self, pages: int) -> bool:
         """True when ``pages`` device pages are free, after reclaiming what is missing."""
         short = pages - self.rows.available_pages()
+        if short > 0:
+            short -= self.evict_cached(short * self.page_size) // self.page_size
         if short > 0 and self.reclaimer is not None:
             self.reclaimer.reclaim(short * self.page_size)
         return pages <= self.rows.available_pages()
@@ -162,6 +169,8 @@ class DualSpaceAllocator:
         #: bool [logical pages + 1] (CPU): computed pages whose host copy has not landed yet
         #: (their request has not been staged), which no other request may read from host
         self._pending_host = torch.zeros(self.logical.num_pages + 1, dtype=torch.bool)
+        #: logical pages whose prefill rows are a cache nobody holds, oldest first
+        self._cached: dict[int, None] = {}
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -273,6 +282,9 @@ class DualSpaceAllocator:
         self.rows.free_pages(pages)
         self._prefill_row[ids] = UNMAPPED
         self._pending_host[log_pages] = False
+        if self._cached:
+            for pg in log_pages.tolist():
+                self._cached.pop(pg, None)
         if bool((self._readers[log_pages] > 0).any()):
             self._forget_holds(log_pages)
         for r, own in list(self._computed.items()):
@@ -296,6 +308,9 @@ class DualSpaceAllocator:
             pages = pages[~torch.isin(pages, have)]
         if pages.numel() == 0:
             return pages
+        if self._cached:  # a held page is no longer a cache anyone may evict
+            for pg in pages.tolist():
+                self._cached.pop(pg, None)
         self._readers[pages] += 1
         self._held[req_slot] = pages if have is None else torch.cat((have, pages))
         return pages
@@ -376,6 +391,47 @@ class DualSpaceAllocator:
         self._prefill_row[ids] = UNMAPPED
         self.mapping[ids.to(self.device)] = UNMAPPED
         return int(dev_pages.numel()) * self.page_size
+
+    def cache_resident(self, req_slot: int, logical_ids: torch.Tensor) -> int:
+        """Release a finished resident request, keeping its pages as cached prefill rows of
+        their logical pages (radix cache: the tree may keep the ids, and a later match then
+        loads nothing). logical_ids: int [n] (CPU), the request's ids in position order. A page
+        whose ids another row already holds, or whose ids are not laid out by position, is
+        released instead. The caller's free of ids the tree does not keep frees their rows as
+        for any prefill row. Returns the rows kept."""
+        ids = _as_cpu_int64(logical_ids, "logical_ids")
+        hot, ps = self.hot, self.page_size
+        n = min(ids.numel(), hot.resident_length(req_slot))
+        keep: list[int] = []
+        for k, dev_page in enumerate(hot.pages(req_slot)):
+            seg = ids[k * ps : min((k + 1) * ps, n)]
+            if seg.numel() == 0:
+                break
+            lp = int(seg[0]) // ps
+            positional = bool((seg // ps == lp).all()) and torch.equal(seg % ps, torch.arange(seg.numel()))
+            if not positional or bool((self._prefill_row[seg] > 0).any()) or int(self._readers[lp]) > 0:
+                continue
+            rows = dev_page * ps + seg % ps
+            self._prefill_row[seg] = rows
+            self.mapping[seg.to(self.device)] = rows.to(self.device, non_blocking=True)
+            self._cached[lp] = None
+            keep.append(dev_page)
+        hot.release(req_slot, keep=keep, unmap_ids=ids[:n].to(self.device, non_blocking=True))
+        return len(keep) * ps
+
+    def evict_cached(self, rows: int) -> int:
+        """Free at least ``rows`` device rows of cached prefix pages, least recently cached
+        first (their ids stay allocated, their KV on host); returns the rows freed."""
+        freed = 0
+        while freed < rows and self._cached:
+            lp = next(iter(self._cached))
+            del self._cached[lp]
+            freed += self.drop_unread(torch.tensor([lp], dtype=torch.int64))
+        return freed
+
+    @property
+    def cached_rows(self) -> int:
+        return len(self._cached) * self.page_size
 
     def load_prefix(self, logical_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Give the ids of ``logical_ids``' pages that have no prefill row one (fresh device
@@ -630,4 +686,12 @@ class DualSpaceAllocator:
                 f"pages {sorted((prefill | hot) - used)[:8]}, pages both prefill and hot "
                 f"{sorted(prefill & hot)[:8]}, mappings outside hot buffers {sorted(others - hot)[:8]})."
             )
+        if self._cached:
+            cached = torch.tensor(list(self._cached), dtype=torch.int64)
+            first = self._prefill_row[cached * ps]
+            if bool((self._readers[cached] != 0).any()) or bool((first <= 0).any()):
+                raise ValueError(
+                    f"cached prefix pages {cached[(self._readers[cached] != 0) | (first <= 0)][:8].tolist()} "
+                    f"are held or have no prefill rows; a cached page is an unheld prefill page."
+                )
         self.hot.check_integrity()

@@ -370,8 +370,12 @@ class HotBuffers:
         buf.history.extend(out)
         return torch.tensor(out, dtype=torch.int64)
 
-    def release(self, req_slot: int, *, unmap_ids: torch.Tensor | None = None) -> None:
+    def release(self, req_slot: int, *, unmap_ids: torch.Tensor | None = None,
+                keep: list[int] | None = None) -> None:
         """Return all pages of a request's hot buffer, in time proportional to its pages.
+
+        ``keep``: pages that leave the buffer without being freed (their rows become cached
+        prefill rows, ``DualSpaceAllocator.cache_resident``).
 
         ``unmap_ids`` (int, on the mapping's device; the request's logical ids): unmap those of
         them that point into the released rows, on the device, no host sync. Needed when the
@@ -393,7 +397,8 @@ class HotBuffers:
         translates a finished request's ids then, and ``check_integrity`` runs after the free.
         """
         buf = self._buffer(req_slot, "hot.release")
-        pages = torch.tensor(buf.pages, dtype=torch.int64)
+        kept = set(keep or ())
+        pages = torch.tensor([pg for pg in buf.pages if pg not in kept], dtype=torch.int64)
         self.rows.check_freeable(pages)
         if self.scan_on_release:
             self.unmap_rows(self.rows.page_ids_to_ids(pages))

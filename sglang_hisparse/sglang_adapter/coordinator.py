@@ -64,6 +64,17 @@ def _dual_allocator(allocator: Any) -> DualSpaceAllocator:
     return core
 
 
+def _radix_cache_on() -> bool:
+    """SGLang's radix cache is on in this server (a finished request's ids may stay in its
+    tree, so its rows are worth keeping as a device-tier cache)."""
+    try:
+        from sglang.srt.runtime_context import get_memory
+
+        return not bool(get_memory().disable_radix_cache)
+    except Exception:  # no published server config (unit tests build the coordinator directly)
+        return False
+
+
 def _seq_len_of(req: Any) -> int:
     """Tokens with KV when a request joins decode: prompt + outputs - 1 (the last output's
     KV is computed by the next step), as SGLang's ``_build_hisparse_decode_batch`` counts."""
@@ -156,6 +167,7 @@ class SGLangHiSparseCoordinator:
             # the per-step buffers never grow, in particular not during graph capture
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
             residency=mode, watermark_rows=watermark, policy=policy,
+            cache_finished=_radix_cache_on(),
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics

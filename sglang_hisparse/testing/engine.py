@@ -190,7 +190,7 @@ class DecodeEngine:
             host_kv=self.host.kv, device=self.device, shared_index_layers=list(model.shared),
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
             policy=policy,
-            residency=residency, watermark_rows=watermark_rows,
+            residency=residency, watermark_rows=watermark_rows, cache_finished=radix,
         )
         self.guard = guard_device_reads
         if self.guard:

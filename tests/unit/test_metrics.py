@@ -89,7 +89,7 @@ def test_residency_gauges_and_shrink_counter():
     reg = prometheus_client.CollectorRegistry()
     sink = PrometheusSink({"tp_rank": "0"}, registry=reg)
     res = dict(resident=3, hot=5, free_rows=640, watermark_rows=100, shrinks=2, shrunk_rows=0,
-               resident_admissions=8)
+               resident_admissions=8, cached_rows=64)
     first = snap(residency=res)
     sink(first, None, 30.0)
     second = snap(residency={**res, "resident": 1, "hot": 7, "free_rows": 120, "shrinks": 4})
@@ -98,6 +98,7 @@ def test_residency_gauges_and_shrink_counter():
     assert value(reg, "sglang:hisparse_hot_requests") == 7
     assert value(reg, "sglang:hisparse_free_device_rows") == 120
     assert value(reg, "sglang:hisparse_residency_shrinks_total") == 4
+    assert value(reg, "sglang:hisparse_prefix_cached_rows") == 64
     # always_hot: no residency in the snapshot, the gauges stay at their initial 0
     reg2 = prometheus_client.CollectorRegistry()
     PrometheusSink({"tp_rank": "0"}, registry=reg2)(snap(), None, 1.0)

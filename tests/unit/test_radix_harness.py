@@ -184,3 +184,20 @@ def test_pages_wait_for_their_host_copy_until_their_request_is_staged() -> None:
     assert not a.host_pending(ids) and not a.holds(3) and a.computed_ids(3).numel() == 0
     a.unhold(3)
     a.check_integrity()
+
+
+def test_a_finished_resident_request_leaves_its_rows_as_a_device_cache() -> None:
+    """Radix cache with pressure residency: a finished resident request's pages stay as cached
+    prefix rows, so the next turn on its prompt loads nothing; allocations take them back
+    first, and the tree's eviction frees them with their ids."""
+    engine = _engine("L3-k4-B8-p1", residency="pressure")
+    a = engine.allocator
+    first = _run(engine, ToyRequest(rid=0, seed=31, prompt_len=30, max_new=4))
+    assert a.cached_rows == first.seq_len and engine.core.residency_counts()["cached_rows"] == first.seq_len
+    second = _run(engine, ToyRequest(rid=1, seed=31, prompt_len=first.seq_len + 3, max_new=4))
+    snap = engine.core.telemetry.snapshot()
+    assert second.matched == first.seq_len and snap.prefix_hit_tokens == first.seq_len
+    assert snap.prefix_load_tokens == 0  # on the device already
+    before = a.rows.available_size()
+    assert a.evict_cached(1) == 1 and a.rows.available_size() == before + 1
+    engine.check_no_leaks()
