@@ -100,7 +100,25 @@ from .contract import (
 )
 
 __all__ = ["MissPlan", "ResolveMode", "resolve", "resolve_verify", "replay", "resident_hint",
-           "position_bits", "int32_bits"]
+           "position_bits", "int32_bits", "expand_blocks"]
+
+
+def expand_blocks(top_k_blocks: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Block top-k (MiniMax-M3, docs/v4-m3.md) as the positions a resolve takes: block ``b`` of
+    request ``i`` stands for positions ``b * block_size .. b * block_size + block_size - 1``;
+    positions at or past ``seq_lens[i]`` and those of a -1 block are -1.
+
+    top_k_blocks: int32 [bs, n_blocks] (-1 = none); seq_lens: int [bs] (tokens); returns int32
+    [bs, n_blocks * block_size], blocks in their given order, positions ascending in a block.
+    The spec of the in-kernel expansion; on CUDA this reference is also the path until the
+    kernel takes a ``Blocks`` selection."""
+    if block_size < 1:
+        raise ValueError(f"expand_blocks: block_size = {block_size} must be >= 1.")
+    blocks = top_k_blocks.to(torch.int64)
+    offs = torch.arange(block_size, device=blocks.device, dtype=torch.int64)
+    pos = (blocks[:, :, None] * block_size + offs).reshape(blocks.shape[0], -1)
+    valid = (blocks >= 0).repeat_interleave(block_size, dim=1) & (pos < seq_lens.to(torch.int64)[:, None])
+    return torch.where(valid, pos, torch.full_like(pos, -1)).to(torch.int32)
 
 
 def _pack_bits(pos: torch.Tensor, words: int) -> torch.Tensor:

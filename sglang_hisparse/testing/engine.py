@@ -157,10 +157,15 @@ class DecodeEngine:
         watermark_rows: int = 0,
         radix: bool = False,
         compress_ratio: int = 1,
+        block_size: int = 0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         #: tokens per KV entry (DeepSeek-V4's C4 layout: 4); > 1 steps with ``_step_compressed``
         self.compress_ratio = compress_ratio
+        #: block top-k (MiniMax-M3): the toy's selection as blocks of this many positions (0: off)
+        self.block_size = block_size
+        if block_size and model.top_k % block_size:
+            raise ValueError(f"block_size = {block_size} must divide top_k = {model.top_k}")
         if compress_ratio > 1 and (radix or decode_alloc_rows or num_draft_tokens):
             raise ValueError("compress_ratio > 1: without radix, decode_alloc_rows and speculative decoding")
         self.tree = ToyRadixTree(sizes.page_size) if radix else None
@@ -468,6 +473,25 @@ class DecodeEngine:
         self._forward(batch, req_index, seq_lens, new_ids, width)
         self.steps += 1
 
+    def _as_blocks(self, top_k: torch.Tensor, seq_lens: torch.Tensor, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A toy block indexer: the blocks of the toy's selected positions, in order of first
+        selection, ``top_k / block_size`` of them (-1 padded); and, computed here for the
+        oracle (not by ``expand_blocks``), the positions they stand for."""
+        size, width = self.block_size, top_k.shape[1]
+        n_blocks = width // size
+        blocks = torch.full((top_k.shape[0], n_blocks), -1, dtype=torch.int32, device=top_k.device)
+        positions = torch.full_like(top_k, -1)
+        for b in range(bs):
+            seen: list[int] = []
+            for p in top_k[b].tolist():
+                if p >= 0 and p // size not in seen and len(seen) < n_blocks:
+                    seen.append(p // size)
+            n = int(seq_lens[b])
+            pos = [blk * size + j if blk * size + j < n else -1 for blk in seen for j in range(size)]
+            blocks[b, : len(seen)] = torch.tensor(seen, dtype=torch.int32)
+            positions[b, : len(pos)] = torch.tensor(pos, dtype=top_k.dtype)
+        return blocks, positions
+
     def _step_compressed(self, batch: list[ToyRequest], pad_to: int | None) -> None:
         """A compressed layout (docs/v4-m3.md): every request generates a token, but gains an
         entry (a logical id, a write, a backup) only every ``compress_ratio`` tokens; the whole
@@ -525,8 +549,12 @@ class DecodeEngine:
                     ids = self.req_to_token[q.req_pool_idx, : q.seq_len]
                     keys = self.pool.read_index(layer, ids).view(torch.float32)
                     top_k[b] = m.select(keys, q.seed, layer)
-            with self._no_sync() if dev.type == "cuda" else contextlib.nullcontext():
-                rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
+            if self.block_size:  # block top-k (MiniMax-M3): blocks of the selection, expanded
+                blocks, top_k = self._as_blocks(top_k, seq_lens, bs)
+                rows = self.core.swap_in_blocks(req_index, seq_lens, blocks, layer, self.block_size)
+            else:
+                with self._no_sync() if dev.type == "cuda" else contextlib.nullcontext():
+                    rows = self.core.swap_in(req_index, seq_lens, top_k, layer)
             if not self.check:
                 continue
             if bool((rows[bs:] != -1).any()):

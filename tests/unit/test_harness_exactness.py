@@ -216,3 +216,33 @@ def test_a_compressed_layout_steps_the_core_only_on_aligned_tokens(config: str, 
         lifecycles += stats.lifecycles
         assert stats.checked_outputs > 0
     assert lifecycles >= 8
+
+
+@pytest.mark.parametrize("block_size", [2, 4])
+def test_block_top_k_is_expanded_and_resolved_exactly(block_size: int) -> None:
+    """A toy MiniMax-M3 (docs/v4-m3.md): the indexer's selection as blocks of positions;
+    swap_in_blocks expands them (positions past the length -1) and resolves the result, every
+    step bit-exact against the positions computed independently, through random lifecycles."""
+    model, sizes = CONFIGS["L4-k4-B8-I32-p1"]
+    lifecycles = 0
+    for seed in range(2):
+        engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, block_size=block_size,
+                              residency=("always_hot", "pressure")[seed], watermark_rows=2)
+        stats = _run(engine, BASE_SEED + 13 * seed, ScenarioSpec(max_prompt=30, max_new=16),
+                     f"tests/unit/test_harness_exactness.py::test_block_top_k_is_expanded_and_resolved_exactly[{block_size}]")
+        lifecycles += stats.lifecycles
+        assert stats.checked_outputs > 0
+    assert lifecycles >= 8
+
+
+def test_expand_blocks_contract() -> None:
+    import torch
+
+    from sglang_hisparse.kernels.reference import expand_blocks
+
+    blocks = torch.tensor([[2, 0, -1], [1, -1, -1]], dtype=torch.int32)
+    got = expand_blocks(blocks, torch.tensor([10, 3]), 4)
+    assert got.tolist() == [[8, 9, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1],
+                            [-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1]]
+    with pytest.raises(ValueError, match="block_size = 0 must be >= 1"):
+        expand_blocks(blocks, torch.tensor([10, 3]), 0)
