@@ -63,14 +63,15 @@ def run_scenario(engine: DecodeEngine, rng: random.Random, spec: ScenarioSpec) -
             "lower max_prompt/max_new or raise max_ctx (such a request could never be admitted)")
     stats = ScenarioStats(prefetch=engine.prefetch_coverage)
     waiting = []
-    prefix_seeds = [rng.randint(0, 2**30) for _ in range(spec.prefix_seeds)]
+    # NOTE: drawn only when sharing is on, so a spec without it draws what it drew before
+    prefix_seeds = [rng.randint(0, 2**30) for _ in range(spec.prefix_seeds)] if spec.p_shared else []
     for i in range(spec.num_requests):
         prompt = rng.randint(1, spec.max_prompt)
         req = ToyRequest(
             rid=i, seed=rng.randint(0, 2**30), prompt_len=prompt,
             max_new=rng.randint(1, spec.max_new), direct=rng.random() < spec.p_direct,
         )
-        if rng.random() < spec.p_shared:
+        if spec.p_shared and rng.random() < spec.p_shared:
             req.prefix_seed, req.shared_len = rng.choice(prefix_seeds), rng.randint(1, spec.max_prompt)
         stats.long_requests += prompt + req.max_new > B
         waiting.append(req)
