@@ -85,6 +85,7 @@ class Lifecycle:
         loaded; what was held stays held, released by :meth:`finish`)."""
         ctx = self.ctx
         self._require(r, Phase.FREE, "prepare_prefix")
+        prefix_ids = prefix_ids.to("cpu", torch.int64).reshape(-1)  # read once: hold, load, hits
         if computed_ids is not None and computed_ids.numel():
             ctx.allocator.note_computed(r, computed_ids)
         if prefix_ids.numel() == 0:
@@ -96,7 +97,7 @@ class Lifecycle:
             return False
         ids, rows = got
         # hits: prefix tokens first held now (a later chunk re-presents its earlier ones)
-        hit = int(torch.isin(prefix_ids.cpu().reshape(-1) // ctx.allocator.page_size, new_pages).sum())
+        hit = int(torch.isin(prefix_ids // ctx.allocator.page_size, new_pages).sum())
         if ids.numel():
             dev = ctx.device
             # NOTE: on the caller's stream (the forward's): the prefill reads these rows next.

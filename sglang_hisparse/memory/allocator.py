@@ -560,10 +560,8 @@ class DualSpaceAllocator:
                 f"row. Only a prefilled request can shrink; admit logical-only (PD) requests with "
                 f"hot.alloc."
             )
-        slot_rows = self.hot.adopt(req_slot, rows, hot_size)
         self._prefill_row[ids] = UNMAPPED
-        self.mapping[ids[:-1].to(self.device)] = UNMAPPED
-        return slot_rows
+        return self.adopt_staged_hot(req_slot, ids, rows, torch.zeros(n, dtype=torch.bool), hot_size)
 
     def keep_resident(self, req_slot: int, logical_ids: torch.Tensor) -> list[int] | None:
         """Keep every prefill row of a request (its prompt safe on host) as a resident buffer
