@@ -21,8 +21,9 @@ How to read them (docs/coordinator.md has the long form):
 - ``prefix_hit_tokens``: prompt tokens a prefill did not compute (radix-cache matches held by
   ``prepare_prefix``); ``prefix_load_tokens`` / ``prefix_load_bytes``: those of them loaded
   host→device because no device row held them (the rest were on the device already);
-  ``prefix_copy_rows``: rows a collect copied device to device out of pages another request
-  still reads.
+  ``prefix_copy_rows``: rows copied device to device instead: by a collect, out of pages
+  another request still reads, and by ``prepare_prefix``, out of a running request's buffer
+  that still maps a matched id.
 """
 
 from __future__ import annotations

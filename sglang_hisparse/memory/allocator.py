@@ -433,17 +433,22 @@ class DualSpaceAllocator:
     def cached_rows(self) -> int:
         return len(self._cached) * self.page_size
 
-    def load_prefix(self, logical_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def load_prefix(
+        self, logical_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Give the ids of ``logical_ids``' pages that have no prefill row one (fresh device
         pages, same in-page offset), mapped: a matched prefix about to be read by a prefill.
 
         logical_ids: int, any device (read on the CPU), whole pages of ids in use. Returns
-        (ids, rows) CPU int64 of what the caller must copy host -> device, or None when the
-        device rows are short (nothing changed)."""
+        (ids, rows, src) CPU int64, or None when the device rows are short (nothing changed):
+        the caller copies ``rows`` from the device rows ``src`` where ``src > 0`` (the id is
+        still mapped: a running resident request's private row, or a hot buffer's, holds its
+        KV) and from the host rows ``ids`` elsewhere. Reading the mapping syncs the current
+        stream once, when some page is missing."""
         ids = _as_cpu_int64(logical_ids, "prefix logical ids")
+        empty = torch.empty(0, dtype=torch.int64)
         if ids.numel() == 0:
-            empty = torch.empty(0, dtype=torch.int64)
-            return empty, empty
+            return empty, empty, empty
         pages = torch.unique(ids // self.page_size)
         all_ids = self.logical.page_ids_to_ids(pages)
         if not bool(self.logical.is_used(all_ids).all()):
@@ -460,15 +465,16 @@ class DualSpaceAllocator:
             )
         missing = pages[~has.any(1)]
         if missing.numel() == 0:
-            empty = torch.empty(0, dtype=torch.int64)
-            return empty, empty
+            return empty, empty, empty
         if not self._rows_for(int(missing.numel())):
             return None
-        got = self.rows.alloc_pages(int(missing.numel()))
         new_ids = self.logical.page_ids_to_ids(missing)
+        # after the reclaim (a shrink unmaps what it drops), before the new rows are bound
+        src = self.mapping[new_ids.to(self.device)].to("cpu", torch.int64).clamp_(min=0)
+        got = self.rows.alloc_pages(int(missing.numel()))
         new_rows = self.rows.page_ids_to_ids(got)
         self._bind_prefill(new_ids, new_rows)
-        return new_ids, new_rows
+        return new_ids, new_rows, src
 
     def take_staged_rows(
         self, req_slot: int, logical_ids: torch.Tensor, need: torch.Tensor

@@ -109,6 +109,33 @@ def test_a_request_reads_a_staging_requests_rows_and_both_get_private_buffers() 
     engine.check_no_leaks()
 
 
+@pytest.mark.parametrize("residency", ["pressure", "always_hot"])
+def test_a_match_on_a_running_request_copies_its_rows_device_to_device(residency: str) -> None:
+    """B matches A's pages while A decodes: resident, A's buffer still maps every id, so B's
+    prefill rows are copied from A's rows and nothing is loaded; hot, A maps only its newest
+    token, so the prefix comes from host. Exact either way, and A keeps decoding."""
+    engine = _engine("L2-k4-B8-p2", residency=residency)
+    a = ToyRequest(rid=0, seed=1, prompt_len=20, max_new=6, prefix_seed=9, shared_len=18)
+    engine.prefill(a)
+    engine.collect()
+    engine.step()
+    b = ToyRequest(rid=1, seed=2, prompt_len=22, max_new=5, prefix_seed=9, shared_len=18)
+    engine.prefill(b)
+    assert b.matched == 18
+    engine.collect()
+    for _ in range(5):
+        engine.step()
+        engine.check_integrity()
+    snap = engine.core.telemetry.snapshot()
+    if residency == "pressure":
+        assert snap.prefix_load_tokens == 0 and snap.prefix_copy_rows == 18, snap
+    else:
+        assert snap.prefix_load_tokens == 18 and snap.prefix_copy_rows == 0, snap
+    for q in (a, b):
+        engine.release(q, "finish")
+    engine.check_no_leaks()
+
+
 def test_identical_prompts_in_one_batch_dedup_and_stage_only_their_own_ids() -> None:
     engine = _engine("L3-k8-B16-p4")
     reqs = [ToyRequest(rid=i, seed=100 + i, prompt_len=26, max_new=6, prefix_seed=5, shared_len=26) for i in range(3)]
