@@ -25,6 +25,7 @@ into counter increments; it runs on the telemetry report cadence
 | ``sglang:hisparse_hot_requests`` | gauge | decoding requests in their B-slot hot buffer, at the last report |
 | ``sglang:hisparse_free_device_rows`` | gauge | free device KV rows, at the last report |
 | ``sglang:hisparse_prefix_cached_rows`` | gauge | device rows finished requests left as cached prefix rows (radix cache), taken back first under pressure |
+| ``sglang:hisparse_evicted_rows_total{tier=...}`` | counter | device rows taken back, by tier: ``device_cache`` (cached prefix rows, first), ``resident_shrink`` (rows a shrinking resident request gave up); the radix tree's own evictions (logical ids, host rows) are SGLang's ``sglang:*`` eviction series |
 
 The residency series exist with ``"residency": "pressure"`` only. Resident requests make no
 host->device copies; a rising ``hot_requests`` with ``free_device_rows`` near the watermark
@@ -64,6 +65,9 @@ GAUGES = {
     "cached_rows": ("prefix_cached_rows", "Device rows finished requests left as a radix-cache prefix cache."),
 }
 
+#: eviction tier label -> residency count of the rows it took back
+EVICTION_TIERS = {"device_cache": "cached_evicted_rows", "resident_shrink": "shrunk_rows"}
+
 
 class PrometheusSink:
     """Publishes telemetry snapshots as Prometheus series labelled with ``labels``.
@@ -73,11 +77,12 @@ class PrometheusSink:
     """
 
     def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
-        counters, hit_rate, gauges, shrinks = _families(registry, tuple(sorted(labels)))
+        counters, hit_rate, gauges, shrinks, evicted = _families(registry, tuple(sorted(labels)))
         self._counters = {field: family.labels(**labels) for field, family in counters.items()}
         self._hit_rate = hit_rate.labels(**labels)
         self._gauges = {key: family.labels(**labels) for key, family in gauges.items()}
         self._shrinks = shrinks.labels(**labels)
+        self._evicted = {tier: evicted.labels(**labels, tier=tier) for tier in EVICTION_TIERS}
 
     def __call__(self, snap: TelemetrySnapshot, prev: TelemetrySnapshot | None, elapsed_s: float) -> None:
         for field, counter in self._counters.items():
@@ -94,6 +99,10 @@ class PrometheusSink:
             before = prev.residency["shrinks"] if prev is not None and prev.residency else 0
             if snap.residency["shrinks"] > before:
                 self._shrinks.inc(snap.residency["shrinks"] - before)
+            for tier, key in EVICTION_TIERS.items():
+                was = prev.residency.get(key, 0) if prev is not None and prev.residency else 0
+                if snap.residency.get(key, 0) > was:
+                    self._evicted[tier].inc(snap.residency[key] - was)
 
 
 # Keyed by the registry itself, held weakly. NOTE: keyed by id(), a registry created after
@@ -103,7 +112,7 @@ class PrometheusSink:
 _FAMILIES: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
 
 
-def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any, dict[str, Any], Any]:
+def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any]:
     """The metric families, created once per registry (a second coordinator in one process,
     or a test, would otherwise register the same series twice and fail)."""
     from prometheus_client import REGISTRY, Counter, Gauge
@@ -126,7 +135,9 @@ def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, An
         }
         shrinks = Counter(PREFIX + "residency_shrinks", "Resident requests shrunk to hot buffers.",
                           label_names, registry=reg)
-        _FAMILIES[reg] = (counters, hit_rate, gauges, shrinks)
+        evicted = Counter(PREFIX + "evicted_rows", "Device rows taken back, by tier (device_cache first, then resident_shrink).",
+                          (*label_names, "tier"), registry=reg)
+        _FAMILIES[reg] = (counters, hit_rate, gauges, shrinks, evicted)
     return _FAMILIES[reg]
 
 

@@ -86,6 +86,7 @@ class Residency:
         decoding = sum(1 for p in st.phase if p is Phase.DECODING)
         return {"resident": resident, "hot": decoding - resident, "free_rows": self.rows_free,
                 "cached_rows": self.ctx.allocator.cached_rows,
+                "cached_evicted_rows": self.ctx.allocator.cached_evicted_rows,
                 "watermark_rows": self.watermark_rows, "shrinks": self.shrinks,
                 "shrunk_rows": self.shrunk_rows, "resident_admissions": self.resident_admissions}
 

@@ -171,6 +171,8 @@ class DualSpaceAllocator:
         self._pending_host = torch.zeros(self.logical.num_pages + 1, dtype=torch.bool)
         #: logical pages whose prefill rows are a cache nobody holds, oldest first
         self._cached: dict[int, None] = {}
+        #: device rows of cached prefix pages taken back so far (evict_cached: pressure, allocations)
+        self.cached_evicted_rows = 0
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -427,6 +429,7 @@ class DualSpaceAllocator:
             lp = next(iter(self._cached))
             del self._cached[lp]
             freed += self.drop_unread(torch.tensor([lp], dtype=torch.int64))
+        self.cached_evicted_rows += freed
         return freed
 
     @property

@@ -15,8 +15,8 @@ def snap(**kw) -> TelemetrySnapshot:
     return TelemetrySnapshot(**base)
 
 
-def value(reg, name: str) -> float:
-    return reg.get_sample_value(name, {"tp_rank": "0"})
+def value(reg, name: str, **labels: str) -> float:
+    return reg.get_sample_value(name, {"tp_rank": "0", **labels})
 
 
 def test_counters_advance_by_deltas_and_gauge_is_interval_hit_rate():
@@ -89,16 +89,19 @@ def test_residency_gauges_and_shrink_counter():
     reg = prometheus_client.CollectorRegistry()
     sink = PrometheusSink({"tp_rank": "0"}, registry=reg)
     res = dict(resident=3, hot=5, free_rows=640, watermark_rows=100, shrinks=2, shrunk_rows=0,
-               resident_admissions=8, cached_rows=64)
+               resident_admissions=8, cached_rows=64, cached_evicted_rows=128)
     first = snap(residency=res)
     sink(first, None, 30.0)
-    second = snap(residency={**res, "resident": 1, "hot": 7, "free_rows": 120, "shrinks": 4})
+    second = snap(residency={**res, "resident": 1, "hot": 7, "free_rows": 120, "shrinks": 4,
+                             "shrunk_rows": 4096, "cached_evicted_rows": 192})
     sink(second, first, 30.0)
     assert value(reg, "sglang:hisparse_resident_requests") == 1
     assert value(reg, "sglang:hisparse_hot_requests") == 7
     assert value(reg, "sglang:hisparse_free_device_rows") == 120
     assert value(reg, "sglang:hisparse_residency_shrinks_total") == 4
     assert value(reg, "sglang:hisparse_prefix_cached_rows") == 64
+    assert value(reg, "sglang:hisparse_evicted_rows_total", tier="device_cache") == 192
+    assert value(reg, "sglang:hisparse_evicted_rows_total", tier="resident_shrink") == 4096
     # always_hot: no residency in the snapshot, the gauges stay at their initial 0
     reg2 = prometheus_client.CollectorRegistry()
     PrometheusSink({"tp_rank": "0"}, registry=reg2)(snap(), None, 1.0)
