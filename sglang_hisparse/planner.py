@@ -95,6 +95,9 @@ class PlanInputs:
     #: the hot buffers' replacement policy (``--hisparse-config`` "policy"): its per-slot words
     #: count in the coordinator state, and a trace is simulated with it
     policy: str = "lru"
+    #: tokens of prompt prefix every request shares (a system prompt) with the radix cache on:
+    #: its KV is held once per rank, in host DRAM for HiSparse and in HBM for full KV
+    shared_prefix: int = 0
 
     @property
     def top_k(self) -> int:
@@ -124,6 +127,10 @@ class PlanInputs:
             if not 0 < n <= MAX_CONTEXT:
                 raise ValueError(f"--context {n} must be in [1, {MAX_CONTEXT}] tokens (positions are int32); "
                                  f"e.g. --context 128K.")
+        if not 0 <= self.shared_prefix < min(self.contexts):
+            raise ValueError(
+                f"--shared-prefix {self.shared_prefix} must be in [0, the shortest --context "
+                f"{min(self.contexts)}): the tokens of prompt every request shares, e.g. --shared-prefix 25600.")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
         if not 1 <= self.tp <= MAX_TP:
@@ -252,13 +259,18 @@ def _state_bytes(inputs: PlanInputs, n: int) -> int:
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     m, B, k = inputs.model, inputs.hot_slots, inputs.top_k
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
-    full = m.layers * row * n + index_layers(inputs, False) * idx * n
+    # A shared prefix (radix cache) is held once per rank: full KV shares its device rows,
+    # HiSparse its host rows (a running request's device rows stay private, docs/prefix-cache.md).
+    s = inputs.shared_prefix
+    full = m.layers * row * (n - s) + index_layers(inputs, False) * idx * (n - s)
+    full_shared = m.layers * row * s + index_layers(inputs, False) * idx * s
     hot_kv, hot_idx, state = _hisparse_bytes(inputs, n)
-    host = m.layers * row * n
+    hot_idx = index_layers(inputs, True) * idx * (n - s)  # the prefix's index-K rows are shared too
+    host = m.layers * row * (n - s)
     ranks_serving = inputs.tp if inputs.dp_attention else 1
-    b_full = int(budget // full)
-    b_hbm = int(budget // (hot_kv + hot_idx + state))
-    b_host = int(inputs.host_dram_gib * GIB / inputs.tp // host)
+    b_full = int(max(budget - full_shared, 0) // full)
+    b_hbm = int(max(budget - index_layers(inputs, True) * idx * s, 0) // (hot_kv + hot_idx + state))
+    b_host = int(max(inputs.host_dram_gib * GIB / inputs.tp - m.layers * row * s, 0) // host)
     b_hs = min(b_hbm, b_host)
     per_token = m.layers * k * inputs.miss_rate * row if n > B else 0.0
     link = inputs.link_gbps * GB
@@ -306,7 +318,7 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
         host_bytes_per_request=host,
         batch_full=b_full, batch_hisparse_hbm=b_hbm, batch_hisparse_host=b_host, batch_hisparse=b_hs,
         limited_by=limited_by, node_batch_full=node_full,
-        node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * b_hs * host,
+        node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * (b_hs * host + (m.layers * row * s if b_hs else 0)),
         h2d_bytes_per_token=per_token, io_ms_per_step=io_ms,
         io_exposed_ms_per_step=io_ms * len(m.anchors) / m.layers, io_fits=io_ms <= step,
         batch_io_fits=b_io, node_batch_link=node_link, node_batch_recommended=node_rec, bound_by=bound_by,

@@ -37,6 +37,14 @@ figures; bandwidth in GB/s (1e9 bytes/s). Exit status: 0 ok, 2 bad input.
 """
 
 
+def _one_count(text: str) -> int:
+    """``--shared-prefix``: one token count (K / M suffixes as ``--context``)."""
+    counts = parse_tokens(text)
+    if len(counts) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one token count, e.g. 25600 or 25K")
+    return counts[0]
+
+
 def parse_tokens(text: str) -> list[int]:
     """``"128K"``, ``"32k,64k"``, ``"1M"``, ``"131072"`` -> token counts (K = 1024, M = 1024**2)."""
     out = []
@@ -86,6 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload and HiSparse")
     w.add_argument("--context", action="append", type=parse_tokens, metavar="TOKENS",
                    help="context length(s) per request: repeat or comma-separate; K = 1024 (default 128K)")
+    w.add_argument("--shared-prefix", type=_one_count, default=0, metavar="TOKENS",
+                   help="prompt tokens every request shares (a system prompt; the radix cache on, its default): "
+                        "held once per GPU, in HBM with full KV and in host DRAM with HiSparse (default 0)")
     w.add_argument("--buffer", type=int, metavar="B", help="hot slots per request per layer, >= top-k "
                    "(default 2*top-k = 4096: SGLang's default; the LRU then keeps last steps' selections)")
     w.add_argument("--policy", choices=("lru", "fra"), default="lru",
@@ -180,7 +191,7 @@ def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
         kv_share=args.kv_share, kv_budget_gib=args.kv_budget_gib, tp=args.tp, dp_attention=args.dp_attention,
         buffer=args.buffer, host_dram_gib=args.host_dram_gib, link_gbps=args.link_gbps,
         target_step_ms=args.target_step_ms, hisparse_index_layers=args.hisparse_index_layers, min_gain=args.min_gain,
-        policy=args.policy)
+        policy=args.policy, shared_prefix=args.shared_prefix)
     if args.miss_rate is not None:
         inputs = replace(inputs, miss_rate=args.miss_rate, miss_rate_source="--miss-rate")
     elif args.trace is not None:

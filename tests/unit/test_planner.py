@@ -166,6 +166,20 @@ def test_batches_host_and_link_by_hand():
     assert row.turn_on and row.gain == pytest.approx(184 / 24)
 
 
+def test_a_shared_prefix_is_held_once_per_gpu_in_hbm_for_full_kv_and_in_host_dram_for_hisparse():
+    s = 65536  # half of 128K shared (a radix-cache system prompt)
+    row = _plan(kv_budget_gib=40, shared_prefix=s).contexts[0]
+    budget = 40 * 2**30
+    full = 78 * 1284 * (K128 - s)
+    assert row.batch_full == (budget - 78 * 1284 * s) // full == 5  # 3 unshared
+    hs = 78 * 1152 * 4097 + 78 * 132 * (K128 - s) + 4_260_156  # hot buffers stay private
+    assert row.batch_hisparse_hbm == (budget - 78 * 132 * s) // hs
+    host = 78 * 1152 * (K128 - s)
+    assert row.batch_hisparse_host == (2048 * 2**30 // 8 - 78 * 1152 * s) // host == 45  # 23 unshared
+    assert row.host_dram_node_bytes == 8 * (row.batch_hisparse * host + 78 * 1152 * s)
+    assert row.batch_hisparse == min(row.batch_hisparse_hbm, row.batch_hisparse_host)
+
+
 def test_fp8_rows_shrink_kv_but_not_the_index_cache():
     row = _plan(kv_dtype="fp8", kv_budget_gib=40).contexts[0]
     assert row.full_bytes_per_request == 78 * (656 + 132) * K128
@@ -274,6 +288,7 @@ def test_json_output(capsys):
         (["--tp", "0"], r"--tp 0 must be in \[1, 65536\]"),
         (["--link-gbps", "0"], r"--link-gbps 0\.0 must be a number in \(0, 1000000\]"),
         (["--model-config", "/nonexistent/config.json"], r"--model-config /nonexistent/config.json: cannot read"),
+        (["--context", "32K", "--shared-prefix", "32K"], r"--shared-prefix 32768 must be in \[0, the shortest --context 32768\)"),
     ],
 )
 def test_bad_inputs_exit_2_naming_the_flag(capsys, argv, pattern):
@@ -393,7 +408,7 @@ def test_emit_config_prints_only_the_config_and_flags(capsys):
     assert code == 0 and err == ""
     config, flags = out.splitlines()
     assert json.loads(config) == {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 32}
-    assert flags == "--enable-hisparse --disable-radix-cache --max-running-requests 152"
+    assert flags == "--enable-hisparse --max-running-requests 152"
     _, out, _ = _run(capsys, "--emit-config", "--link-gbps", "5")
     assert out.splitlines()[1].endswith("--max-running-requests 80")
     _, out, _ = _run(capsys, "--emit-config", "--context", "4K")
