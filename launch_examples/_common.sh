@@ -35,11 +35,20 @@ TRANSFER_BACKEND=${TRANSFER_BACKEND:-mooncake}
 # or to nothing for the full-KV baseline (HISPARSE=off), and MRR_ARGS to --max-running-requests.
 # CONFIG_JSON and MAX_RUNNING are what `plan --model PRESET --emit-config` prints for 128K (a
 # test keeps them equal); PLAN re-runs the planner with its arguments, and HISPARSE_CONFIG /
-# MAX_RUNNING_REQUESTS override either. The batch limit is passed in both arms, and every
-# script keeps --disable-radix-cache in both (HiSparse requires it), so the A/B differs only in
-# HiSparse. When the planner's verdict is "off" (short contexts) the script runs the baseline.
+# MAX_RUNNING_REQUESTS override either. The batch limit and the radix cache (RADIX) are the
+# same in both arms, so the A/B differs only in HiSparse. When the planner's verdict is "off"
+# (short contexts) the script runs the baseline.
 HS_ARGS=()
 MRR_ARGS=()
+# RADIX=on (default): SGLang's radix cache stays on (sglang-hisparse shares matched prefixes
+# through its host pool, docs/prefix-cache.md); RADIX=off adds --disable-radix-cache, which
+# SGLang's in-tree HiSparse requires (ab_plugin_off.sh sets it).
+RADIX=${RADIX:-on}
+case "$RADIX" in
+    on) RADIX_ARGS=() ;;
+    off) RADIX_ARGS=(--disable-radix-cache) ;;
+    *) echo "RADIX=$RADIX: use on or off" >&2; exit 2 ;;
+esac
 hisparse_args() {
     local config=$2 max_running=$3
     if [[ -n "${PLAN:-}" ]]; then
@@ -120,6 +129,7 @@ launch() {
         echo "# SGLANG_PLUGINS=${SGLANG_PLUGINS-<unset>}"
         echo "# SGLANG_HISPARSE_DISABLE_PREFETCH=${SGLANG_HISPARSE_DISABLE_PREFETCH-<unset>}"
         echo "# HISPARSE=$HISPARSE"
+        echo "# RADIX=$RADIX"
         echo "sglang.launch_server"
         printf '%s\n' "$@" "${extra[@]}"
         exit 0

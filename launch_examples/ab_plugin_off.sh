@@ -11,7 +11,9 @@
 # plugins; a stock CUDA install has none.
 #
 # What changes: nothing of ours is hooked, so the same --enable-hisparse --hisparse-config
-# command runs SGLang 0.5.23's in-tree HiSparse: an implementation A/B with identical flags.
+# command runs SGLang 0.5.23's in-tree HiSparse: an implementation A/B with identical flags,
+# except that the radix cache is off (RADIX=off: the in-tree implementation requires it; run
+# the plugin's arm with RADIX=off too for a like-for-like pair).
 # Expect: no "sglang-hisparse:" log lines, SGLang's "Skipping plugin hisparse (not in
 # SGLANG_PLUGINS)" line instead, and no periodic "HiSparse: hit rate" line.
 # For the full-KV baseline use HISPARSE=off instead.
@@ -24,6 +26,8 @@ if [[ ! -f "$script" ]]; then
     exit 2
 fi
 export SGLANG_PLUGINS=${SGLANG_PLUGINS:-none}
+# SGLang's in-tree HiSparse refuses the radix cache (validate_hisparse): the A/B runs without it.
+export RADIX=off
 if [[ ",${SGLANG_PLUGINS// /}," == *,hisparse,* ]]; then
     echo "SGLANG_PLUGINS=$SGLANG_PLUGINS still names hisparse; remove it (or unset it to get 'none')." >&2
     exit 2

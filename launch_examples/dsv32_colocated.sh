@@ -3,7 +3,7 @@
 #
 # Runs:  python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp-size 8 --attn-dp-size 8
 #        --kv-cache-dtype bfloat16 --dsa-decode-backend
-#        flashmla_sparse --disable-radix-cache --max-running-requests 232 --enable-hisparse
+#        flashmla_sparse --max-running-requests 232 --enable-hisparse
 #        --hisparse-config '{...}' ...
 # Sizing: `python -m sglang_hisparse plan --model DeepSeek-V3.2` (128K): about 232 concurrent
 #        requests instead of 32 with full KV; host DRAM (2 TiB assumed) is what caps it, HBM
@@ -29,7 +29,7 @@ args=(
     --context-length "$CONTEXT_LENGTH"
     --mem-fraction-static 0.85 --chunked-prefill-size 65536
     --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-    --disable-radix-cache "${MRR_ARGS[@]}"
+    "${RADIX_ARGS[@]}" "${MRR_ARGS[@]}"
     --watchdog-timeout 3600
     "${HS_ARGS[@]}"
 )

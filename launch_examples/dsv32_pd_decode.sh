@@ -3,7 +3,7 @@
 #
 # Runs:  python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp-size 8 --attn-dp-size 8
 #        --disaggregation-mode decode --kv-cache-dtype bfloat16
-#        --dsa-decode-backend flashmla_sparse --disable-radix-cache --enable-hisparse
+#        --dsa-decode-backend flashmla_sparse --enable-hisparse
 #        --hisparse-config '{...}' --max-running-requests N
 #        --disaggregation-decode-retraction-backup none --disaggregation-transfer-backend mooncake ...
 # What changes with HiSparse: the prefill instance's KV transfer is received into the pinned
@@ -41,7 +41,7 @@ args=(
     --context-length "$CONTEXT_LENGTH"
     --mem-fraction-static 0.85 --chunked-prefill-size 65536
     --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-    --disable-radix-cache "${MRR_ARGS[@]}"
+    "${RADIX_ARGS[@]}" "${MRR_ARGS[@]}"
     --disaggregation-mode decode "${XFER_ARGS[@]}"
     --watchdog-timeout 3600
     "${HS_ARGS[@]}"

@@ -3,7 +3,7 @@
 #
 # Runs:  python -m sglang.launch_server --model-path zai-org/GLM-5.1-FP8 --tp-size 8 --attn-dp-size 8
 #        --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-#        --disable-radix-cache --max-running-requests 152 --enable-hisparse
+#        --max-running-requests 152 --enable-hisparse
 #        --hisparse-config '{...B = 4096...}' ...
 # Sizing: `python -m sglang_hisparse plan` (GLM-5.1, 8xH200, 128K) gives the config below and
 #        expects about 152 concurrent 128K requests instead of 16 with full KV on the GPU; it
@@ -36,7 +36,7 @@ args=(
     --mem-fraction-static 0.85 --chunked-prefill-size 65536
     # H200 (sm_90): DSA KV in bf16 (1152 B rows) read by flashmla_sparse; fp8 needs sm_100.
     --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-    --disable-radix-cache "${MRR_ARGS[@]}"
+    "${RADIX_ARGS[@]}" "${MRR_ARGS[@]}"
     --watchdog-timeout 3600
     "${HS_ARGS[@]}"
 )

@@ -28,7 +28,7 @@ args=(
     --context-length "$CONTEXT_LENGTH"
     --mem-fraction-static 0.85 --chunked-prefill-size 65536
     --kv-cache-dtype bfloat16 --dsa-decode-backend flashmla_sparse
-    --disable-radix-cache "${MRR_ARGS[@]}"
+    "${RADIX_ARGS[@]}" "${MRR_ARGS[@]}"
     --watchdog-timeout 3600
     "${HS_ARGS[@]}"
 )

@@ -28,7 +28,8 @@ fresh machine, no GPU needed:
 serving: install this package next to sglang==0.5.23 (not on PyPI yet): from a clone,
   pip install -e .   (or python -m build --wheel, then pip install dist/sglang_hisparse-*.whl)
 then
-  python -m sglang.launch_server ... --enable-hisparse --disable-radix-cache --hisparse-config '{...}'
+  python -m sglang.launch_server ... --enable-hisparse --hisparse-config '{...}'
+(the radix cache may stay on: matched prefixes are shared through the host pool)
 """
 
 

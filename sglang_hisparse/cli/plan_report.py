@@ -49,7 +49,7 @@ def decode_flags(p: planner.Plan) -> tuple[dict[str, int | str] | None, list[str
     on = [r for r in p.contexts if r.turn_on]
     if on:
         best = max(on, key=lambda r: r.context)
-        return p.suggested_config, ["--enable-hisparse", "--disable-radix-cache",
+        return p.suggested_config, ["--enable-hisparse",
                                     "--max-running-requests", str(max(best.node_batch_recommended, 1))]
     longest = max(p.contexts, key=lambda r: r.context)
     return None, ["--max-running-requests", str(max(longest.node_batch_full, 1))]
@@ -66,6 +66,8 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
         f"  KV budget  {_gib(p.kv_budget_bytes)} per GPU (share {p.kv_share:.3f}: {p.kv_share_source})",
         f"  HiSparse   top-k {i.top_k}, B = {i.hot_slots}; miss rate {100 * i.miss_rate:.1f} % "
         f"({i.miss_rate_source}); link {i.link_gbps:g} GB/s per GPU; step target {i.target_step_ms:g} ms",
+        *([f"  Shared     {i.shared_prefix} prefix tokens per request held once per GPU (radix cache): in HBM "
+           f"with full KV, in host DRAM with HiSparse"] if i.shared_prefix else []),
         *(f"  note       {n}" for n in notes),
         "",
     ]
@@ -104,12 +106,13 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
         out = [f"Decode server flags: {' '.join(flags)} --hisparse-config '{cfg}'"]
     else:
         verdict = f"leave it off (why: above); {below}."
-        hs = f"--enable-hisparse --disable-radix-cache --hisparse-config '{cfg}'"
+        hs = f"--enable-hisparse --hisparse-config '{cfg}'"
         out = [f"Decode server flags (HiSparse off, plain SGLang): {' '.join(flags)}",
                "A/B anyway, same command plus the HiSparse flags:",
                f"  sglang-hisparse's HiSparse: the plugin installed (SGLANG_PLUGINS unset, or naming 'hisparse') + {hs}",
-               "  SGLang's in-tree HiSparse:  the same flags with SGLANG_PLUGINS set to a list without 'hisparse', "
-               "e.g. SGLANG_PLUGINS=none (empty means load all; launch_examples/ab_plugin_off.sh does this)"]
+               "  SGLang's in-tree HiSparse:  the same flags plus --disable-radix-cache (it requires it) with "
+               "SGLANG_PLUGINS set to a list without 'hisparse', e.g. SGLANG_PLUGINS=none (empty means load all; "
+               "launch_examples/ab_plugin_off.sh does both)"]
     return "\n".join(head + table + ["", "Why:", *why, "", f"Recommendation: {verdict}", *out])
 
 

@@ -33,7 +33,7 @@ WRAPPERS = [EXAMPLES / "ab_plugin_off.sh", EXAMPLES / "ab_prefetch_off.sh"]
 
 def _run(*cmd: str, cwd: Path = EXAMPLES, dry: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
     knobs = {"EXTRA_ARGS", "MODEL_PATH", "HOST", "PORT", "CONTEXT_LENGTH", "IB_DEVICE", "BOOTSTRAP_PORT", "PYTHON",
-             "PLAN", "MAX_RUNNING_REQUESTS", "TRANSFER_BACKEND"}
+             "PLAN", "MAX_RUNNING_REQUESTS", "TRANSFER_BACKEND", "RADIX"}
     full_env = {k: v for k, v in os.environ.items() if k not in knobs and not k.startswith(("SGLANG_", "HISPARSE"))}
     full_env.update(**env)
     if dry:
@@ -134,7 +134,7 @@ def test_every_flag_parses_in_sglang(server_parser, script, hisparse):
     preset, _, _ = DEFAULTS.search(script.read_text()).groups()
     # the planner's batch in both arms, so they differ only in HiSparse
     assert ns.max_running_requests == _planner_batch(_planner(preset)[1])
-    assert ns.disable_radix_cache  # in both arms, so the A/B differs only in HiSparse
+    assert not ns.disable_radix_cache  # RADIX=on by default, in both arms
     assert ns.enable_hisparse is (hisparse == "on")
     if hisparse == "on":
         config = HiSparseConfig.from_json(ns.hisparse_config, model_top_k=2048)
@@ -148,6 +148,8 @@ def test_every_flag_parses_in_sglang(server_parser, script, hisparse):
 def test_bad_hisparse_switch_is_refused():
     result = _dry_run("glm51_colocated.sh", HISPARSE="maybe")
     assert result.returncode == 2 and "HISPARSE=maybe" in result.stderr
+    radix = _dry_run("glm51_colocated.sh", RADIX="maybe")
+    assert radix.returncode == 2 and "RADIX=maybe" in radix.stderr
 
 
 def test_plugin_off_wrapper_excludes_the_plugin_entry_point():
@@ -157,6 +159,8 @@ def test_plugin_off_wrapper_excludes_the_plugin_entry_point():
     env, argv = _argv(result.stdout)
     # An empty SGLANG_PLUGINS would load every plugin; "none" names none of them.
     assert env["SGLANG_PLUGINS"] == "none" and "--enable-hisparse" in argv
+    # SGLang's in-tree HiSparse refuses the radix cache
+    assert env["RADIX"] == "off" and "--disable-radix-cache" in argv
     kept = _dry_run("ab_plugin_off.sh", "./glm51_colocated.sh", SGLANG_PLUGINS="other")
     assert _argv(kept.stdout)[0]["SGLANG_PLUGINS"] == "other"
     refused = _dry_run("ab_plugin_off.sh", "./glm51_colocated.sh", SGLANG_PLUGINS="other, hisparse")
@@ -186,7 +190,9 @@ def test_runs_from_any_directory(tmp_path):
     assert direct.returncode == 0, direct.stderr
     by_name = _run(str(EXAMPLES / "ab_plugin_off.sh"), "glm51_colocated.sh", cwd=tmp_path)
     assert by_name.returncode == 0, by_name.stderr
-    assert _argv(by_name.stdout) == (dict(_argv(direct.stdout)[0], SGLANG_PLUGINS="none"), _argv(direct.stdout)[1])
+    no_radix = _run(str(EXAMPLES / "glm51_colocated.sh"), cwd=tmp_path, RADIX="off")
+    assert _argv(by_name.stdout) == (dict(_argv(no_radix.stdout)[0], SGLANG_PLUGINS="none"), _argv(no_radix.stdout)[1])
+    assert "--disable-radix-cache" not in _argv(direct.stdout)[1]
     relative = _run("launch_examples/ab_prefetch_off.sh", "launch_examples/glm52_colocated.sh", cwd=ROOT)
     assert relative.returncode == 0 and _argv(relative.stdout)[0]["SGLANG_HISPARSE_DISABLE_PREFETCH"] == "1"
     missing = _run(str(EXAMPLES / "ab_plugin_off.sh"), "no_such_example.sh", cwd=tmp_path)
