@@ -1,7 +1,8 @@
 // Fused resolve (swap-in) kernel: bookkeeping + host->device copy of the misses, one launch.
 //
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
-// Compile-time K (top-k), B (hot slots), ITEM (row bytes); runtime batch, block size (any
+// Compile-time K (top-k), B (hot slots), ITEM (row bytes), POLICY, BLK (selection layout: 0 =
+// token positions, > 0 = block ids of BLK positions, expanded in the kernel); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
 // bitmap, 3 B per 16 positions). COPY launches with a resident hint (the EARLY builds) put up to
@@ -193,7 +194,23 @@ __device__ __forceinline__ void load_hints(const int (&p0)[kBatch], int limit, c
 constexpr int kPadEntry = -1, kNewestEntry = -2;
 
 // Short request (n <= B): token p lives in slot p; out = slot_rows[p], nothing moves.
-template <int K>
+// Top-k entry i of a batch row whose selection `tk` is in the build's layout (template BLK):
+// BLK = 0, token positions (DSA, DeepSeek-V4's compressed entries); BLK > 0, block ids
+// (MiniMax-M3), block j standing for positions j*BLK .. j*BLK+BLK-1, so entry i is position
+// tk[i / BLK] * BLK + i % BLK, or -1 for a -1 block and at or past seq_len n
+// (kernels/reference.py:expand_blocks, bit for bit). No expanded top-k is stored in HBM.
+template <int BLK>
+__device__ __forceinline__ int topk_at(const int32_t* tk, int i, int64_t n) {
+  if constexpr (BLK == 0) {
+    return tk[i];
+  } else {
+    const int blk = tk[i / BLK];
+    const int p = blk * BLK + i % BLK;
+    return blk >= 0 && p < n ? p : -1;
+  }
+}
+
+template <int K, int BLK = 0>
 __device__ __noinline__ void resolve_short(const int32_t* tk, const int32_t* rows, int64_t n,
                                               int32_t* out, int tid, int T) {
   for (int i0 = tid; i0 < K; i0 += T * kBatch) {
@@ -201,7 +218,7 @@ __device__ __noinline__ void resolve_short(const int32_t* tk, const int32_t* row
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = i0 + u * T;
-      v[u] = i < K ? tk[i] : -1;
+      v[u] = i < K ? topk_at<BLK>(tk, i, n) : -1;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) v[u] = (v[u] >= 0 && v[u] < n) ? rows[v[u]] : -1;
@@ -293,12 +310,12 @@ __device__ __forceinline__ void place_policy_victims(const uint8_t* pbucket, con
 // First level, fully resident request: position p -> pages[p / page] * page + p % page; the
 // selection (p < n-1, else -1) is recorded in slot-token block `ring` for a later shrink.
 // Nothing else is read or written: no bitmap, no LRU, no host row.
-template <int K>
+template <int K, int BLK = 0>
 __device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* pages, int page,
                                               int64_t n, int32_t* out, int32_t* record, int tid,
                                               int T) {
   for (int i = tid; i < K; i += T) {
-    const int p = tk[i];
+    const int p = topk_at<BLK>(tk, i, n);
     const bool ok = p >= 0 && p < n;
     out[i] = ok ? pages[p / page] * page + p % page : -1;
     record[i] = ok && p < n - 1 ? p : -1;
@@ -336,7 +353,7 @@ __device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* 
 // config (batch 64 @0 % 12.26 -> 10.54 us at 656 B, batch 128 @15 % 1161 -> 1130 us;
 // results/resolve_ab_v15_forced.json), once their bookkeeping loads nothing global after the
 // rows are out (below: the keep area).
-template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru>
+template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru, int BLK = 0>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B, POLICY>;
   static_assert(K <= 32767 && B <= 32767, "slot ids, top-k indices and ranks are 16-bit");
@@ -376,7 +393,11 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int n_real = *a.num_real;
   const int64_t r = load_index(a.req_index, a.req64, b);
   const int64_t n = load_index(a.seq_lens, a.len64, b);
-  if (tid < T) stage_to_smem(tks, tk, 4 * K, tid, T);
+  if constexpr (BLK == 0) {
+    if (tid < T) stage_to_smem(tks, tk, 4 * K, tid, T);
+  } else if (tid < T) {  // blocks: expanded into shared memory (read after the first barrier)
+    for (int i = tid; i < K; i += T) tks[i] = topk_at<BLK>(tk, i, n);
+  }
   cp_async_commit();
   // Early fetch (EARLY builds: COPY with a resident hint; the fetch warps, below): this CTA owns
   // top-k entries i = c + e * ctas. Preload u of lane l of fetch warp w takes
@@ -402,7 +423,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int e = fetch_entry(u);
-    p0[u] = EARLY && tid >= T && e < n_own ? tk[c + e * a.ctas] : -1;
+    p0[u] = EARLY && tid >= T && e < n_own ? topk_at<BLK>(tk, c + e * a.ctas, n) : -1;
   }
   const bool full = a.rr_flag != nullptr && b < n_real && a.rr_flag[r] != 0;
   if (b >= n_real || n <= B || full) cp_async_wait<0>();  // no copy may outlive the CTA's smem
@@ -415,7 +436,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   }
   if (full) {  // every CTA of the row returns here, so none takes an arrival ticket
     if (c == 0) {
-      resolve_resident<K>(tk, a.rr_pages + r * a.rr_stride, a.rr_page, n, out,
+      resolve_resident<K, BLK>(tk, a.rr_pages + r * a.rr_stride, a.rr_page, n, out,
                           a.slot_tokens + r * a.st_stride + static_cast<int64_t>(*a.rr_ring) * K,
                           tid, T);
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
@@ -425,7 +446,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   const int32_t* rows = a.slot_rows + r * a.sr_stride;
   if (n <= B) {
     if (c == 0) {
-      resolve_short<K>(tk, rows, n, out, tid, T);
+      resolve_short<K, BLK>(tk, rows, n, out, tid, T);
       if (a.write_plan && tid == 0) a.plan_count[b] = 0;
     }
     return;
@@ -872,7 +893,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 using tvm::ffi::TensorView;
 
 // POLICY != kPolicyLru builds take the policy state, int32 [R, B] (one layer's view).
-template <int K, int B, int ITEM, int POLICY = kPolicyLru>
+template <int K, int B, int ITEM, int POLICY = kPolicyLru, int BLK = 0>
 void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
                     TensorView lru, TensorView host_rows, TensorView host_cache,
@@ -886,7 +907,13 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
   const int64_t bs = top_k.size(0);
-  HS_CHECK(top_k.size(1) == K, "top_k has " << top_k.size(1) << " columns; this build is for k=" << K);
+  static_assert(BLK == 0 || K % BLK == 0, "a block build needs k = blocks x block size");
+  if constexpr (BLK == 0) {
+    HS_CHECK(top_k.size(1) == K, "top_k has " << top_k.size(1) << " columns; this build is for k=" << K);
+  } else {
+    HS_CHECK(top_k.size(1) == K / BLK, "top_k has " << top_k.size(1) << " block columns; this build is for "
+             << K / BLK << " blocks of " << BLK << " (k=" << K << ")");
+  }
   const int req64 = check_index(req_index, "req_index", bs, dev);
   const int len64 = check_index(seq_lens, "seq_lens", bs, dev);
   const int64_t R = check_hot_state(num_real, slot_tokens, slot_rows, lru, host_rows, host_cache,
@@ -995,10 +1022,10 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  constexpr int P = POLICY;
-  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true, P> : resolve_kernel<K, B, ITEM, 1024, false, P>)
-              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true, P> : resolve_kernel<K, B, ITEM, 512, false, P>)
-                              : (early ? resolve_kernel<K, B, ITEM, 0, true, P> : resolve_kernel<K, B, ITEM, 0, false, P>);
+  constexpr int P = POLICY, Q = BLK;
+  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true, P, Q> : resolve_kernel<K, B, ITEM, 1024, false, P, Q>)
+              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true, P, Q> : resolve_kernel<K, B, ITEM, 512, false, P, Q>)
+                              : (early ? resolve_kernel<K, B, ITEM, 0, true, P, Q> : resolve_kernel<K, B, ITEM, 0, false, P, Q>);
   ensure_smem(kernel, dev, smem);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),

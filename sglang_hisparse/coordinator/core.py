@@ -42,7 +42,6 @@ from sglang_hisparse.coordinator.step import StepMapper
 from sglang_hisparse.coordinator.streams import Streams
 from sglang_hisparse.kernel_limits import check_resolve_fits
 from sglang_hisparse.kernels import ResolveMode
-from sglang_hisparse.kernels.reference import expand_blocks
 from sglang_hisparse.telemetry import Telemetry
 
 logger = logging.getLogger("sglang_hisparse")
@@ -361,14 +360,16 @@ class HiSparseCore:
         """Block top-k (MiniMax-M3): int32 ``top_k_blocks`` [bs, n_blocks] (-1 = none) ->
         int32 device rows [bs, n_blocks * block_size] of their positions
         (``kernels.reference.expand_blocks``; -1 past ``seq_lens``), resolved as one top-k of
-        ``n_blocks * block_size`` = ``top_k`` positions."""
+        ``n_blocks * block_size`` = ``top_k`` positions. The resolve kernel takes the block ids
+        and expands them itself (a block build, ``ops.resolve(selection_block=)``); on CPU the
+        reference resolves the expanded positions."""
         width = top_k_blocks.shape[1] * block_size
         if width != self.top_k:
             raise ValueError(
                 f"swap_in_blocks: {top_k_blocks.shape[1]} blocks of {block_size} = {width} positions, "
                 f"but the coordinator resolves top_k = {self.top_k}; build it with top_k = blocks x block size."
             )
-        return self.swap_in(req_index, seq_lens, expand_blocks(top_k_blocks, seq_lens, block_size), layer_id)
+        return self.resolver.swap_in(req_index, seq_lens, top_k_blocks, layer_id, selection_block=block_size)
 
     # -- teardown ---------------------------------------------------------------------------
     def destroy(self) -> None:

@@ -54,6 +54,7 @@ import torch
 
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.kernels import MissPlan, ResolveMode, ops, verify_ops
+from sglang_hisparse.kernels.reference import expand_blocks
 
 
 def build_prefetch_groups(shared: list[bool]) -> dict[int, list[int]]:
@@ -195,6 +196,7 @@ class Resolver:
         top_k: torch.Tensor,
         layer_id: int,
         on_slice: Callable[[int, int], None] | None = None,
+        selection_block: int = 0,
     ) -> torch.Tensor:
         """Device rows of ``top_k`` for model layer ``layer_id``, aligned with it.
 
@@ -206,9 +208,19 @@ class Resolver:
 
         ``on_slice(a, b)``: called once per row slice ``[a, b)`` of the batch, with the current
         stream ordered after that slice's rows (all rows in one call unless the anchor is
-        sliced, see the module docstring); shared layers call it once for the whole batch."""
+        sliced, see the module docstring); shared layers call it once for the whole batch.
+
+        ``selection_block`` > 0 (decode only): ``top_k`` is int32 [bs, k / selection_block]
+        block ids (MiniMax-M3), expanded by the kernel (``ops.resolve``); the rows are [bs, k]."""
         ctx = self.ctx
-        self._check_top_k(top_k)
+        if selection_block:
+            k = ctx.top_k
+            if self.num_draft_tokens or top_k.dim() != 2 or top_k.shape[1] * selection_block != k:
+                raise ValueError(
+                    f"swap_in: block selection {tuple(top_k.shape)} of block size {selection_block}: needs "
+                    f"[bs, {k} / {selection_block}] block ids and a coordinator without speculative decoding.")
+        else:
+            self._check_top_k(top_k)
         bs = top_k.shape[0]
         if bs > self.max_batch:
             # NOTE: allocation on the hot path, only when a batch exceeds every earlier one;
@@ -238,6 +250,7 @@ class Resolver:
                 lru=st.lru[li], host_rows=ctx.host.host_rows, host_cache=ctx.host_kv[li],
                 device_cache=ctx.device_kv[li], out_rows=out[a:b],
                 plan=MissPlan(plan.src[a:b], plan.dst[a:b], plan.count[a:b]), **extra,
+                **({"selection_block": selection_block} if selection_block else {}),
             )
 
         S = min(self.anchor_slices, bs) if on_slice is not None and not self.num_draft_tokens else 1
@@ -254,16 +267,19 @@ class Resolver:
         # per anchor fewer, what an eager step spends over the plugin off). Never while a CUDA
         # graph is captured: a graph must hold the replays for the batches it serves later.
         self._forked = not (st.batch_all_resident and not self._capturing())
+        # a block selection's valid positions are the rows the kernel resolved (-1 elsewhere)
+        selected = out if selection_block else top_k.reshape(bs, -1)
         if self._forked:
             ctx.telemetry.add_resolve(
-                top_k=top_k.reshape(bs, -1), miss_count=plan.count, real_mask=real,
+                top_k=selected, miss_count=plan.count, real_mask=real,
                 item_bytes=ctx.item_bytes, copies=1 + len(group),
             )
         else:
-            ctx.telemetry.add_selected(top_k=top_k.reshape(bs, -1), real_mask=real)
+            ctx.telemetry.add_selected(top_k=selected, real_mask=real)
         # NOTE: the trace recorder models single-row decode steps; verify steps are not recorded.
         if ctx.recorder is not None and not self.num_draft_tokens:
-            ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=top_k)
+            positions = expand_blocks(top_k, seq_lens, selection_block) if selection_block else top_k
+            ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=positions)
         if group and self._forked:
             streams = ctx.streams
             if S == 1:  # (sliced: the prefetch stream already ran the resolve)

@@ -139,13 +139,16 @@ def _build(name: str, wrapper: str, functions: list[str]) -> Any:
 
 
 @functools.cache
-def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0) -> Any:
+def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, blocks: int = 0) -> Any:
     """The compiled resolve launcher for top-k ``k``, ``B`` hot slots, ``item``-byte rows, and
     ``smem_bytes(words)``: its shared memory per CTA for a position bitmap of ``words`` words.
     ``build``: a name for another, separate build of the same kernels (tests load two builds of
     one template in a process, as benchmarks/probes/probe_resolve.py's profiling build sits next to the op's).
     ``policy``: the replacement policy's id (``kernel_policy.policy_id``; 0 = lru); other
-    policies' ``resolve`` takes the policy state (int32 [R, B]) as its last argument."""
+    policies' ``resolve`` takes the policy state (int32 [R, B]) as its last argument.
+    ``blocks``: the selection layout, 0 for token positions, > 0 for block ids of that many
+    positions each (MiniMax-M3's block top-k, expanded in the kernel; ``top_k`` then has
+    ``k / blocks`` columns)."""
     args, call = _RESOLVE_ARGS, _RESOLVE_CALL
     if policy:
         args, call = args + ", TensorView policy_state", call + ", &policy_state"
@@ -153,12 +156,13 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0) 
         (f"// build {build}\n" if build else "")
         + '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void resolve({args}) {{\n"
-        f"  hisparse::resolve_launch<{k}, {B}, {item}, {policy}>({call});\n}}\n"
+        f"  hisparse::resolve_launch<{k}, {B}, {item}, {policy}, {blocks}>({call});\n}}\n"
         # Shared memory per CTA for host_rows of `words` * 32 positions (kernel_limits mirrors it).
         "int64_t smem_bytes(int64_t words) {\n"
         f"  return static_cast<int64_t>(hisparse::Layout<{k}, {B}, {policy}>::total(words));\n}}\n"
     )
     name = (f"hisparse_resolve_k{k}_b{B}_i{item}" + (f"_p{policy}" if policy else "")
+            + (f"_blk{blocks}" if blocks else "")
             + (f"_{build}" if build else ""))
     return _build(name, wrapper, ["resolve", "smem_bytes"])
 

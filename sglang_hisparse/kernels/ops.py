@@ -102,7 +102,7 @@ def resolve(
     ctas_per_request: int | None = None, validate: bool | None = None,
     resident: torch.Tensor | None = None, early_rows: int | None = None,
     policy: str = "lru", policy_state: torch.Tensor | None = None,
-    resident_rows: ResidentRows | None = None,
+    resident_rows: ResidentRows | None = None, selection_block: int = 0,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
 
@@ -132,8 +132,30 @@ def resolve(
             required by ``"fra"``, None for ``"lru"``.
         resident_rows: optional :class:`ResidentRows`: flagged request slots are fully
             resident and resolve through their page table only (the first level).
-    Semantics: :mod:`sglang_hisparse.kernels.reference`.
+        selection_block: 0 (default): ``top_k`` holds positions. > 0 (MiniMax-M3's block
+            top-k): ``top_k`` is int32 [bs, k / selection_block] block ids (-1 = none), each
+            standing for ``selection_block`` positions; the kernel expands them
+            (``reference.expand_blocks``; no expanded top-k in HBM) and ``out_rows`` is [bs, k].
+    Semantics: :mod:`sglang_hisparse.kernels.reference` (of the expanded top-k).
     """
+    if selection_block:
+        k_out = out_rows.shape[-1]
+        if selection_block < 0 or k_out % selection_block or top_k.dim() != 2 or top_k.shape[1] * selection_block != k_out:
+            raise ValueError(
+                f"resolve: selection_block = {selection_block} with top_k {tuple(top_k.shape)} and out_rows "
+                f"{tuple(out_rows.shape)}: a block selection is int32 [bs, k / selection_block] block ids, "
+                f"k = out_rows' columns a multiple of the block size.")
+        if not top_k.is_cuda or validation_enabled(validate):
+            # the reference path (and the validator) take the expanded positions
+            positions = reference.expand_blocks(top_k, seq_lens, selection_block)
+            if not top_k.is_cuda:
+                top_k, selection_block = positions, 0
+            else:
+                validate_resolve(top_k=positions, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+                                 slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+                                 host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
+                _check_pinned(host_cache)
+                validate = False
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
@@ -146,11 +168,13 @@ def resolve(
     if validation_enabled(validate):
         validate_resolve(**kw, plan=plan)
         _check_pinned(host_cache)
-    bs, k, B, item = check_resolve_shapes(**kw, plan=plan)
+    # a block selection's shapes are checked as the [bs, k] positions it stands for (out_rows')
+    shaped = {**kw, "top_k": out_rows} if selection_block else kw
+    bs, k, B, item = check_resolve_shapes(**shaped, plan=plan)
     check_resident(resident, lru=lru, host_rows=host_rows)
     reference.check_policy_state(policy, policy_state, lru=lru)
     pid = policy_id(policy)
-    check_resident_rows(resident_rows, lru=lru, top_k=top_k)
+    check_resident_rows(resident_rows, lru=lru, top_k=shaped["top_k"])
     ctas = ctas_per_request or default_ctas_per_request(bs, top_k.device)
     if not 1 <= ctas <= 1024:
         raise ValueError(f"ctas_per_request = {ctas} must be in [1, 1024].")
@@ -159,7 +183,7 @@ def resolve(
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     extra = (policy_state,) if pid else ()
-    resolve_module(k, B, item, policy=pid).resolve(
+    resolve_module(k, B, item, policy=pid, blocks=selection_block).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
         resident if resident is not None else arrivals,

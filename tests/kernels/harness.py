@@ -69,6 +69,28 @@ def next_selection(sc: Scenario, state: HotState, *, seed: int, num_real: int | 
                     sc.num_real if num_real is None else num_real)
 
 
+def block_selection(sc: Scenario, block: int, *, seed: int) -> tuple[Scenario, torch.Tensor]:
+    """A block top-k (MiniMax-M3) for ``sc``'s rows: int32 [bs, k / block] block ids (CPU), some
+    -1, some past a row's length, the newest token's block usually in; and the scenario whose
+    top-k is their expansion (``reference.expand_blocks``), the positions the reference takes."""
+    g = torch.Generator().manual_seed(seed)
+    bs, k = sc.top_k.shape
+    nb = k // block
+    rows = []
+    for b in range(bs):
+        n = int(sc.seq_lens[b])
+        have = -(-n // block)
+        ids = torch.randperm(have + 2, generator=g)[:nb]  # up to 2 blocks past the end
+        ids = torch.cat([ids, torch.full((nb - ids.numel(),), -1, dtype=ids.dtype)])
+        if b % 2 == 0 and have - 1 not in ids.tolist():
+            ids[0] = have - 1  # the newest block (the forced local block of M3)
+        ids[torch.rand(nb, generator=g) < 0.1] = -1
+        rows.append(ids)
+    blocks = torch.stack(rows).to(torch.int32)
+    expanded = ref.expand_blocks(blocks, sc.seq_lens, block)
+    return Scenario(sc.state, expanded, sc.req_index, sc.seq_lens, sc.num_real), blocks
+
+
 def to_cuda(st: HotState) -> HotState:
     return HotState(st.slot_tokens.cuda(), st.slot_rows.cuda(), st.lru.cuda(), st.host_rows.cuda(),
                     st.host_cache, st.device_cache.cuda(), st.seq_lens.clone(),
@@ -123,11 +145,13 @@ def reference_result(sc: Scenario, *, mode=ResolveMode.COPY, **extra):
     return st, out, plan
 
 
-def kernel_result(sc: Scenario, *, mode=ResolveMode.COPY, **extra):
+def kernel_result(sc: Scenario, *, mode=ResolveMode.COPY, top_k=None, **extra):
+    """``top_k``: what the kernel takes instead of ``sc.top_k`` (a block selection)."""
     st = to_cuda(sc.state)
     bs, k = sc.top_k.shape
     plan = empty_plan(bs, k, "cuda")
-    out = call(ops.resolve, st, sc, sc.top_k, plan=plan, mode=mode, validate=False, **extra)
+    out = call(ops.resolve, st, sc, sc.top_k if top_k is None else top_k, plan=plan, mode=mode,
+               validate=False, **extra)
     torch.cuda.synchronize()
     return st, out, plan
 
