@@ -25,6 +25,7 @@ into counter increments; it runs on the telemetry report cadence
 | ``sglang:hisparse_hot_requests`` | gauge | decoding requests in their B-slot hot buffer, at the last report |
 | ``sglang:hisparse_free_device_rows`` | gauge | free device KV rows, at the last report |
 | ``sglang:hisparse_prefix_cached_rows`` | gauge | device rows finished requests left as cached prefix rows (radix cache), taken back first under pressure |
+| ``sglang:hisparse_tree_host_rows`` | gauge | host rows (logical ids) the radix tree holds as cached prefixes, at the latest request release (radix cache on) |
 | ``sglang:hisparse_evicted_rows_total{tier=...}`` | counter | device rows taken back, by tier: ``device_cache`` (cached prefix rows, first), ``resident_shrink`` (rows a shrinking resident request gave up); the radix tree's own evictions (logical ids, host rows) are SGLang's ``sglang:*`` eviction series |
 
 The residency series exist with ``"residency": "pressure"`` only. Resident requests make no
@@ -77,12 +78,13 @@ class PrometheusSink:
     """
 
     def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
-        counters, hit_rate, gauges, shrinks, evicted = _families(registry, tuple(sorted(labels)))
+        counters, hit_rate, gauges, shrinks, evicted, tree_rows = _families(registry, tuple(sorted(labels)))
         self._counters = {field: family.labels(**labels) for field, family in counters.items()}
         self._hit_rate = hit_rate.labels(**labels)
         self._gauges = {key: family.labels(**labels) for key, family in gauges.items()}
         self._shrinks = shrinks.labels(**labels)
         self._evicted = {tier: evicted.labels(**labels, tier=tier) for tier in EVICTION_TIERS}
+        self._tree_rows = tree_rows.labels(**labels)
 
     def __call__(self, snap: TelemetrySnapshot, prev: TelemetrySnapshot | None, elapsed_s: float) -> None:
         for field, counter in self._counters.items():
@@ -93,6 +95,8 @@ class PrometheusSink:
         misses = snap.misses - (prev.misses if prev is not None else 0)
         if selected > 0:
             self._hit_rate.set(1.0 - misses / selected)
+        if snap.tree_tokens >= 0:
+            self._tree_rows.set(snap.tree_tokens)
         if snap.residency is not None:
             for key, gauge in self._gauges.items():
                 gauge.set(snap.residency[key])
@@ -112,7 +116,7 @@ class PrometheusSink:
 _FAMILIES: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
 
 
-def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any]:
+def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any, Any]:
     """The metric families, created once per registry (a second coordinator in one process,
     or a test, would otherwise register the same series twice and fail)."""
     from prometheus_client import REGISTRY, Counter, Gauge
@@ -137,7 +141,9 @@ def _families(registry: Any, label_names: tuple[str, ...]) -> tuple[dict[str, An
                           label_names, registry=reg)
         evicted = Counter(PREFIX + "evicted_rows", "Device rows taken back, by tier (device_cache first, then resident_shrink).",
                           (*label_names, "tier"), registry=reg)
-        _FAMILIES[reg] = (counters, hit_rate, gauges, shrinks, evicted)
+        tree_rows = Gauge(PREFIX + "tree_host_rows", "Host rows (logical ids) the radix tree holds as cached prefixes.",
+                          label_names, registry=reg, multiprocess_mode="mostrecent")
+        _FAMILIES[reg] = (counters, hit_rate, gauges, shrinks, evicted, tree_rows)
     return _FAMILIES[reg]
 
 

@@ -24,6 +24,8 @@ How to read them (docs/coordinator.md has the long form):
   ``prefix_copy_rows``: rows copied device to device instead: by a collect, out of pages
   another request still reads, and by ``prepare_prefix``, out of a running request's buffer
   that still maps a matched id.
+- ``tree_tokens``: logical ids the radix tree holds (their host rows are the cached prefixes),
+  from SGLang's own counts at each request release.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class TelemetrySnapshot:
     prefix_load_tokens: int = 0
     prefix_load_bytes: int = 0
     prefix_copy_rows: int = 0
+    #: tokens (logical ids, so host rows) the radix tree holds, SGLang's evictable + protected
+    #: sizes at the latest request release; -1 until one was seen (radix cache off: stays -1)
+    tree_tokens: int = -1
 
     @property
     def hit_rate(self) -> float:
@@ -98,6 +103,7 @@ class Telemetry:
         self.prefix_load_tokens = 0
         self.prefix_load_bytes = 0
         self.prefix_copy_rows = 0
+        self.tree_tokens = -1
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
         #: () -> residency counts (``Residency.counts``), set by the core when residency is on
@@ -173,6 +179,7 @@ class Telemetry:
             prefix_load_tokens=self.prefix_load_tokens,
             prefix_load_bytes=self.prefix_load_bytes,
             prefix_copy_rows=self.prefix_copy_rows,
+            tree_tokens=self.tree_tokens,
         )
 
     def maybe_log(self) -> None:

@@ -52,7 +52,11 @@ def release_unstaged(original: Callable[..., Any], req: Any, tree_cache: Any, *a
     coord = _coordinator(getattr(tree_cache, "token_to_kv_pool_allocator", None))
     if coord is not None:
         coord.release_unstaged(req)
-    return original(req, tree_cache, *args, **kwargs)
+    out = original(req, tree_cache, *args, **kwargs)
+    if coord is not None and _sharing(tree_cache):
+        # host rows the tree keeps (the tree's ids are ours): the tree_tokens gauge
+        coord.core.telemetry.tree_tokens = int(tree_cache.evictable_size()) + int(tree_cache.protected_size())
+    return out
 
 
 def available_rows_bound(original: Callable[..., int], budget: Any, *args: Any, **kwargs: Any) -> int:

@@ -79,7 +79,7 @@ def _expect_aborted(rig: Rig, rids: set[str] | dict[str, Any]) -> None:
 def _stats(rig: Rig) -> dict[str, Any]:
     t = rig.coordinator.telemetry() if rig.coordinator is not None else {}
     out = {k: t[k] for k in ("hits", "misses", "staged_tokens", "backups", "prefix_hit_tokens",
-                             "prefix_load_tokens", "prefix_copy_rows") if k in t}
+                             "prefix_load_tokens", "prefix_copy_rows", "tree_tokens") if k in t}
     if rig.coordinator is not None:
         c = rig.coordinator.core.residency_counts()
         out.update(shrinks=c["shrinks"], resident_admissions=c["resident_admissions"])
@@ -130,6 +130,10 @@ def radix_shared_prefix(rig: Rig) -> dict[str, Any]:
     hits = _hit_tokens(rig) - before
     if hits < 0.9 * 8 * len(base):
         raise AssertionError(f"radix_shared_prefix: {hits} prefix tokens matched, want >= 90 % of {8 * len(base)}")
+    tree = int(rig.coordinator.telemetry()["tree_tokens"]) if rig.coordinator is not None else -1
+    if rig.coordinator is not None and tree < len(base):
+        raise AssertionError(f"radix_shared_prefix: the tree_tokens gauge says {tree}; the tree keeps at least "
+                             f"the {len(base)}-token system prompt")
     stats = _stats(rig)
     rig.check_idle()
     return {"requests": _check_tokens(rig, {**first, **reqs}), "matched": hits, **stats}

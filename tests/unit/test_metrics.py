@@ -101,6 +101,9 @@ def test_residency_gauges_and_shrink_counter():
     assert value(reg, "sglang:hisparse_residency_shrinks_total") == 4
     assert value(reg, "sglang:hisparse_prefix_cached_rows") == 64
     assert value(reg, "sglang:hisparse_evicted_rows_total", tier="device_cache") == 192
+    assert value(reg, "sglang:hisparse_tree_host_rows") == 0  # radix cache off: never set
+    sink(snap(residency=res, tree_tokens=4096), second, 30.0)
+    assert value(reg, "sglang:hisparse_tree_host_rows") == 4096
     assert value(reg, "sglang:hisparse_evicted_rows_total", tier="resident_shrink") == 4096
     # always_hot: no residency in the snapshot, the gauges stay at their initial 0
     reg2 = prometheus_client.CollectorRegistry()
