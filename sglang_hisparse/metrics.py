@@ -18,7 +18,7 @@ into counter increments; it runs on the telemetry report cadence
 | ``sglang:hisparse_decode_steps_total`` | counter | decode steps mapped |
 | ``sglang:hisparse_prefix_hit_tokens_total`` | counter | prompt tokens a prefill did not compute (radix-cache matches) |
 | ``sglang:hisparse_prefix_load_tokens_total`` | counter | of those, loaded host→device (no device row held them) |
-| ``sglang:hisparse_prefix_copy_rows_total`` | counter | rows copied device to device: out of pages another request reads (collect), out of a running request's buffer (prefix hit) |
+| ``sglang:hisparse_prefix_copy_rows_total`` | counter | rows copied device to device: out of pages another request reads (collect), out of a running resident request's buffer (prefix hit) |
 | ``sglang:hisparse_hit_rate`` | gauge | hit rate over the last report interval |
 | ``sglang:hisparse_residency_shrinks_total`` | counter | resident requests shrunk to hot buffers (``"residency": "pressure"``) |
 | ``sglang:hisparse_resident_requests`` | gauge | requests holding all their device rows, at the last report |
@@ -56,7 +56,7 @@ COUNTERS = {
     "steps": ("decode_steps", "Decode steps mapped by the coordinator."),
     "prefix_hit_tokens": ("prefix_hit_tokens", "Prompt tokens a prefill did not compute (radix-cache matches)."),
     "prefix_load_tokens": ("prefix_load_tokens", "Matched prefix tokens loaded host to device."),
-    "prefix_copy_rows": ("prefix_copy_rows", "Rows copied device to device: out of pages another request reads, or out of a running request's buffer for a prefix hit."),
+    "prefix_copy_rows": ("prefix_copy_rows", "Rows copied device to device: out of pages another request reads, or out of a running resident request's buffer for a prefix hit."),
 }
 #: residency count -> (gauge name without prefix, help); ``shrinks`` is a counter
 GAUGES = {

@@ -22,7 +22,7 @@ How to read them (docs/coordinator.md has the long form):
   ``prepare_prefix``); ``prefix_load_tokens`` / ``prefix_load_bytes``: those of them loaded
   host→device because no device row held them (the rest were on the device already);
   ``prefix_copy_rows``: rows copied device to device instead: by a collect, out of pages
-  another request still reads, and by ``prepare_prefix``, out of a running request's buffer
+  another request still reads, and by ``prepare_prefix``, out of a running resident request's buffer
   that still maps a matched id.
 - ``tree_tokens``: logical ids the radix tree holds (their host rows are the cached prefixes),
   from SGLang's own counts at each request release.

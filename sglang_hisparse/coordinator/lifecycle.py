@@ -100,8 +100,8 @@ class Lifecycle:
         hit = int(torch.isin(prefix_ids // ctx.allocator.page_size, new_pages).sum())
         dev, on_dev = ctx.device, src > 0
         # NOTE: on the caller's stream (the forward's): the prefill reads these rows next.
-        # Ids a running request's buffer still maps are copied from its rows (device to
-        # device, ~40x faster than the link); the rest from their host rows.
+        # Ids a running resident request's buffer still maps are copied from its rows (device
+        # to device, ~40x faster than the link); the rest from their host rows.
         if bool(on_dev.any()):
             transfer.device_to_device(ctx, src[on_dev].to(dev, non_blocking=True),
                                       rows[on_dev].to(dev, non_blocking=True))

@@ -445,8 +445,8 @@ class DualSpaceAllocator:
         logical_ids: int, any device (read on the CPU), whole pages of ids in use. Returns
         (ids, rows, src) CPU int64, or None when the device rows are short (nothing changed):
         the caller copies ``rows`` from the device rows ``src`` where ``src > 0`` (the id is
-        still mapped: a running resident request's private row, or a hot buffer's, holds its
-        KV) and from the host rows ``ids`` elsewhere. Reading the mapping syncs the current
+        still mapped into a running resident request's buffer, whose row holds its KV) and
+        from the host rows ``ids`` elsewhere. Reading the mapping syncs the current
         stream once, when some page is missing."""
         ids = _as_cpu_int64(logical_ids, "prefix logical ids")
         empty = torch.empty(0, dtype=torch.int64)
@@ -472,8 +472,15 @@ class DualSpaceAllocator:
         if not self._rows_for(int(missing.numel())):
             return None
         new_ids = self.logical.page_ids_to_ids(missing)
-        # after the reclaim (a shrink unmaps what it drops), before the new rows are bound
+        # after the reclaim (a shrink unmaps what it drops), before the new rows are bound;
+        # only a resident buffer's rows are sources: a hot buffer's mapping of its previous
+        # newest token is left stale on purpose (coordinator/step.py) and points at slot B
         src = self.mapping[new_ids.to(self.device)].to("cpu", torch.int64).clamp_(min=0)
+        mapped = src > 0
+        if bool(mapped.any()):
+            keep = torch.zeros_like(mapped)
+            keep[mapped] = self.hot.in_resident_buffer(src[mapped])
+            src[~keep] = 0
         got = self.rows.alloc_pages(int(missing.numel()))
         new_rows = self.rows.page_ids_to_ids(got)
         self._bind_prefill(new_ids, new_rows)

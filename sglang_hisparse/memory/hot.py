@@ -106,6 +106,17 @@ class HotBuffers:
         buf = self._bufs.get(req_slot)
         return buf is not None and buf.resident
 
+    def in_resident_buffer(self, rows: torch.Tensor) -> torch.Tensor:
+        """bool [n] (CPU): whether each device row (CPU int64) lies in a page of a resident
+        buffer, whose rows hold their positions' KV for as long as it stays resident (a hot
+        buffer's mapped rows may be stale: a previous newest token's entry points at slot B)."""
+        if rows.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool)
+        pages, inverse = torch.unique(rows // self.page_size, return_inverse=True)
+        ok = torch.tensor([self.is_resident(self._page_owner.get(pg, -1)) for pg in pages.tolist()],
+                          dtype=torch.bool)
+        return ok[inverse]
+
     def resident_slots(self) -> list[int]:
         return sorted(r for r, buf in self._bufs.items() if buf.resident)
 

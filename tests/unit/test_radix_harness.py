@@ -136,6 +136,33 @@ def test_a_match_on_a_running_request_copies_its_rows_device_to_device(residency
     engine.check_no_leaks()
 
 
+def test_a_hot_requests_stale_newest_mapping_is_not_a_copy_source() -> None:
+    """A hot request's prompt fills whole pages, so its last token is in the tree; after a
+    decode step that token's mapping still points at slot B (SGLang's overlap scheduler may
+    read it), which now holds a later token. A request matching the whole prompt must load
+    that page from host, not copy slot B's row."""
+    engine = _engine("L2-k4-B8-p2", residency="always_hot")
+    a = ToyRequest(rid=0, seed=1, prompt_len=20, max_new=6, prefix_seed=9, shared_len=20)
+    engine.prefill(a)
+    engine.collect()
+    for _ in range(2):
+        engine.step()
+    b = ToyRequest(rid=1, seed=2, prompt_len=24, max_new=3, prefix_seed=9, shared_len=20)
+    engine.prefill(b)
+    assert b.matched == 20
+    ids = engine.req_to_token[b.req_pool_idx, :20]
+    pos = torch.arange(20)
+    for layer in range(engine.model.num_layers):
+        assert torch.equal(engine.pool.read(layer, ids), engine._kv(b, pos, layer)), layer
+    engine.collect()
+    for _ in range(3):
+        engine.step()
+        engine.check_integrity()
+    for q in (a, b):
+        engine.release(q, "finish")
+    engine.check_no_leaks()
+
+
 def test_identical_prompts_in_one_batch_dedup_and_stage_only_their_own_ids() -> None:
     engine = _engine("L3-k8-B16-p4")
     reqs = [ToyRequest(rid=i, seed=100 + i, prompt_len=26, max_new=6, prefix_seed=5, shared_len=26) for i in range(3)]
