@@ -36,6 +36,7 @@ from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
 from sglang_hisparse.kernels.synthetic import make_state
+from sglang_hisparse.testing.engine import warm_and_capture
 
 #: resolves per captured graph: one cycle of selections, replayed
 STEPS_PER_GRAPH = 20
@@ -94,14 +95,7 @@ def run(bs: int, churn: float, args) -> dict:
 
             # NOTE: a CUDA graph of STEPS_PER_GRAPH resolves (A, B, A, ...), replayed: GPU time
             # without the Python launch gaps a single small launch would be timed with.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                steps()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                steps()
+            graph = warm_and_capture(steps)
             graph.replay()
             times = []
             for _ in range(args.reps):

@@ -100,13 +100,13 @@ class PrometheusSink:
         if snap.residency is not None:
             for key, gauge in self._gauges.items():
                 gauge.set(snap.residency[key])
-            before = prev.residency["shrinks"] if prev is not None and prev.residency else 0
-            if snap.residency["shrinks"] > before:
-                self._shrinks.inc(snap.residency["shrinks"] - before)
-            for tier, key in EVICTION_TIERS.items():
-                was = prev.residency.get(key, 0) if prev is not None and prev.residency else 0
-                if snap.residency.get(key, 0) > was:
-                    self._evicted[tier].inc(snap.residency[key] - was)
+            before = prev.residency if prev is not None and prev.residency else {}
+            # cumulative residency counts -> counter increments
+            for counter, key in ((self._shrinks, "shrinks"),
+                                 *((self._evicted[t], k) for t, k in EVICTION_TIERS.items())):
+                delta = snap.residency.get(key, 0) - before.get(key, 0)
+                if delta > 0:
+                    counter.inc(delta)
 
 
 # Keyed by the registry itself, held weakly. NOTE: keyed by id(), a registry created after

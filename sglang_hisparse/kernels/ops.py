@@ -138,6 +138,9 @@ def resolve(
             (``reference.expand_blocks``; no expanded top-k in HBM) and ``out_rows`` is [bs, k].
     Semantics: :mod:`sglang_hisparse.kernels.reference` (of the expanded top-k).
     """
+    kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
+              slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
+              host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
     if selection_block:
         k_out = out_rows.shape[-1]
         if selection_block < 0 or k_out % selection_block or top_k.dim() != 2 or top_k.shape[1] * selection_block != k_out:
@@ -147,18 +150,13 @@ def resolve(
                 f"k = out_rows' columns a multiple of the block size.")
         if not top_k.is_cuda or validation_enabled(validate):
             # the reference path (and the validator) take the expanded positions
-            positions = reference.expand_blocks(top_k, seq_lens, selection_block)
+            positions = {**kw, "top_k": reference.expand_blocks(top_k, seq_lens, selection_block)}
             if not top_k.is_cuda:
-                top_k, selection_block = positions, 0
+                kw, selection_block = positions, 0
             else:
-                validate_resolve(top_k=positions, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
-                                 slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
-                                 host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
+                validate_resolve(**positions, plan=plan)
                 _check_pinned(host_cache)
                 validate = False
-    kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
-              slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
-              host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
     if early_rows is not None and early_rows < 0:
         raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:

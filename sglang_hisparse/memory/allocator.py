@@ -478,9 +478,7 @@ class DualSpaceAllocator:
         src = self.mapping[new_ids.to(self.device)].to("cpu", torch.int64).clamp_(min=0)
         mapped = src > 0
         if bool(mapped.any()):
-            keep = torch.zeros_like(mapped)
-            keep[mapped] = self.hot.in_resident_buffer(src[mapped])
-            src[~keep] = 0
+            src[mapped] = torch.where(self.hot.in_resident_buffer(src[mapped]), src[mapped], 0)
         got = self.rows.alloc_pages(int(missing.numel()))
         new_rows = self.rows.page_ids_to_ids(got)
         self._bind_prefill(new_ids, new_rows)

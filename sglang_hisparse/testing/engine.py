@@ -117,6 +117,20 @@ class Mismatch(AssertionError):
     """Attention output of the HiSparse path differs from the all-resident oracle."""
 
 
+def warm_and_capture(fn) -> torch.cuda.CUDAGraph:
+    """``fn()`` run once on a side stream (JIT builds, workspaces and allocations happen outside
+    capture), then captured into a CUDA graph, which is returned (not replayed)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def capture_inert(core: HiSparseCore, layers) -> torch.cuda.CUDAGraph:
     """``layers()`` (one decode step's swap-ins) warmed up on a side stream, then captured.
 
@@ -124,15 +138,7 @@ def capture_inert(core: HiSparseCore, layers) -> torch.cuda.CUDAGraph:
     would mutate the hot state for a step the engine never takes. Set ``num_real_reqs`` to the
     real batch before each ``replay()``."""
     core.num_real_reqs.fill_(0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layers()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
-    return graph
+    return warm_and_capture(layers)
 
 
 class DecodeEngine:

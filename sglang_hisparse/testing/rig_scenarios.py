@@ -130,10 +130,11 @@ def radix_shared_prefix(rig: Rig) -> dict[str, Any]:
     hits = _hit_tokens(rig) - before
     if hits < 0.9 * 8 * len(base):
         raise AssertionError(f"radix_shared_prefix: {hits} prefix tokens matched, want >= 90 % of {8 * len(base)}")
-    tree = int(rig.coordinator.telemetry()["tree_tokens"]) if rig.coordinator is not None else -1
-    if rig.coordinator is not None and tree < len(base):
-        raise AssertionError(f"radix_shared_prefix: the tree_tokens gauge says {tree}; the tree keeps at least "
-                             f"the {len(base)}-token system prompt")
+    if rig.coordinator is not None:
+        tree = int(rig.coordinator.telemetry()["tree_tokens"])
+        if tree < len(base):
+            raise AssertionError(f"radix_shared_prefix: the tree_tokens gauge says {tree}; the tree keeps at "
+                                 f"least the {len(base)}-token system prompt")
     stats = _stats(rig)
     rig.check_idle()
     return {"requests": _check_tokens(rig, {**first, **reqs}), "matched": hits, **stats}

@@ -20,6 +20,7 @@ from harness import (
 )
 
 from sglang_hisparse.kernels import ops
+from sglang_hisparse.testing.engine import warm_and_capture
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (kernel vs reference comparison)"
@@ -72,14 +73,7 @@ def test_block_build_cuda_graph_capture_and_replay():
                     out_rows=out, plan=plan, ctas_per_request=4, resident=st.resident,
                     selection_block=block, validate=False)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    g = warm_and_capture(step)
     for seed, n_real in ((32, bs - 1), (33, bs)):
         sc2, blocks2 = block_selection(next_selection(sc, sc.state, seed=seed, num_real=n_real), block, seed=seed)
         for name in ("slot_tokens", "lru", "device_cache", "resident"):
