@@ -221,6 +221,10 @@ class HiSparseCore:
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
             early_fetch=early_fetch, replay_ctas=replay_ctas, anchor_slices=anchor_slices,
         )
+        #: block top-k with fewer blocks than top_k / block (swap_in_blocks): int32 [max_batch,
+        #: top_k / block], -1 past the given blocks; built at the first such call
+        self._block_pad: torch.Tensor | None = None
+        self._max_batch = max_batch
         #: the verify windows (speculative decoding), or None; W is ``state.num_draft_tokens``
         self.spec = SpecWindow(self.ctx) if self.state.speculative else None
         self.residency = Residency(self.ctx, mode=residency, watermark_rows=watermark_rows,
@@ -363,13 +367,27 @@ class HiSparseCore:
         ``n_blocks * block_size`` = ``top_k`` positions. The resolve kernel takes the block ids
         and expands them itself (a block build, ``ops.resolve(selection_block=)``); on CPU the
         reference resolves the expanded positions."""
-        width = top_k_blocks.shape[1] * block_size
-        if width != self.top_k:
+        n_blocks = top_k_blocks.shape[1]
+        if block_size < 1 or self.top_k % block_size or n_blocks * block_size > self.top_k:
             raise ValueError(
-                f"swap_in_blocks: {top_k_blocks.shape[1]} blocks of {block_size} = {width} positions, "
-                f"but the coordinator resolves top_k = {self.top_k}; build it with top_k = blocks x block size."
+                f"swap_in_blocks: {n_blocks} blocks of {block_size} = {n_blocks * block_size} positions, "
+                f"but the coordinator resolves top_k = {self.top_k}; build it with top_k = the most "
+                f"blocks a step selects x block size."
             )
-        return self.resolver.swap_in(req_index, seq_lens, top_k_blocks, layer_id, selection_block=block_size)
+        full = self.top_k // block_size
+        if n_blocks == full:
+            return self.resolver.swap_in(req_index, seq_lens, top_k_blocks, layer_id, selection_block=block_size)
+        # fewer blocks than the build's: the rest -1 (no position), in a persistent buffer so the
+        # call stays capturable; the rows of the given blocks come first
+        bs = top_k_blocks.shape[0]
+        pad = self._block_pad
+        if pad is None or pad.shape[0] < bs or pad.shape[1] != full:
+            # NOTE: allocation only when a batch exceeds every earlier one (as the resolver's)
+            pad = self._block_pad = torch.full((max(bs, self._max_batch), full), -1, dtype=torch.int32,
+                                               device=top_k_blocks.device)
+        pad[:bs, :n_blocks].copy_(top_k_blocks)
+        rows = self.resolver.swap_in(req_index, seq_lens, pad[:bs], layer_id, selection_block=block_size)
+        return rows[:, : n_blocks * block_size]
 
     # -- teardown ---------------------------------------------------------------------------
     def destroy(self) -> None:

@@ -164,8 +164,12 @@ class DecodeEngine:
         radix: bool = False,
         compress_ratio: int = 1,
         block_size: int = 0,
+        fewer_blocks: int = 0,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
+        #: block top-k: pass this many block columns fewer than top_k / block_size (as an M3
+        #: step whose merged selection is narrower than the most it may select)
+        self.fewer_blocks = fewer_blocks
         #: tokens per KV entry (DeepSeek-V4's C4 layout: 4); > 1 steps with ``_step_compressed``
         self.compress_ratio = compress_ratio
         #: block top-k (MiniMax-M3): the toy's selection as blocks of this many positions (0: off)
@@ -557,7 +561,12 @@ class DecodeEngine:
                     top_k[b] = m.select(keys, q.seed, layer)
             if self.block_size:  # block top-k (MiniMax-M3): blocks of the selection, expanded
                 blocks, top_k = self._as_blocks(top_k, seq_lens, bs)
+                if self.fewer_blocks:
+                    blocks = blocks[:, : blocks.shape[1] - self.fewer_blocks].contiguous()
+                    top_k[:, blocks.shape[1] * self.block_size:] = -1
                 rows = self.core.swap_in_blocks(req_index, seq_lens, blocks, layer, self.block_size)
+                if rows.shape[1] < top_k.shape[1]:  # the narrower selection's rows, then none
+                    rows = torch.cat([rows, rows.new_full((rows.shape[0], top_k.shape[1] - rows.shape[1]), -1)], 1)
             else:
                 with self._no_sync() if dev.type == "cuda" else contextlib.nullcontext():
                     rows = self.core.swap_in(req_index, seq_lens, top_k, layer)

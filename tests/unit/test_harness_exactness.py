@@ -235,6 +235,22 @@ def test_block_top_k_is_expanded_and_resolved_exactly(block_size: int) -> None:
     assert lifecycles >= 8
 
 
+def test_a_narrower_block_selection_is_padded_and_resolved_exactly() -> None:
+    """MiniMax-M3 passes as many block columns as its merged selection has, which may be fewer
+    than top_k / block: the core pads the rest with -1 blocks and returns the given blocks'
+    rows, bit-exact through random lifecycles; more blocks than the build holds are refused."""
+    import torch
+
+    model, sizes = CONFIGS["L4-k4-B8-I32-p1"]
+    engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, block_size=2, fewer_blocks=1)
+    stats = _run(engine, BASE_SEED + 29, ScenarioSpec(max_prompt=30, max_new=16),
+                 "tests/unit/test_harness_exactness.py::test_a_narrower_block_selection_is_padded_and_resolved_exactly")
+    assert stats.checked_outputs > 0 and stats.lifecycles >= 4
+    too_many = torch.zeros((1, model.top_k // 2 + 1), dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"3 blocks of 2 = 6 positions, but the coordinator resolves top_k = 4"):
+        engine.core.swap_in_blocks(torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), too_many, 0, 2)
+
+
 def test_expand_blocks_contract() -> None:
     import torch
 
