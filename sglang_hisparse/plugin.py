@@ -5,7 +5,7 @@ every scheduler process, before server arguments are parsed and before any pool 
 coordinator is built (docs/patches.md has the full ledger). Importing this module does
 nothing; :func:`register` is idempotent.
 
-The first five targets are REPLACEs: the in-tree object is swapped for ours, and SGLang's own
+The first six targets are REPLACEs: the in-tree object is swapped for ours, and SGLang's own
 call sites (which only run under ``--enable-hisparse``) construct our classes. Without
 ``--enable-hisparse`` those are never called; the AROUND hooks (the KV budget,
 ``sglang_adapter.budget``; the radix-cache call paths, ``sglang_adapter.radix_hooks``) and the
@@ -67,6 +67,11 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang.srt.mem_cache.hisparse_memory_pool.HiSparseDSATokenToKVPool",
         "sglang_hisparse.sglang_adapter.memory:HiSparseDSAPool",
         "the DSA KV pool whose reads/writes translate logical ids to device rows",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.hisparse_memory_pool.HiSparseMHAMainPool",
+        "sglang_hisparse.sglang_adapter.memory_m3:HiSparseMHAPool",
+        "MiniMax-M3's sparse-layer K/V at device rows (MiniMaxSparseKVPool imports it at call time)",
     ),
     HookTarget(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",

@@ -81,12 +81,30 @@ def _seq_len_of(req: Any) -> int:
     return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
 
 
+def _hisparse_pool(kvcache: Any) -> Any:
+    """The pool whose rows go through HiSparse: ``kvcache`` itself (DSA, our
+    ``HiSparseDSAPool``), or MiniMax-M3's ``MiniMaxSparseKVPool.main_pool`` (our
+    ``HiSparseMHAPool``: the sparse layers' K/V; dense and index pools stay on the device)."""
+    main = getattr(kvcache, "main_pool", None)
+    if main is not None and hasattr(main, "device_rows"):
+        return main
+    if main is not None:
+        raise ValueError(
+            f"SGLangHiSparseCoordinator: the MiniMax-M3 main pool ({type(main).__name__}) is not "
+            f"sglang-hisparse's HiSparseMHAPool; launch with the sglang-hisparse plugin installed."
+        )
+    return kvcache
+
+
 def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
     """Per-layer device KV as uint8 [rows, I] views, and the first layer id on this rank.
 
-    ``kvcache`` is SGLang's DSA pool, our ``HiSparseDSAPool``: ``kv_buffer[l]`` [rows, 1,
-    kv_cache_dim] of its store dtype.
+    ``kvcache`` is :func:`_hisparse_pool`'s: our ``HiSparseDSAPool`` (``kv_buffer[l]`` [rows,
+    1, kv_cache_dim] of its store dtype) or our ``HiSparseMHAPool`` (``device_rows()``: K then
+    V of each token).
     """
+    if hasattr(kvcache, "device_rows"):
+        return kvcache.device_rows(), int(kvcache.start_layer)
     bufs = getattr(kvcache, "kv_buffer", None)
     if bufs is None:
         raise ValueError(
@@ -95,6 +113,26 @@ def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
         )
     layers = [buf.view(torch.uint8).reshape(buf.shape[0], -1) for buf in bufs]
     return layers, int(getattr(kvcache, "start_layer", 0) or 0)
+
+
+def _m3_top_k(top_k: int, pool: Any) -> int:
+    """The positions MiniMax-M3's decode selects per sparse layer, which the core resolves as
+    its top_k: ``arg_scope.m3_selection`` of the served model (SGLang passes the config's
+    ``top_k``, as M3 has no ``index_topk``); ``top_k`` unchanged when no server config is
+    published (unit tests build the coordinator directly)."""
+    from sglang_hisparse.arg_scope import m3_selection
+
+    try:
+        from sglang.srt.arg_groups.model_override_base import model_config_of
+        from sglang.srt.runtime_context import get_server_args
+
+        hf_config = model_config_of(get_server_args()).hf_config
+    except Exception:
+        return top_k
+    block, blocks = m3_selection(hf_config)
+    logger.info("HiSparse (sglang-hisparse): MiniMax-M3 selects up to %d blocks of %d tokens (top_k %d)",
+                blocks, block, blocks * block)
+    return blocks * block
 
 
 def _rank_in(group: Any) -> int:
@@ -143,8 +181,12 @@ class SGLangHiSparseCoordinator:
         self.compress_ratio = 1
 
         self.dual = _dual_allocator(token_to_kv_pool_allocator)
-        kvcache = token_to_kv_pool_allocator.get_kvcache()
+        kvcache = _hisparse_pool(token_to_kv_pool_allocator.get_kvcache())
         self.mem_pool_device = kvcache
+        #: MiniMax-M3 (block top-k over MHA K/V): SGLang calls swap_in_selected_blocks
+        self.is_m3 = hasattr(kvcache, "device_rows")
+        if self.is_m3:
+            top_k = _m3_top_k(top_k, kvcache)
         device_kv, start_layer = _device_layers(kvcache)
         req_to_token = req_to_token_pool.req_to_token
         num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
@@ -383,10 +425,25 @@ class SGLangHiSparseCoordinator:
     ) -> torch.Tensor:
         return self.core.swap_in(req_pool_indices, compressed_seq_lens, top_k_result, layer_id)
 
-    def swap_in_selected_blocks(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        raise NotImplementedError(
-            "sglang-hisparse supports DSA models (DeepSeek-V3.2, GLM-5.x); the MiniMax block "
-            "variant is not implemented. Disable the plugin for this model."
+    def swap_in_selected_blocks(
+        self,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        top_k_blocks: torch.Tensor,
+        layer_id: int,
+        sparse_block_size: int,
+    ) -> torch.Tensor:
+        """MiniMax-M3's decode (``minimax_sparse_backend._hisparse_swap_in_blocks``, per sparse
+        layer): int32 block ids [bs, n_blocks] (-1 = none; the indexer's top-k blocks with the
+        forced init/local ones) and token ``seq_lens`` -> int32 device rows [bs, n_blocks x
+        block], each block expanded to its positions, -1 past ``seq_len``."""
+        if not self.is_m3:
+            raise ValueError(
+                f"swap_in_selected_blocks is MiniMax-M3's call, but this coordinator serves a DSA "
+                f"pool ({type(self.mem_pool_device).__name__}); DSA backends call swap_in_selected_pages."
+            )
+        return self.core.swap_in_blocks(
+            req_pool_indices, seq_lens, top_k_blocks, layer_id, int(sparse_block_size)
         )
 
     # -- speculative decoding (EAGLE / MTP chains; num_draft_tokens = W > 0) -------------------

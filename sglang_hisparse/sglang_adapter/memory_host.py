@@ -160,6 +160,12 @@ def build_host_pool(
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
     capacity = device_pool.size * ratio
+    if hasattr(device_pool, "device_rows"):
+        return _mha_host_pool(
+            device_pool, capacity=capacity, page_size=page_size, max_requests=max_requests,
+            max_context=max_context, device=device, pin_memory=pin_memory,
+            ranks_per_host=ranks_per_host,
+        )
     item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
     per_rank = host_pool_bytes(
         num_layers=device_pool.layer_num,
@@ -194,4 +200,26 @@ def build_host_pool(
         max_context=max_context,
         device=device,
         capacity_tokens=capacity,
+    )
+
+
+def _mha_host_pool(
+    device_pool: Any, *, capacity: int, page_size: int, max_requests: int, max_context: int,
+    device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None,
+) -> HostKVPool:
+    """MiniMax-M3 (``HiSparseMHAPool``): our own pinned pool of K-then-V rows, one per logical
+    id and sparse layer. It serves co-located decode only (PD decode with M3 is refused at
+    argument validation), so no HiCache buffer and no transfer registration are needed. The
+    budget (``HostKVPool``'s check, with the free memory agreed across ranks) runs before anything
+    is allocated or pinned."""
+    _, avail = _agreed_budget(host_pool_bytes(
+        num_layers=device_pool.layer_num, item_bytes=device_pool.row_bytes,
+        capacity_tokens=capacity, page_size=page_size,
+    ))
+    ranks = server_ranks_per_host() if ranks_per_host is None else ranks_per_host
+    return HostKVPool(
+        num_layers=device_pool.layer_num, item_bytes=device_pool.row_bytes, capacity_tokens=capacity,
+        page_size=page_size, max_requests=max_requests, max_context=max_context, device=device,
+        pin=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        available_bytes=avail, ranks_per_host=ranks,
     )

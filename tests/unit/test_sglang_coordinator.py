@@ -280,8 +280,9 @@ def test_unsupported_paths_say_so() -> None:
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc.core,
             top_k=TOP_K, device_buffer_size=B, device="cpu", tp_group=None,
         )
-    with pytest.raises(NotImplementedError, match="MiniMax"):
-        srv.coord.swap_in_selected_blocks()
+    with pytest.raises(ValueError, match="swap_in_selected_blocks is MiniMax-M3's call.*DSA backends call swap_in_selected_pages"):
+        srv.coord.swap_in_selected_blocks(torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
+                                          torch.zeros(1, 1, dtype=torch.int32), 0, 16)
     srv.coord.allocate_spec_scratch([0, 1])  # called for every new batch: a no-op without spec
     with pytest.raises(ValueError, match="num_draft_tokens = 0"):
         srv.coord.prepare_spec_verify(SimpleNamespace())
