@@ -16,7 +16,7 @@ from typing import Any
 from sglang_hisparse.config import IN_TREE_HINT
 
 #: what the refusals say sglang-hisparse does serve
-SUPPORTED = "DSA models (DeepSeek-V3.2, GLM-5.x) on CUDA"
+SUPPORTED = "DSA models (DeepSeek-V3.2, GLM-5.x) and MiniMax-M3 (bf16 / fp8 KV) on CUDA"
 
 #: (platform fact of SGLang's ``get_platform()``, name in the message); CUDA is the default
 NON_CUDA = (("is_hip", "ROCm"), ("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_musa", "MUSA"))
@@ -36,8 +36,10 @@ def model_label(view: Any, hf_config: Any) -> str:
 
 
 def check_model(cfg: Any, model_config: Any) -> int:
-    """The model's ``index_topk``, after refusing models whose pools SGLang does not build
-    from our classes. ``model_config`` is SGLang's ``ModelConfig`` (``model_config_of``).
+    """The positions the model selects per layer and step (a DSA model's ``index_topk``; for
+    MiniMax-M3 :func:`m3_selection`'s blocks x block size), after refusing models whose pools
+    SGLang does not build from our classes. ``model_config`` is SGLang's ``ModelConfig``
+    (``model_config_of``).
 
     NOTE: the positive test is SGLang's own ``is_deepseek_dsa`` (configs/model_config.py:191),
     the predicate ``kv_cache_configurator`` uses to choose the DSA pool, rather than the mere
@@ -56,12 +58,7 @@ def check_model(cfg: Any, model_config: Any) -> int:
             f"Drop --enable-hisparse, or {IN_TREE_HINT} (which serves DeepSeek-V4)."
         )
     if is_minimax_sparse(hf_config):
-        raise ValueError(
-            f"--enable-hisparse: model {label} is MiniMax-M3, for which SGLang builds its "
-            f"sparse-index pool (_build_minimax_sparse_kv_pool) and calls "
-            f"swap_in_selected_blocks, which sglang-hisparse does not implement. sglang-hisparse "
-            f"serves {SUPPORTED}. Drop --enable-hisparse, or {IN_TREE_HINT} (which serves MiniMax-M3)."
-        )
+        return _check_m3(cfg, label, model_config)
     index_topk = hf_attr(hf_config, "index_topk")
     if index_topk is None:
         raise ValueError(
@@ -78,6 +75,76 @@ def check_model(cfg: Any, model_config: Any) -> int:
         )
     _check_pool_kind(label, model_config)
     return int(index_topk)
+
+
+def m3_selection(hf_config: Any) -> tuple[int, int]:
+    """(block size, most blocks one decode step passes to ``swap_in_selected_blocks``) of a
+    MiniMax-M3 config: its ``sparse_topk_blocks`` plus the forced init and local blocks, counted
+    as SGLang's M3 backend counts them (``minimax_sparse_backend.py``: ``sparse_init_block`` or
+    ceil(``sparse_init_tokens`` / block); ``sparse_local_block`` or ceil(``sparse_local_tokens``
+    / block) + 1), whose ``_merge_sparse_blocks`` returns that many columns."""
+    from sglang.srt.configs.model_config import get_minimax_sparse_attention_config
+
+    sc = get_minimax_sparse_attention_config(hf_config)
+    block = int(sc["sparse_block_size"])
+    init = int(sc["sparse_init_block"]) if "sparse_init_block" in sc else -(-int(sc.get("sparse_init_tokens", 0)) // block)
+    local = (int(sc["sparse_local_block"]) if "sparse_local_block" in sc
+             else -(-int(sc.get("sparse_local_tokens", 0)) // block) + 1)
+    topk = int(sc["sparse_topk_blocks"])
+    return block, topk + max(init, 0) + max(local, 0)
+
+
+def m3_sparse_layers(hf_config: Any) -> list[int]:
+    """The layer ids of a MiniMax-M3 config whose K/V go through HiSparse (its sparse layers)."""
+    from sglang.srt.configs.model_config import (
+        get_minimax_sparse_attention_config,
+        get_minimax_sparse_layer_ids,
+    )
+
+    return get_minimax_sparse_layer_ids(get_minimax_sparse_attention_config(hf_config))[1]
+
+
+def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
+    """MiniMax-M3: refuse what the first slice does not serve (docs/v4-m3.md D5); the
+    positions a decode step selects (:func:`m3_selection`)."""
+    hf_config = model_config.hf_config
+    if getattr(model_config, "quantization", None) == "minimax_m3_nvfp4":
+        raise ValueError(
+            f"--enable-hisparse: model {label} is an NVFP4 MiniMax-M3 checkpoint, whose KV pool "
+            f"(MiniMaxM3Nvfp4KVPool) and attention backend never call the HiSparse coordinator. "
+            f"Serve a bf16 or fp8 checkpoint with sglang-hisparse, or drop --enable-hisparse."
+        )
+    sparse = m3_sparse_layers(hf_config)
+    if not sparse or sparse != list(range(sparse[0], sparse[-1] + 1)):
+        raise ValueError(
+            f"--enable-hisparse: model {label} has sparse layers {sparse}; SGLang's M3 HiSparse pool "
+            f"addresses its layers as layer_id - first sparse layer, so they must be one contiguous "
+            f"run. Drop --enable-hisparse for this model."
+        )
+    for flag, attr, why in (
+        ("--disaggregation-mode", "disaggregation_mode",
+         "SGLang's PD transfer for M3 registers only the sparse layers' K/V, not the dense and index pools"),
+        ("--speculative-algorithm", "speculative_algorithm",
+         "swap_in_selected_blocks has no target-verify form"),
+    ):
+        value = getattr(cfg, attr, None)
+        if value not in (None, "null", "NONE"):
+            raise ValueError(
+                f"--enable-hisparse with MiniMax-M3 ({label}) and {flag} {value} is not supported by "
+                f"sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}."
+            )
+    tp = int(getattr(cfg, "tp_size", 1) or 1)
+    if getattr(cfg, "enable_dp_attention", False):
+        tp = max(1, tp // int(getattr(cfg, "dp_size", 1) or 1))
+    heads = int(model_config.get_num_kv_heads(tp))
+    if heads != 1:
+        raise ValueError(
+            f"--enable-hisparse with MiniMax-M3 ({label}): {heads} KV heads per attention rank at "
+            f"attention TP {tp}; HiSparse's M3 pool holds one KV head per rank (as SGLang's own "
+            f"coordinator asserts). Raise --tp-size to {tp * heads} or more."
+        )
+    block, blocks = m3_selection(hf_config)
+    return block * blocks
 
 
 def _check_pool_kind(label: str, model_config: Any) -> None:

@@ -66,18 +66,25 @@ V4_CONFIG = {
 
 #: MiniMax-M3-shaped (``is_minimax_sparse`` reads the architecture; the text model type is
 #: ``minimax_m2``): SGLang builds its sparse-index pool and calls ``swap_in_selected_blocks``.
+#: MiniMax-M3.1's attention shape (minimax_sparse_nvfp4_backend.py checks these figures: 4 KV
+#: heads of 128, blocks of 128, 16 top-k blocks); 4 layers, the first dense
 M3_CONFIG = {
     "architectures": ["MiniMaxM3SparseForCausalLM"],
-    "model_type": "minimax_m2",
+    "model_type": "minimax",
     "num_hidden_layers": 4,
     "hidden_size": 1024,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
     "intermediate_size": 2048,
     "vocab_size": 1000,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 131072,
     "torch_dtype": "bfloat16",
-    "index_topk": 2048,
+    "sparse_attention_config": {
+        "sparse_attention_freq": [0, 1, 1, 1], "sparse_block_size": 128, "sparse_topk_blocks": 16,
+        "sparse_init_block": 0, "sparse_local_block": 1, "sparse_index_dim": 128,
+        "sparse_num_index_heads": 4,
+    },
 }
 
 LLAMA_CONFIG = {

@@ -22,6 +22,7 @@ from sglang_hisparse.arg_scope import (
     check_platform,
     check_serving_paths,
     hf_attr,
+    m3_sparse_layers,
     model_label,
 )
 from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
@@ -37,6 +38,8 @@ from sglang_hisparse.presets import kv_row_bytes
 logger = logging.getLogger(__name__)
 
 KV_DTYPES = ("bfloat16", "fp8_e4m3", "auto")
+#: MiniMax-M3: K/V rows of one plain dtype (SGLang builds M3's main pool unquantized)
+M3_KV_DTYPES = ("auto", "bfloat16", "bf16", "fp8_e4m3", "fp8_e5m2")
 #: DSA attention backends that read our resolved device rows, by KV cache dtype (CUDA).
 BACKENDS_BY_DTYPE = {
     "bfloat16": frozenset({"flashmla_sparse"}),
@@ -74,14 +77,23 @@ def validate_hisparse(server_args: Any) -> None:
     check_radix_cache(cfg, speculative=bool(num_draft_tokens))
 
     kv_dtype = view.kv_cache_dtype
-    if kv_dtype not in KV_DTYPES:
+    from sglang.srt.configs.model_config import is_minimax_sparse
+
+    m3 = is_minimax_sparse(hf_config)
+    if m3 and kv_dtype not in M3_KV_DTYPES:
+        raise ValueError(
+            f"--enable-hisparse with MiniMax-M3: --kv-cache-dtype {kv_dtype} is not supported; "
+            f"HiSparse holds M3's K and V as plain rows of one dtype. Use --kv-cache-dtype "
+            f"{', '.join(M3_KV_DTYPES)}."
+        )
+    if not m3 and kv_dtype not in KV_DTYPES:
         raise ValueError(
             f"--enable-hisparse: --kv-cache-dtype {kv_dtype} is not supported; the resolve "
             f"kernel moves bf16 (1152 B) or fp8_e4m3 (656 B) MLA rows. Use "
             f"--kv-cache-dtype fp8_e4m3, bfloat16 or auto."
         )
     allowed = BACKENDS_BY_DTYPE.get(kv_dtype, BACKENDS_AUTO)
-    for attr, label in (("dsa_prefill_backend", "prefill"), ("dsa_decode_backend", "decode")):
+    for attr, label in (() if m3 else (("dsa_prefill_backend", "prefill"), ("dsa_decode_backend", "decode"))):
         backend = getattr(view, attr, None)
         if backend is not None and backend not in allowed:
             raise ValueError(
@@ -93,14 +105,14 @@ def validate_hisparse(server_args: Any) -> None:
     config = HiSparseConfig.from_json(
         cfg.hisparse_config, model_top_k=index_topk, num_draft_tokens=num_draft_tokens
     )
-    _check_host_memory(view, hf_config, config, kv_dtype)
+    _check_host_memory(view, hf_config, config, kv_dtype, m3=m3, model_config=model_config)
     logger.info(
-        "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, DSA backends %s/%s).",
+        "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, %s).",
         model_label(cfg, hf_config),
         config.to_json(),
         kv_dtype,
-        getattr(view, "dsa_prefill_backend", None),
-        getattr(view, "dsa_decode_backend", None),
+        "MiniMax-M3 block top-k over the sparse layers' K/V" if m3 else
+        f"DSA backends {getattr(view, 'dsa_prefill_backend', None)}/{getattr(view, 'dsa_decode_backend', None)}",
     )
 
 
@@ -182,7 +194,8 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dtype: str) -> None:
+def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dtype: str, *,
+                       m3: bool = False, model_config: Any = None) -> None:
     """The host pools' budget at validation, when ``--max-total-tokens`` fixes the device KV
     rows: the same row bytes (``presets.kv_row_bytes``), pool bytes (``host_pool_bytes``) and
     policy (``check_host_budget`` over ``ranks_per_host``) the pool applies before pinning."""
@@ -196,13 +209,18 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
         )
         return
     pp = max(1, int(getattr(view, "pp_size", 1) or 1))
-    # a pipeline stage holds its share of the layers; the largest share is the one to fit
-    layers = -(-int(hf_attr(hf_config, "num_hidden_layers", 0)) // pp)
-    row = kv_row_bytes(
-        int(hf_attr(hf_config, "kv_lora_rank", 512)),
-        int(hf_attr(hf_config, "qk_rope_head_dim", 64)),
-        "fp8" if kv_dtype == "fp8_e4m3" else "bf16",  # auto: the larger bf16 row
-    )
+    if m3:
+        # the sparse layers' K then V, one head per rank (arg_scope refused more)
+        layers = -(-len(m3_sparse_layers(hf_config)) // pp)
+        row = 2 * int(model_config.head_dim) * (1 if kv_dtype.startswith("fp8") else 2)
+    else:
+        # a pipeline stage holds its share of the layers; the largest share is the one to fit
+        layers = -(-int(hf_attr(hf_config, "num_hidden_layers", 0)) // pp)
+        row = kv_row_bytes(
+            int(hf_attr(hf_config, "kv_lora_rank", 512)),
+            int(hf_attr(hf_config, "qk_rope_head_dim", 64)),
+            "fp8" if kv_dtype == "fp8_e4m3" else "bf16",  # auto: the larger bf16 row
+        )
     ratio = config.host_to_device_ratio
     per_rank = host_pool_bytes(
         num_layers=layers, item_bytes=row, capacity_tokens=device_rows * ratio,

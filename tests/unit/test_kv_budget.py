@@ -56,9 +56,9 @@ def configurator(dsa_model_dir, monkeypatch):
     monkeypatch.setattr(kcc, "get_available_gpu_memory", lambda *a, **k: 100.0)  # GB free
     contexts = []
 
-    def build(*flags: str):
+    def build(*flags: str, model_dir=dsa_model_dir, layers: int = 61):
         args = prepare_server_args([
-            "--model-path", str(dsa_model_dir), "--skip-tokenizer-init", "--device", "cpu",
+            "--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu",
             "--disable-radix-cache", "--context-length", str(CONTEXT), *flags,
         ])
         args.resolve_once()
@@ -76,7 +76,7 @@ def configurator(dsa_model_dir, monkeypatch):
             spec_aux_config=SimpleNamespace(eagle_draft_num_layers=None, draft_model_config=None,
                                             dflash_draft_num_layers=None),
             is_hybrid_swa=False, is_hybrid_swa_compress=False, use_mla_backend=True,
-            layer_info=ModelLayerInfo(start_layer=0, end_layer=61, num_effective_layers=61),
+            layer_info=ModelLayerInfo(start_layer=0, end_layer=layers, num_effective_layers=layers),
             forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
             memory_pool_config=None,
         )
@@ -160,3 +160,13 @@ def test_the_planner_charges_the_same_state_per_request(configurator):
     # the server's rows are context + 4 columns wide: plan for that many tokens
     row = plan(PlanInputs(model=load_preset("deepseek-v3.2"), contexts=(res.shape.max_context,))).contexts[0]
     assert row.hisparse_state_bytes_per_request == res.per_slot_bytes == PER_SLOT
+
+
+def test_minimax_m3_state_counts_its_sparse_layers_and_merged_selection(configurator, m3_model_dir):
+    """M3: only the sparse layers (3 of 4) have hot buffers, and the core resolves the merged
+    selection, 16 top-k blocks + 1 local block of 128 = 2176 positions, B = 2 x 2176 by default."""
+    from sglang_hisparse.sglang_adapter.budget import state_shape
+
+    kvc = configurator("--enable-hisparse", "--tp-size", "4", model_dir=m3_model_dir, layers=4)
+    shape = state_shape(kvc)
+    assert (shape.num_layers, shape.top_k, shape.buffer_size) == (3, 2176, 4352)

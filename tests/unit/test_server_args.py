@@ -8,6 +8,7 @@ with ``SGLANG_PLUGINS`` excluding us (marked slow; the loader's whitelist is che
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -142,13 +143,35 @@ def test_non_dsa_model_named(llama_model_dir):
 
 
 IN_TREE = r"SGLANG_PLUGINS to a list without 'hisparse'"
+PD_DECODE_ARGS = ["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "none"]
+
+
+def test_m3_is_served_with_one_kv_head_per_rank(m3_model_dir):
+    check(m3_model_dir, *OK, "--tp-size", "4")
+    check(m3_model_dir, *OK, "--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3")
+    # the most blocks a step selects: 16 top-k + 1 forced local block of 128
+    check(m3_model_dir, *OK, "--tp-size", "4", "--hisparse-config", json.dumps({"top_k": 17 * 128}))
+    with pytest.raises(ValueError, match=r"top_k"):
+        check(m3_model_dir, *OK, "--tp-size", "4", "--hisparse-config", json.dumps({"top_k": 2048}))
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ([], r"MiniMax-M3.*4 KV heads per attention rank at attention TP 1.*one KV head per rank.*Raise --tp-size to 4"),
+        (["--tp-size", "4", *PD_DECODE_ARGS], r"MiniMax-M3.*--disaggregation-mode decode is not supported.*registers only the sparse layers"),
+        (["--tp-size", "4", "--speculative-algorithm", "EAGLE"], r"MiniMax-M3.*--speculative-algorithm EAGLE is not supported.*no target-verify form"),
+    ],
+)
+def test_m3_refusals_name_the_rule(m3_model_dir, extra, match):
+    with pytest.raises(ValueError, match=match):
+        check(m3_model_dir, *OK, *extra)
 
 
 @pytest.mark.parametrize(
     "fixture, match",
     [
         ("v4_model_dir", rf"\(DeepseekV4ForCausalLM\) is DeepSeek-V4.*builds its own V4 pools and allocator.*DeepSeek-V3.2, GLM-5.x.*on CUDA.*{IN_TREE}"),
-        ("m3_model_dir", rf"\(MiniMaxM3SparseForCausalLM\) is MiniMax-M3.*sparse-index pool.*DeepSeek-V3.2, GLM-5.x.*{IN_TREE}"),
     ],
 )
 def test_models_sglang_serves_with_its_own_hisparse_are_refused(request, fixture, match):
