@@ -559,6 +559,24 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
                   max_running_requests=8, staging_polls=2),
         [radix_shared_prefix, radix_multi_turn, mixed_lengths],
     ),
+    # MiniMax-M3: block top-k (blocks of 8, three per step, the last a forced local block)
+    # over MHA K/V; dense layer 0 stays at logical size on the device; hot buffers (misses
+    # every step) on the normal loop, pressure residency on the overlap loop
+    "m3": (
+        RigConfig(num_layers=3, top_k=24, buffer_size=48, m3_block=8, residency="always_hot",
+                  chunked_prefill_size=64, max_running_requests=8, staging_polls=3),
+        [mixed_lengths, abort_while_staging, abort_mid_decode],
+    ),
+    "m3_overlap": (
+        RigConfig(num_layers=3, top_k=24, buffer_size=48, m3_block=8, overlap=True, device_rows=1536,
+                  chunked_prefill_size=128, max_running_requests=8, staging_polls=2),
+        [pressure_shrinks, mixed_lengths],
+    ),
+    "m3_radix": (
+        RigConfig(num_layers=3, top_k=24, buffer_size=48, m3_block=8, radix=True, chunked_prefill_size=64,
+                  max_running_requests=8, staging_polls=3),
+        [radix_shared_prefix, radix_multi_turn, abort_mid_decode],
+    ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(
             "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",

@@ -87,10 +87,36 @@ def allow_fake_transfer_with_decode_radix() -> None:
     pd.handle_pd_disaggregation = handle_pd_disaggregation
 
 
-def write_toy_model(root: Path, *, num_layers: int, top_k: int, **overrides: Any) -> Path:
-    """A config-only model directory SGLang's ModelConfig accepts as a DSA model."""
+#: MiniMax-M3's head_dim in the rig's toy (one KV head: K and V rows of 64 bf16, 256 B together)
+M3_HEAD_DIM = 64
+
+
+def toy_m3_config(*, num_layers: int, top_k: int, block: int) -> dict[str, Any]:
+    """A MiniMax-M3 config (``is_minimax_sparse``): layer 0 dense, the rest sparse; each
+    decode step selects ``top_k / block`` blocks, the indexer's ``top_k / block - 1`` and one
+    forced local block (``arg_scope.m3_selection`` counts them)."""
+    return {
+        "architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax",
+        "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": M3_HEAD_DIM, "num_hidden_layers": num_layers, "vocab_size": 1000,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "intermediate_size": 512,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000,
+        "sparse_attention_config": {
+            "sparse_attention_freq": [0] + [1] * (num_layers - 1), "sparse_block_size": block,
+            "sparse_topk_blocks": top_k // block - 1, "sparse_init_block": 0, "sparse_local_block": 1,
+            "sparse_index_dim": 32, "sparse_num_index_heads": 1,
+        },
+    }
+
+
+def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 0, **overrides: Any) -> Path:
+    """A config-only model directory SGLang's ModelConfig accepts as a DSA model (or, with
+    ``m3_block``, as MiniMax-M3: :func:`toy_m3_config`)."""
     root.mkdir(parents=True, exist_ok=True)
-    cfg = dict(TOY_DSA_CONFIG, num_hidden_layers=num_layers, index_topk=top_k, **overrides)
+    if m3_block:
+        cfg = dict(toy_m3_config(num_layers=num_layers, top_k=top_k, block=m3_block), **overrides)
+    else:
+        cfg = dict(TOY_DSA_CONFIG, num_hidden_layers=num_layers, index_topk=top_k, **overrides)
     (root / "config.json").write_text(json.dumps(cfg))
     return root
 
@@ -200,21 +226,24 @@ class StandInRunner:
                 size=R, max_context_len=cfg.context_len + 4, device="cpu", enable_memory_saver=False
             )
         pool_kwargs: dict[str, Any] = {}
-        if self.enable_hisparse:
+        if self.toy.block_size:
+            self.token_to_kv_pool = self._m3_pool(rows, R)
+        elif self.enable_hisparse:
             from sglang.srt.mem_cache.sparsity import parse_hisparse_config
 
             pool_cls = kvc.HiSparseDSATokenToKVPool
             pool_kwargs["host_to_device_ratio"] = parse_hisparse_config().host_to_device_ratio
         else:
             pool_cls = kvc.DSATokenToKVPool
-        self.token_to_kv_pool = pool_cls(
-            rows, page_size=get_schedule().page_size, dtype=torch.bfloat16,
-            kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
-            layer_num=self.toy.num_layers, device="cpu", kv_cache_dim=self.toy.kv_dim,
-            enable_memory_saver=False, start_layer=0, end_layer=self.toy.num_layers,
-            index_head_dim=128, index_kpool=1, index_kpool_compress=False,
-            tail_extra_slots=0, max_running_requests=R, **pool_kwargs,
-        )
+        if not self.toy.block_size:
+            self.token_to_kv_pool = pool_cls(
+                rows, page_size=get_schedule().page_size, dtype=torch.bfloat16,
+                kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
+                layer_num=self.toy.num_layers, device="cpu", kv_cache_dim=self.toy.kv_dim,
+                enable_memory_saver=False, start_layer=0, end_layer=self.toy.num_layers,
+                index_head_dim=128, index_kpool=1, index_kpool_compress=False,
+                tail_extra_slots=0, max_running_requests=R, **pool_kwargs,
+            )
         if self.enable_hisparse:
             from sglang.srt.mem_cache.sparsity import parse_hisparse_config
 
@@ -237,6 +266,30 @@ class StandInRunner:
         ModelRunner.init_ngram_embedding_manager(self)
         ModelRunner.init_kv_index_translator(self)
         ModelRunner.maybe_init_hisparse_coordinator(self)
+
+    def _m3_pool(self, rows: int, R: int) -> Any:
+        """MiniMax-M3's pool as ``kv_cache_configurator._build_minimax_sparse_kv_pool`` builds it
+        (SGLang's ``MiniMaxSparseKVPool``, whose HiSparse main pool is the plugin's)."""
+        from sglang.srt.configs.model_config import (
+            get_minimax_sparse_attention_config,
+            get_minimax_sparse_layer_ids,
+        )
+        from sglang.srt.mem_cache import kv_cache_configurator as kvc
+        from sglang.srt.runtime_context import get_schedule
+
+        sparse_cfg = get_minimax_sparse_attention_config(self.model_config.hf_config)
+        dense, sparse = get_minimax_sparse_layer_ids(sparse_cfg)
+        extra: dict[str, Any] = {}
+        if self.enable_hisparse:
+            from sglang.srt.mem_cache.sparsity import parse_hisparse_config
+
+            extra["host_to_device_ratio"] = parse_hisparse_config().host_to_device_ratio
+        return kvc.MiniMaxSparseKVPool(
+            size=rows, page_size=get_schedule().page_size, dtype=torch.bfloat16, index_dtype=torch.bfloat16,
+            head_num=1, head_dim=self.toy.nope_dim, idx_head_dim=sparse_cfg["sparse_index_dim"],
+            dense_layer_ids=dense, sparse_layer_ids=sparse, device="cpu", enable_memory_saver=False,
+            start_layer=0, end_layer=self.toy.num_layers, enable_hisparse=self.enable_hisparse, **extra,
+        )
 
     # -- the forward ------------------------------------------------------------------------
     def forward(self, batch: Any) -> list[int]:
@@ -264,19 +317,31 @@ class StandInRunner:
         pool, toy = self.token_to_kv_pool, self.toy
         for layer in range(toy.num_layers):
             kv = toy.kv(tokens, positions, layer)[:, None, :]
-            pool.set_mla_kv_buffer(
-                _Layer(layer), locs, kv[..., : toy.nope_dim].contiguous(), kv[..., toy.nope_dim:].contiguous()
-            )
+            k, v = kv[..., : toy.nope_dim].contiguous(), kv[..., toy.nope_dim:].contiguous()
+            if toy.block_size:  # M3: MHA K and V (the sparse layers' through our main pool)
+                pool.set_kv_buffer(_Layer(layer), locs, k, v)
+            else:
+                pool.set_mla_kv_buffer(_Layer(layer), locs, k, v)
         self.index_keys[locs.to(torch.int64)] = self.toy.index_key(tokens, positions)
         self.token_at[locs.to(torch.int64)] = tokens
 
-    def _select(self, r: int, n: int, last_token: int, layer: int) -> torch.Tensor:
+    def _keys(self, r: int, n: int) -> torch.Tensor:
         locs = self.req_to_token_pool.req_to_token[r, :n].to(torch.int64)
-        return self.toy.select(self.index_keys[locs], last_token, layer)
+        return self.index_keys[locs]
+
+    def _select(self, r: int, n: int, last_token: int, layer: int) -> torch.Tensor:
+        return self.toy.positions(self._keys(r, n), last_token, layer)
 
     def _gather(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
-        buf = self.token_to_kv_pool.kv_buffer[layer]
+        pool = self.token_to_kv_pool
         rows = rows.to(torch.int64)
+        if self.toy.block_size:  # M3: the layer's K then V (dense pool or our main pool)
+            k, v = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+            at = rows.clamp(min=0)
+            out = torch.cat([k[at].reshape(*rows.shape, -1), v[at].reshape(*rows.shape, -1)], -1)
+            out[rows < 0] = 0
+            return out
+        buf = pool.kv_buffer[layer]
         out = buf[rows.clamp(min=0)].reshape(*rows.shape, -1).clone()
         out[rows < 0] = 0
         return out
@@ -320,12 +385,16 @@ class StandInRunner:
                     sel = self._select(r, n, last, layer)
                 logical = self.req_to_token_pool.req_to_token[r, sel.clamp(min=0).to(torch.int64)].to(torch.int64)
                 logical = torch.where(sel >= 0, logical, -1)
-                rows = pool.translate_loc_to_hisparse_device(logical) if self.enable_hisparse else logical
+                rows = pool.translate_loc_to_hisparse_device(logical) if self._hisparse_layer(layer) else logical
                 got = self._gather(layer, rows)
                 self._check(req_tokens, sel, got, layer, f"prefill: request {req.rid}")
                 gathered.append(got)
             out.append(toy.next_token(gathered))
         return out
+
+    def _hisparse_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s KV goes through HiSparse (every DSA layer; M3's sparse ones)."""
+        return self.enable_hisparse and (not self.toy.block_size or self.toy.selects_blocks(layer))
 
     def _decode(self, batch: Any) -> list[int]:
         toy = self.toy
@@ -348,7 +417,17 @@ class StandInRunner:
                     self._select(int(req.kv.req_pool_idx), int(seq_lens[i]), int(tokens[i]), layer)
                     for i, req in enumerate(batch.reqs)
                 ])
-            if coord is not None:
+            if coord is not None and toy.selects_blocks(layer):
+                # M3 (minimax_sparse_backend._hisparse_swap_in_blocks): block ids, token lengths
+                blocks = torch.stack([
+                    toy.select_blocks(self._keys(int(req.kv.req_pool_idx), int(seq_lens[i])), int(tokens[i]), layer)
+                    for i, req in enumerate(batch.reqs)
+                ])
+                rows = coord.swap_in_selected_blocks(
+                    req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens, top_k_blocks=blocks,
+                    layer_id=layer, sparse_block_size=toy.block_size,
+                )
+            elif coord is not None and self._hisparse_layer(layer):
                 ri, sl, tk = batch.req_pool_indices, batch.seq_lens, topk
                 if self.pad_decode:
                     ri, sl, tk = _pad_rows(ri, sl, tk)

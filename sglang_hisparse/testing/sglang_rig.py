@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.testing.rig_worker import (
+    M3_HEAD_DIM,
     StandInWorker,
     allow_fake_transfer_with_decode_radix,
     keep_overlap_for_speculative,
@@ -90,8 +91,16 @@ class RigConfig:
     #: SGLang's radix cache on (the rig's other groups run --disable-radix-cache)
     radix: bool = False
     extra_args: tuple[str, ...] = ()
+    #: MiniMax-M3 instead of DSA: layer 0 dense, the others sparse, each selecting
+    #: top_k / m3_block blocks of m3_block positions (the last a forced local block), MHA K/V
+    #: of one head of M3_HEAD_DIM (``rig_worker.write_toy_model``)
+    m3_block: int = 0
 
     def model(self) -> TokenModel:
+        if self.m3_block:
+            return TokenModel(num_layers=self.num_layers, top_k=self.top_k, nope_dim=M3_HEAD_DIM,
+                              rope_dim=M3_HEAD_DIM, block_size=self.m3_block,
+                              block_layers=tuple(range(1, self.num_layers)))
         return TokenModel(num_layers=self.num_layers, top_k=self.top_k, shared=self.shared)
 
     def argv(self, model_dir: Path) -> list[str]:
@@ -143,7 +152,8 @@ class Rig:
 
         self.config = config
         self.toy = config.model()
-        model_dir = write_toy_model(workdir / "model", num_layers=config.num_layers, top_k=config.top_k)
+        model_dir = write_toy_model(workdir / "model", num_layers=config.num_layers, top_k=config.top_k,
+                                    m3_block=config.m3_block)
         if config.draft_tokens and not config.overlap:
             raise ValueError("RigConfig: draft_tokens needs overlap=True (HiSparse with speculative "
                              "decoding runs on SGLang's overlap scheduler; arg_scope refuses it without)")

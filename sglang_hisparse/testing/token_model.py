@@ -42,6 +42,10 @@ class TokenModel:
     rope_dim: int = 64
     shared: tuple[bool, ...] = field(default=())
     recency_window: int = 24
+    #: block top-k (MiniMax-M3): the layers in ``block_layers`` select ``top_k / block_size``
+    #: blocks of ``block_size`` positions (0: every layer selects positions)
+    block_size: int = 0
+    block_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         shared = self.shared or tuple([False] * self.num_layers)
@@ -51,6 +55,42 @@ class TokenModel:
                 f"shared[0] False (the first layer computes its own selection)."
             )
         object.__setattr__(self, "shared", tuple(bool(s) for s in shared))
+        if self.block_size and (self.top_k % self.block_size or any(self.shared)):
+            raise ValueError(
+                f"block_size = {self.block_size} must divide top_k = {self.top_k}, with no shared "
+                f"layers (MiniMax-M3 selects per layer)."
+            )
+
+    def selects_blocks(self, layer: int) -> bool:
+        return bool(self.block_size) and layer in self.block_layers
+
+    def select_blocks(self, keys: torch.Tensor, last_token: int, layer: int) -> torch.Tensor:
+        """Block ids int32 [top_k / block_size] (-1 padded): the blocks of :meth:`select`'s
+        positions in the order their first position appears there."""
+        size, want = self.block_size, self.top_k // self.block_size
+        out = torch.full((want,), -1, dtype=torch.int32)
+        seen: list[int] = []
+        for p in self.select(keys, last_token, layer).tolist():
+            if p >= 0 and p // size not in seen:
+                seen.append(p // size)
+                if len(seen) == want:
+                    break
+        out[: len(seen)] = torch.tensor(seen, dtype=torch.int32)
+        return out
+
+    def expand(self, blocks: torch.Tensor, n: int) -> torch.Tensor:
+        """Positions int32 [..., blocks x block_size] of ``blocks`` at length ``n`` (block ``b``:
+        ``b * size .. b * size + size - 1``; -1 for a -1 block and at or past ``n``)."""
+        size = self.block_size
+        pos = blocks.to(torch.int64)[..., None] * size + torch.arange(size)
+        pos = torch.where((blocks[..., None] >= 0) & (pos < n), pos, -1)
+        return pos.reshape(*blocks.shape[:-1], -1).to(torch.int32)
+
+    def positions(self, keys: torch.Tensor, last_token: int, layer: int) -> torch.Tensor:
+        """The positions int32 [top_k] layer ``layer`` reads at length ``keys.shape[0]``."""
+        if self.selects_blocks(layer):
+            return self.expand(self.select_blocks(keys, last_token, layer), keys.shape[0])
+        return self.select(keys, last_token, layer)
 
     @property
     def kv_dim(self) -> int:
@@ -113,7 +153,7 @@ class TokenModel:
         gathered, sel = [], None
         for layer in range(self.num_layers):
             if not self.shared[layer]:
-                sel = self.select(keys, tokens[-1], layer)
+                sel = self.positions(keys, tokens[-1], layer)
             rows = torch.zeros(self.top_k, self.kv_dim, dtype=torch.bfloat16)
             ok = sel >= 0
             picked = sel[ok].to(torch.int64)
