@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
@@ -55,6 +57,43 @@ def _selections(n: int, nb: int, block: int, churn: float, g: torch.Generator) -
     if pool.numel() < swap * STEPS_PER_GRAPH:
         raise ValueError(f"--context {n} has too few blocks for churn {churn}; raise --context.")
     return [torch.cat([pool[swap * j : swap * (j + 1)], base]).to(torch.int32) for j in range(STEPS_PER_GRAPH)]
+
+
+def _ceiling(steady, sel_blocks, req, lens, nr, host_cache, block: int, k: int, args) -> dict:
+    """The same-run ceiling: each step's misses (recorded eagerly from the block build's steady
+    state, one plan per step of the cycle) copied by the plain scattered gather
+    (``_jit.gather_module``, one warp per row, full grid), captured and timed as the resolves."""
+    from bench_resolve import plan_rows
+
+    from sglang_hisparse.kernels import _jit
+
+    state, dc = steady
+    bs, dev = req.shape[0], req.device
+    out = torch.empty(bs, k, dtype=torch.int32, device=dev)
+    flat = []
+    for i in range(STEPS_PER_GRAPH):
+        plan = MissPlan.empty(bs, k, dev)
+        ops.resolve(top_k=sel_blocks[i], req_index=req, seq_lens=lens, num_real_reqs=nr,
+                    slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
+                    host_rows=state["host_rows"], host_cache=host_cache, device_cache=dc, out_rows=out,
+                    plan=plan, mode=ResolveMode.COPY, validate=False, selection_block=block)
+        flat.append(plan_rows(plan))
+    rows = sum(int(f[0].numel()) for f in flat) / STEPS_PER_GRAPH
+    if not rows:
+        return dict(ceiling_us=None, ceiling_rows_per_step=0)
+    gather = _jit.gather_module(args.item).gather
+    graph = warm_and_capture(lambda: [gather(f[0], f[1], host_cache, dc) for f in flat])
+    times = []
+    for _ in range(args.reps):
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        graph.replay()
+        s1.record()
+        torch.cuda.synchronize()
+        times.append(s0.elapsed_time(s1) * 1e3 / STEPS_PER_GRAPH)
+    us = statistics.median(times)
+    return dict(ceiling_us=round(us, 2), ceiling_rows_per_step=round(rows, 1),
+                ceiling_gbps=round(rows * args.item / (us * 1e-6) / 1e9, 2))
 
 
 def run(bs: int, churn: float, args) -> dict:
@@ -110,8 +149,13 @@ def run(bs: int, churn: float, args) -> dict:
                 # misses of the graph's last resolve (a steady step of the cycle), per batch row
                 rec["misses_per_row"] = round(float(plan.count.float().mean()), 1)
             finals[(mode, variant)] = (out.clone(), state["slot_tokens"].clone(), state["lru"].clone(), dc.clone())
+            if mode is ResolveMode.COPY and variant == "block":
+                steady = ({name: t.clone() for name, t in state.items()}, dc.clone())
         a, b = finals[(mode, "token")], finals[(mode, "block")]
         rec[f"{mode.name.lower()}_exact"] = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    rec.update(_ceiling(steady, sel_blocks, req, lens, nr, st.host_cache, block, k, args))
+    rec["copy_block_over_ceiling"] = (round(rec["copy_block_us"] / rec["ceiling_us"], 3)
+                                      if rec.get("ceiling_us") else None)
     for mode in ("no_io", "copy"):
         rec[f"{mode}_block_over_token"] = round(rec[f"{mode}_block_us"] / rec[f"{mode}_token_us"], 4)
         rec[f"{mode}_block_over_token_exp"] = round(rec[f"{mode}_block_us"] / rec[f"{mode}_token+exp_us"], 4)

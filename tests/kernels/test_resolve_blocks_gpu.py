@@ -26,9 +26,12 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (kernel vs reference comparison)"
 )
 
-# (k, B, item, block, bs): M3's 16 blocks of 128 (k 2048) and 32 of 64, small builds too
+# (k, B, item, block, bs): M3's 16 blocks of 128 (k 2048) and 32 of 64, small builds too; M3.1's
+# 16 top-k blocks plus its forced local block (k 2176) over its K-then-V rows (one head of 128:
+# 512 B bf16, 256 B fp8)
 GRID = [(64, 128, 1152, 8, 3), (64, 64, 656, 16, 64), (2048, 4096, 1152, 128, 3),
-        (2048, 4096, 1152, 64, 64), (2048, 4096, 1152, 128, 1)]
+        (2048, 4096, 1152, 64, 64), (2048, 4096, 1152, 128, 1), (2176, 4352, 512, 128, 16),
+        (2176, 4352, 256, 128, 64)]
 
 
 @pytest.mark.parametrize("k,B,item,block,bs", GRID)
