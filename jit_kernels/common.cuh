@@ -221,12 +221,40 @@ __device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) 
   return arrive_decide(arrive_issue(arrivals, b, ctas), arrivals, b, ctas);
 }
 
+// Device row layouts (template ROWL; sglang_hisparse/kernels/row_layout.py is the spec). 0: token
+// rows, row r at dev + r * dstride. 1: DeepSeek-V4's C4 entries as FlashMLA pages them, dstride
+// = one page (64 entries): entry r's 576 data bytes at page r/64 + (r%64)*576, its 8 tail bytes
+// (scales) at page + 36864 + (r%64)*8, the page padded to 37440 B; host rows are 592 B, whose
+// last 8 bytes are not stored.
+constexpr int kC4Entries = 64, kC4Data = 576, kC4Tail = 8, kC4Page = 37440;
+
+// Store piece `piece` (16 bytes of the host row) of device row `row`.
+template <int ROWL, int ITEM>
+__device__ __forceinline__ void store_piece(uint8_t* dev, int64_t dstride, int32_t row, int piece,
+                                            const int4& v) {
+  if constexpr (ROWL == 0) {
+    reinterpret_cast<int4*>(dev + static_cast<int64_t>(row) * dstride)[piece] = v;
+  } else {
+    static_assert(ROWL == 1 && ITEM == kC4Data + 16, "the C4 layout takes 592-byte host rows");
+    uint8_t* page = dev + static_cast<int64_t>(row / kC4Entries) * dstride;
+    const int e = row % kC4Entries;
+    if (piece < kC4Data / 16)
+      reinterpret_cast<int4*>(page + e * kC4Data)[piece] = v;
+    else
+      *reinterpret_cast<int2*>(page + kC4Entries * kC4Data + e * kC4Tail) = make_int2(v.x, v.y);
+  }
+}
+
+// Bytes of one row of a device buffer of this layout (one KV row, or one page of C4 entries).
+template <int ROWL, int ITEM>
+constexpr int64_t device_row_bytes() { return ROWL == 0 ? ITEM : kC4Page; }
+
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory (with
 // `list`, rows list[q0..q1) instead). The rows are flattened into 16-byte pieces spread over all
 // threads, so lanes stay busy whatever the row size (656 B = 41 pieces is not a multiple of a
 // warp's 32). `tid`/`T`: this thread's index among the T copying threads (-1: the whole CTA);
 // UNROLL: loads each thread keeps in flight.
-template <int ITEM, int UNROLL = kUnroll>
+template <int ITEM, int UNROLL = kUnroll, int ROWL = 0>
 __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst, int q0, int q1,
                                           const uint8_t* host, int64_t hstride, uint8_t* dev,
                                           int64_t dstride, const int32_t* list = nullptr,
@@ -252,7 +280,7 @@ __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst
       const int x = base + u * T;
       if (x < total) {
         const int q = list ? list[q0 + x / kPieces] : q0 + x / kPieces, piece = x % kPieces;
-        reinterpret_cast<int4*>(dev + static_cast<int64_t>(dst[q]) * dstride)[piece] = v[u];
+        store_piece<ROWL, ITEM>(dev, dstride, dst[q], piece, v[u]);
       }
     }
   }

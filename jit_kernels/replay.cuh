@@ -15,7 +15,7 @@ struct ReplayArgs {
 // Copy-only replay of a miss plan on a small fixed grid: all copies of the batch are flattened
 // into 16-byte pieces and dealt out over every thread of the grid, so uneven per-request miss
 // counts do not leave CTAs idle (one CTA per request would wait on the longest request).
-template <int ITEM>
+template <int ITEM, int ROWL = 0>
 __global__ void replay_kernel(ReplayArgs a) {
   constexpr int kPieces = ITEM / 16;
   extern __shared__ __align__(16) int rsmem[];
@@ -34,7 +34,8 @@ __global__ void replay_kernel(ReplayArgs a) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * T;
   for (int64_t base = blockIdx.x * T + tid; base < pieces; base += step * kUnroll) {
     int4 v[kUnroll];
-    int64_t dst_off[kUnroll];
+    int32_t dst_row[kUnroll];
+    int dst_piece[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t x = base + u * step;
@@ -47,19 +48,20 @@ __global__ void replay_kernel(ReplayArgs a) {
         }
         const int64_t e = lo * a.stride + (g - prefix[lo]);
         v[u] = __ldg(reinterpret_cast<const int4*>(a.host + a.src[e] * a.hstride) + piece);
-        dst_off[u] = static_cast<int64_t>(a.dst[e]) * a.dstride + piece * 16;
+        dst_row[u] = a.dst[e];
+        dst_piece[u] = piece;
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * step < pieces) *reinterpret_cast<int4*>(a.dev + dst_off[u]) = v[u];
+      if (base + u * step < pieces) store_piece<ROWL, ITEM>(a.dev, a.dstride, dst_row[u], dst_piece[u], v[u]);
     }
   }
 }
 
 using tvm::ffi::TensorView;
 
-template <int ITEM>
+template <int ITEM, int ROWL = 0>
 void replay_launch(TensorView plan_src, TensorView plan_dst, TensorView plan_count,
                    TensorView num_real, TensorView host_cache, TensorView device_cache,
                    int64_t ctas, int64_t block) {
@@ -78,8 +80,10 @@ void replay_launch(TensorView plan_src, TensorView plan_dst, TensorView plan_cou
                plan_count.size(0) == bs && plan_dst.stride(0) == plan_src.stride(0) &&
                (bs <= 1 || plan_count.stride(0) == 1),
            "plan must be src [bs, k] int64, dst like src (same strides), count [bs]");
-  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
-           "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
+  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>();
+  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == kDevRow,
+           "host_cache rows must be " << ITEM << " bytes and device_cache rows "
+           << kDevRow << " bytes for this build");
   HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
            "block size " << block << " must be a multiple of 32 in [32, 1024]");
   HS_CHECK(ctas >= 1 && ctas <= 65535, "replay grid " << ctas << " must be in [1, 65535]");
@@ -92,7 +96,7 @@ void replay_launch(TensorView plan_src, TensorView plan_dst, TensorView plan_cou
   a.host = ptr<const uint8_t>(host_cache); a.hstride = host_cache.stride(0);
   a.dev = ptr<uint8_t>(device_cache); a.dstride = device_cache.stride(0);
   const size_t bytes = (40 + bs + 1) * sizeof(int);
-  auto kernel = replay_kernel<ITEM>;
+  auto kernel = replay_kernel<ITEM, ROWL>;
   set_smem(kernel, bytes);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<static_cast<unsigned>(ctas), static_cast<unsigned>(block), bytes, stream>>>(a);

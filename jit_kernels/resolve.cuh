@@ -1,7 +1,8 @@
 // Fused resolve (swap-in) kernel: bookkeeping + host->device copy of the misses, one launch.
 //
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
-// Compile-time K (top-k), B (hot slots), ITEM (row bytes), POLICY, BLK (selection layout: 0 =
+// Compile-time K (top-k), B (hot slots), ITEM (host row bytes), POLICY, ROWL (device row layout,
+// common.cuh store_piece: 0 token rows, 1 DeepSeek-V4's paged C4 entries), BLK (selection layout: 0 =
 // token positions, > 0 = block ids of BLK positions, expanded in the kernel); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
@@ -353,7 +354,7 @@ __device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* 
 // config (batch 64 @0 % 12.26 -> 10.54 us at 656 B, batch 128 @15 % 1161 -> 1130 us;
 // results/resolve_ab_v15_forced.json), once their bookkeeping loads nothing global after the
 // rows are out (below: the keep area).
-template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru, int BLK = 0>
+template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru, int BLK = 0, int ROWL = 0>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B, POLICY>;
   static_assert(K <= 32767 && B <= 32767, "slot ids, top-k indices and ranks are 16-bit");
@@ -813,7 +814,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     HS_PHASE(9);
     HS_PHASE(10);
     if (a.copy)
-      copy_rows<ITEM, kCopyUnroll>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
+      copy_rows<ITEM, kCopyUnroll, ROWL>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
                                    a.device_cache, a.dc_stride, direct, tid, TC);
     HS_PHASE(11);
     return;
@@ -876,16 +877,15 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // Their share of the direct copies first (issued while the held rows may still be on the
   // way), then the held rows.
   if constexpr (kFetchCopies)
-    copy_rows<ITEM, kCopyUnroll>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
+    copy_rows<ITEM, kCopyUnroll, ROWL>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
                                  a.device_cache, a.dc_stride, first, tid, T_all);
 #pragma unroll
   for (int t = 0; t < kHold; ++t) {
     const int dst = t < taken ? sdst[fw * kHold + t] : -1;
     if (dst >= 0) {
-      int4* d = reinterpret_cast<int4*>(a.device_cache + static_cast<int64_t>(dst) * a.dc_stride);
 #pragma unroll
       for (int v = 0; v < kHeld; ++v)
-        if (lane + 32 * v < kPieces) d[lane + 32 * v] = held[t][v];
+        if (lane + 32 * v < kPieces) store_piece<ROWL, ITEM>(a.device_cache, a.dc_stride, dst, lane + 32 * v, held[t][v]);
     }
   }
 }
@@ -893,7 +893,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 using tvm::ffi::TensorView;
 
 // POLICY != kPolicyLru builds take the policy state, int32 [R, B] (one layer's view).
-template <int K, int B, int ITEM, int POLICY = kPolicyLru, int BLK = 0>
+template <int K, int B, int ITEM, int POLICY = kPolicyLru, int BLK = 0, int ROWL = 0>
 void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
                     TensorView lru, TensorView host_rows, TensorView host_cache,
@@ -919,8 +919,11 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   const int64_t R = check_hot_state(num_real, slot_tokens, slot_rows, lru, host_rows, host_cache,
                                     device_cache, out_rows, 2, B, 1, "B+1", dev);
   HS_CHECK(host_rows.size(0) == R, "host_rows must have R=" << R << " rows");
-  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == ITEM,
-           "host_cache/device_cache rows must be " << ITEM << " bytes for this build");
+  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>();
+  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == kDevRow,
+           "host_cache rows must be " << ITEM << " bytes and device_cache rows "
+           << kDevRow << " bytes (" << (ROWL ? "one page of C4 entries" : "one KV row")
+           << ") for this build");
   HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == K, "out_rows must be [bs, k]");
   check_launch_shape(block, ctas, bs);
   if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, K, "k", dev);
@@ -1022,10 +1025,10 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
 
   // The auto block sizes (kernels/ops.py:auto_block_size) get builds with the block size fixed
   // at compile time; any other multiple of 32 runs the run-time-sized build of the same code.
-  constexpr int P = POLICY, Q = BLK;
-  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true, P, Q> : resolve_kernel<K, B, ITEM, 1024, false, P, Q>)
-              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true, P, Q> : resolve_kernel<K, B, ITEM, 512, false, P, Q>)
-                              : (early ? resolve_kernel<K, B, ITEM, 0, true, P, Q> : resolve_kernel<K, B, ITEM, 0, false, P, Q>);
+  constexpr int P = POLICY, Q = BLK, W = ROWL;
+  auto kernel = block == 1024 ? (early ? resolve_kernel<K, B, ITEM, 1024, true, P, Q, W> : resolve_kernel<K, B, ITEM, 1024, false, P, Q, W>)
+              : block == 512  ? (early ? resolve_kernel<K, B, ITEM, 512, true, P, Q, W> : resolve_kernel<K, B, ITEM, 512, false, P, Q, W>)
+                              : (early ? resolve_kernel<K, B, ITEM, 0, true, P, Q, W> : resolve_kernel<K, B, ITEM, 0, false, P, Q, W>);
   ensure_smem(kernel, dev, smem);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(bs)),

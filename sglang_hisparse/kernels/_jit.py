@@ -139,7 +139,8 @@ def _build(name: str, wrapper: str, functions: list[str]) -> Any:
 
 
 @functools.cache
-def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, blocks: int = 0) -> Any:
+def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, blocks: int = 0,
+                   rowl: int = 0) -> Any:
     """The compiled resolve launcher for top-k ``k``, ``B`` hot slots, ``item``-byte rows, and
     ``smem_bytes(words)``: its shared memory per CTA for a position bitmap of ``words`` words.
     ``build``: a name for another, separate build of the same kernels (tests load two builds of
@@ -148,7 +149,8 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, 
     policies' ``resolve`` takes the policy state (int32 [R, B]) as its last argument.
     ``blocks``: the selection layout, 0 for token positions, > 0 for block ids of that many
     positions each (MiniMax-M3's block top-k, expanded in the kernel; ``top_k`` then has
-    ``k / blocks`` columns)."""
+    ``k / blocks`` columns). ``rowl``: the device row layout (``kernels.row_layout``: 0 token
+    rows, 1 DeepSeek-V4's paged C4 entries, 592-byte host rows)."""
     args, call = _RESOLVE_ARGS, _RESOLVE_CALL
     if policy:
         args, call = args + ", TensorView policy_state", call + ", &policy_state"
@@ -156,13 +158,13 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, 
         (f"// build {build}\n" if build else "")
         + '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void resolve({args}) {{\n"
-        f"  hisparse::resolve_launch<{k}, {B}, {item}, {policy}, {blocks}>({call});\n}}\n"
+        f"  hisparse::resolve_launch<{k}, {B}, {item}, {policy}, {blocks}, {rowl}>({call});\n}}\n"
         # Shared memory per CTA for host_rows of `words` * 32 positions (kernel_limits mirrors it).
         "int64_t smem_bytes(int64_t words) {\n"
         f"  return static_cast<int64_t>(hisparse::Layout<{k}, {B}, {policy}>::total(words));\n}}\n"
     )
     name = (f"hisparse_resolve_k{k}_b{B}_i{item}" + (f"_p{policy}" if policy else "")
-            + (f"_blk{blocks}" if blocks else "")
+            + (f"_blk{blocks}" if blocks else "") + (f"_rl{rowl}" if rowl else "")
             + (f"_{build}" if build else ""))
     return _build(name, wrapper, ["resolve", "smem_bytes"])
 
@@ -185,14 +187,14 @@ def verify_module(k: int, B: int, W: int, item: int) -> Any:
 
 
 @functools.cache
-def replay_module(item: int) -> Any:
-    """The compiled replay launcher for ``item``-byte rows."""
+def replay_module(item: int, rowl: int = 0) -> Any:
+    """The compiled replay launcher for ``item``-byte host rows, device row layout ``rowl``."""
     wrapper = (
         '#include "replay.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void replay({_REPLAY_ARGS}) {{\n"
-        f"  hisparse::replay_launch<{item}>({_REPLAY_CALL});\n}}\n"
+        f"  hisparse::replay_launch<{item}, {rowl}>({_REPLAY_CALL});\n}}\n"
     )
-    return _build(f"hisparse_replay_i{item}", wrapper, ["replay"])
+    return _build(f"hisparse_replay_i{item}" + (f"_rl{rowl}" if rowl else ""), wrapper, ["replay"])
 
 
 @functools.cache

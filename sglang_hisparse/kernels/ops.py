@@ -28,6 +28,7 @@ from .contract import (
     validate_resolve,
     validation_enabled,
 )
+from .row_layout import TOKEN, RowLayout
 from .workspace import ArrivalCounters
 
 __all__ = ["MissPlan", "ResidentRows", "ResolveMode", "reserve_workspace", "resolve", "replay"]
@@ -103,6 +104,7 @@ def resolve(
     resident: torch.Tensor | None = None, early_rows: int | None = None,
     policy: str = "lru", policy_state: torch.Tensor | None = None,
     resident_rows: ResidentRows | None = None, selection_block: int = 0,
+    row_layout: RowLayout = TOKEN,
 ) -> None:
     """Resolve one layer's top-k against the hot buffers; copy misses host -> device.
 
@@ -136,11 +138,15 @@ def resolve(
             top-k): ``top_k`` is int32 [bs, k / selection_block] block ids (-1 = none), each
             standing for ``selection_block`` positions; the kernel expands them
             (``reference.expand_blocks``; no expanded top-k in HBM) and ``out_rows`` is [bs, k].
+        row_layout: where a row lives in ``device_cache`` (``kernels.row_layout``): ``TOKEN``
+            (uint8 [D, I]) or ``C4_PAGED`` (DeepSeek-V4: uint8 [pages, 37440], 592-byte host rows).
     Semantics: :mod:`sglang_hisparse.kernels.reference` (of the expanded top-k).
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
+    # the checks and the validator read token rows: a paged layout is shown as its row view
+    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache)}
     if selection_block:
         k_out = out_rows.shape[-1]
         if selection_block < 0 or k_out % selection_block or top_k.dim() != 2 or top_k.shape[1] * selection_block != k_out:
@@ -154,20 +160,21 @@ def resolve(
             if not top_k.is_cuda:
                 kw, selection_block = positions, 0
             else:
-                validate_resolve(**positions, plan=plan)
+                validate_resolve(**{**checked, "top_k": positions["top_k"]}, plan=plan)
                 _check_pinned(host_cache)
                 validate = False
     if early_rows is not None and early_rows < 0:
         raise ValueError(f"early_rows = {early_rows} must be >= 0 (0 = no early fetch).")
     if not top_k.is_cuda:
         reference.resolve(**kw, plan=plan, mode=mode, validate=validate, resident=resident,
-                          policy=policy, policy_state=policy_state, resident_rows=resident_rows)
+                          policy=policy, policy_state=policy_state, resident_rows=resident_rows,
+                          row_layout=row_layout)
         return
     if validation_enabled(validate):
-        validate_resolve(**kw, plan=plan)
+        validate_resolve(**checked, plan=plan)
         _check_pinned(host_cache)
     # a block selection's shapes are checked as the [bs, k] positions it stands for (out_rows')
-    shaped = {**kw, "top_k": out_rows} if selection_block else kw
+    shaped = {**checked, "top_k": out_rows} if selection_block else checked
     bs, k, B, item = check_resolve_shapes(**shaped, plan=plan)
     check_resident(resident, lru=lru, host_rows=host_rows)
     reference.check_policy_state(policy, policy_state, lru=lru)
@@ -181,7 +188,7 @@ def resolve(
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
     extra = (policy_state,) if pid else ()
-    resolve_module(k, B, item, policy=pid, blocks=selection_block).resolve(
+    resolve_module(k, B, item, policy=pid, blocks=selection_block, rowl=row_layout.kind).resolve(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
         resident if resident is not None else arrivals,
@@ -195,7 +202,7 @@ def resolve(
 def replay(
     *, plan: MissPlan, num_real_reqs: torch.Tensor, host_cache: torch.Tensor,
     device_cache: torch.Tensor, ctas: int = DEFAULT_REPLAY_CTAS, block_size: int = 512,
-    validate: bool | None = None,
+    validate: bool | None = None, row_layout: RowLayout = TOKEN,
 ) -> None:
     """Repeat a resolve's copies into another layer: ``device_cache[dst] = host_cache[src]``.
 
@@ -203,20 +210,23 @@ def replay(
     [bs]); ``num_real_reqs`` int32 [1] (rows b >= it skipped); ``host_cache`` uint8 [H, I]
     pinned; ``device_cache`` uint8 [D, I] (mutated). ``ctas`` CTAs of ``block_size`` threads
     share all copies of the batch evenly (default 8, small enough to overlap compute).
+    ``row_layout``: as for :func:`resolve`.
     """
     if not plan.count.is_cuda:
         reference.replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
-                         device_cache=device_cache, validate=validate)
+                         device_cache=device_cache, validate=validate, row_layout=row_layout)
         return
     if validation_enabled(validate):
         validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
-                        device_cache=device_cache)
+                        device_cache=row_layout.proxy(device_cache, host_cache))
         _check_pinned(host_cache)
+    elif row_layout.paged:
+        row_layout.check_device(device_cache, host_cache.shape[1])
     check_plan_shapes(plan)
     block = check_block_size(block_size)
     if not 1 <= ctas <= 65535:
         raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
-    replay_module(host_cache.shape[1]).replay(
+    replay_module(host_cache.shape[1], row_layout.kind).replay(
         plan.src, plan.dst, plan.count, num_real_reqs, host_cache, device_cache, ctas, block,
     )
 

@@ -98,6 +98,7 @@ from .contract import (
     validate_verify,
     validation_enabled,
 )
+from .row_layout import TOKEN, RowLayout
 
 __all__ = ["MissPlan", "ResolveMode", "resolve", "resolve_verify", "replay", "resident_hint",
            "position_bits", "int32_bits", "expand_blocks"]
@@ -219,7 +220,7 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
     dst = slot_rows[r, victims].long()
     if copy and m:
         dc, hc = st["device_cache"], st["host_cache"]
-        dc[dst] = hc[src.to(hc.device)].to(dc.device)
+        st["row_layout"].write(dc, dst, hc[src.to(hc.device)])
     if resident is not None:
         words = resident.shape[1]
         old = resident[r].long() & 0xFFFFFFFF
@@ -272,6 +273,7 @@ def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, 
         plan.count[:] = 0
     st = {name: kw[name] for name in ("slot_tokens", "slot_rows", "lru", "host_rows",
                                        "host_cache", "device_cache")}
+    st["row_layout"] = kw.get("row_layout", TOKEN)
     flags = resident_rows.flag.tolist() if resident_rows is not None else None
     for b in range(min(nr, bs)):
         r, n0 = int(reqs[b]), int(n0s[b])
@@ -296,7 +298,7 @@ def resolve(
     host_cache, device_cache, out_rows, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
     resident: torch.Tensor | None = None, resident_rows: ResidentRows | None = None,
-    policy: str = "lru", policy_state: torch.Tensor | None = None,
+    policy: str = "lru", policy_state: torch.Tensor | None = None, row_layout: RowLayout = TOKEN,
 ) -> None:
     """Resolve one layer's decode-step top-k (window W = 1; see the module docstring).
 
@@ -305,15 +307,18 @@ def resolve(
     (if given), and ``policy_state`` int32 [R, B] (``policy="fra"``; one layer's view).
     ``resident_rows`` (optional :class:`ResidentRows`): requests flagged in it
     resolve through their page table first and touch nothing but their selection record.
-    Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``.
+    Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``; ``row_layout``: where
+    a row lives in ``device_cache`` (``kernels.row_layout``; the checks read its row view).
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
+    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache)}
     if validation_enabled(validate):
-        validate_resolve(**kw)
+        validate_resolve(**checked)
     else:
-        check_resolve_shapes(**kw)
+        check_resolve_shapes(**checked)
+    kw["row_layout"] = row_layout
     check_resident(resident, lru=lru, host_rows=host_rows)
     check_policy_state(policy, policy_state, lru=lru)
     check_resident_rows(resident_rows, lru=lru, top_k=top_k)
@@ -372,7 +377,7 @@ def resolve_verify(
 
 @torch.no_grad()
 def replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache,
-           validate: bool | None = None) -> None:
+           validate: bool | None = None, row_layout: RowLayout = TOKEN) -> None:
     """Repeat a resolve's copies for another layer: ``device_cache[dst] = host_cache[src]``.
 
     ``plan`` is a :class:`MissPlan` filled by :func:`resolve` ([bs, k] src int64 / dst int32,
@@ -381,7 +386,7 @@ def replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache,
     """
     if validation_enabled(validate):
         validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
-                        device_cache=device_cache)
+                        device_cache=row_layout.proxy(device_cache, host_cache))
     else:
         check_plan_shapes(plan)
     bs, k = plan.src.shape
@@ -393,4 +398,4 @@ def replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache,
     src = plan.src[:nr][cols]
     dst = plan.dst[:nr][cols].long()
     if src.numel():
-        device_cache[dst] = host_cache[src.to(host_cache.device)].to(device_cache.device)
+        row_layout.write(device_cache, dst, host_cache[src.to(host_cache.device)])

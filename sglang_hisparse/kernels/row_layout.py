@@ -1,0 +1,123 @@
+"""Where a KV row lives in a layer's device buffer: the resolve and replay kernels' row layout.
+
+Host rows are always flat (``host_cache`` uint8 [H, I], row ``h`` at ``h * I``). The device
+side comes in two layouts, a compile-time parameter of the kernels (``ROWL`` in
+``jit_kernels/common.cuh``), whose pure-torch reading and writing here is the contract:
+
+```
+TOKEN     device_cache uint8 [D, I]: row r = bytes [r*I, r*I + I)         DSA (656 / 1152 B),
+                                                                          MiniMax-M3 (K then V)
+C4_PAGED  device_cache uint8 [pages, 37440]: 64 entries a page,           DeepSeek-V4's C4 KV as
+          entry r = page r // 64, e = r % 64:                             FlashMLA reads it
+            data  576 B at  e*576                (448 fp8 nope + 128 bf16 rope)
+            tail    8 B at  36864 + e*8          (7 ue8m0 scales + 1 pad)
+          bytes 37376 .. 37439 of a page: padding (the page is 65 x 576 B)
+          host row I = 592 = data | tail | 8 zero bytes (a whole 16-byte piece)
+```
+
+A C4_PAGED miss therefore moves 36 16-byte pieces to the entry's data and the low 8 bytes of
+the 37th to its tail; the host row's last 8 bytes are never stored. The layout is SGLang
+0.5.23's (``sglang/kernels/ops/attention/dsv4/kv_layout.py``, read to learn it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["C4_PAGED", "TOKEN", "RowLayout"]
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """``kind`` 0: token rows; 1: paged rows split into a data and a tail piece (``entries``
+    per page, ``data`` and ``tail`` bytes each, data of all entries first, then their tails,
+    the page padded to ``page`` bytes)."""
+
+    name: str
+    kind: int
+    entries: int = 0
+    data: int = 0
+    tail: int = 0
+    page: int = 0
+
+    @property
+    def paged(self) -> bool:
+        return self.kind != 0
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page
+
+    def host_item(self, item: int | None = None) -> int:
+        """Bytes of a host row: ``item`` for token rows; data + tail rounded up to 16."""
+        if not self.paged:
+            if item is None:
+                raise ValueError("RowLayout.host_item: token rows need the item size.")
+            return item
+        return -(-(self.data + self.tail) // 16) * 16
+
+    def device_rows(self, device_cache: torch.Tensor) -> int:
+        """Rows (entries) ``device_cache`` holds."""
+        return device_cache.shape[0] * (self.entries if self.paged else 1)
+
+    def check_device(self, device_cache: torch.Tensor, item: int) -> None:
+        """``device_cache`` is uint8 2-D of this layout for host rows of ``item`` bytes."""
+        if device_cache.dtype != torch.uint8 or device_cache.dim() != 2:
+            raise ValueError(f"device_cache must be uint8 2-D, got {device_cache.dtype} {tuple(device_cache.shape)}.")
+        want = self.page_bytes if self.paged else item
+        if device_cache.shape[1] != want or device_cache.stride(1) != 1:
+            raise ValueError(
+                f"device_cache {tuple(device_cache.shape)} (strides {device_cache.stride()}) is not the "
+                f"{self.name} layout: rows of {want} contiguous bytes "
+                f"({'one page of ' + str(self.entries) + ' entries' if self.paged else 'one KV row'})."
+            )
+        if self.paged and item != self.host_item():
+            raise ValueError(f"host rows of the {self.name} layout are {self.host_item()} B, got {item}.")
+
+    def proxy(self, device_cache: torch.Tensor, host_cache: torch.Tensor) -> torch.Tensor:
+        """What the token-row shape checks read: ``device_cache`` itself for token rows, a meta
+        tensor uint8 [device rows, host item] for a paged layout (checked here first)."""
+        if not self.paged:
+            return device_cache
+        item = host_cache.shape[1]
+        self.check_device(device_cache, item)
+        return torch.empty((self.device_rows(device_cache), item), dtype=torch.uint8, device="meta")
+
+    # -- the contract: reading and writing rows ------------------------------------------------
+    def _pieces(self, device_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pages = device_cache.shape[0]
+        data = device_cache[:, : self.entries * self.data].view(pages, self.entries, self.data)
+        tail = device_cache[:, self.entries * self.data : self.entries * (self.data + self.tail)].view(
+            pages, self.entries, self.tail)
+        return data, tail
+
+    def write(self, device_cache: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """``values`` uint8 [n, host item] into device rows ``rows`` (int [n])."""
+        rows = rows.to(device=device_cache.device, dtype=torch.int64)
+        values = values.to(device_cache.device)
+        if not self.paged:
+            device_cache[rows] = values
+            return
+        data, tail = self._pieces(device_cache)
+        p, e = rows // self.entries, rows % self.entries
+        data[p, e] = values[:, : self.data]
+        tail[p, e] = values[:, self.data : self.data + self.tail]
+
+    def read(self, device_cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 [n, host item] of device rows ``rows``; a paged row's padding bytes read 0."""
+        rows = rows.to(device=device_cache.device, dtype=torch.int64)
+        if not self.paged:
+            return device_cache[rows]
+        data, tail = self._pieces(device_cache)
+        p, e = rows // self.entries, rows % self.entries
+        out = torch.zeros((rows.numel(), self.host_item()), dtype=torch.uint8, device=device_cache.device)
+        out[:, : self.data] = data[p, e]
+        out[:, self.data : self.data + self.tail] = tail[p, e]
+        return out
+
+
+TOKEN = RowLayout("token", 0)
+#: DeepSeek-V4's C4 compressed KV in FlashMLA's page layout (module docstring)
+C4_PAGED = RowLayout("c4_paged", 1, entries=64, data=576, tail=8, page=37440)
