@@ -44,6 +44,38 @@ from sglang_hisparse.testing.engine import warm_and_capture
 STEPS_PER_GRAPH = 20
 
 
+def graph_us(graph: torch.cuda.CUDAGraph, reps: int, per: int = STEPS_PER_GRAPH) -> float:
+    """Median over ``reps`` replays of ``graph`` (CUDA events), per one of its ``per`` steps, µs."""
+    times = []
+    for _ in range(reps):
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        graph.replay()
+        s1.record()
+        torch.cuda.synchronize()
+        times.append(s0.elapsed_time(s1) * 1e3 / per)
+    return round(statistics.median(times), 2)
+
+
+def run_grid(run, args, name: str, exact_keys: tuple[str, ...]) -> int:
+    """``run(bs, churn, args)`` over the batches x churns, one JSON line each, the report to
+    ``args.out / f"{name}.json"``; 0 when every record's ``exact_keys`` hold (absent: true)."""
+    if not torch.cuda.is_available():
+        print(f"{name}: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for bs in args.batches:
+        for churn in args.churns:
+            r = run(bs, churn, args)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    report = dict(config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                  device=torch.cuda.get_device_name(), rows=rows)
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    return 0 if all(r.get(key, True) for r in rows for key in exact_keys) else 1
+
+
 def _selections(n: int, nb: int, block: int, churn: float, g: torch.Generator) -> list[torch.Tensor]:
     """STEPS_PER_GRAPH selections of ``nb`` distinct blocks of a row of ``n`` tokens: the newest
     block and ``nb - 1 - swap`` others in every step, plus ``swap = round(churn * (nb - 1))``
@@ -82,16 +114,7 @@ def _ceiling(steady, sel_blocks, req, lens, nr, host_cache, block: int, k: int, 
     if not rows:
         return dict(ceiling_us=None, ceiling_rows_per_step=0)
     gather = _jit.gather_module(args.item).gather
-    graph = warm_and_capture(lambda: [gather(f[0], f[1], host_cache, dc) for f in flat])
-    times = []
-    for _ in range(args.reps):
-        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s0.record()
-        graph.replay()
-        s1.record()
-        torch.cuda.synchronize()
-        times.append(s0.elapsed_time(s1) * 1e3 / STEPS_PER_GRAPH)
-    us = statistics.median(times)
+    us = graph_us(warm_and_capture(lambda: [gather(f[0], f[1], host_cache, dc) for f in flat]), args.reps)
     return dict(ceiling_us=round(us, 2), ceiling_rows_per_step=round(rows, 1),
                 ceiling_gbps=round(rows * args.item / (us * 1e-6) / 1e9, 2))
 
@@ -136,15 +159,7 @@ def run(bs: int, churn: float, args) -> dict:
             # without the Python launch gaps a single small launch would be timed with.
             graph = warm_and_capture(steps)
             graph.replay()
-            times = []
-            for _ in range(args.reps):
-                s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s0.record()
-                graph.replay()
-                s1.record()
-                torch.cuda.synchronize()
-                times.append(s0.elapsed_time(s1) * 1e3 / STEPS_PER_GRAPH)
-            rec[f"{mode.name.lower()}_{variant}_us"] = round(statistics.median(times), 2)
+            rec[f"{mode.name.lower()}_{variant}_us"] = graph_us(graph, args.reps)
             if mode is ResolveMode.COPY and variant == "block":
                 # misses of the graph's last resolve (a steady step of the cycle), per batch row
                 rec["misses_per_row"] = round(float(plan.count.float().mean()), 1)
@@ -174,21 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_resolve_blocks: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for bs in args.batches:
-        for churn in args.churns:
-            r = run(bs, churn, args)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-    report = dict(config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                  device=torch.cuda.get_device_name(), rows=rows)
-    (args.out / "bench_resolve_blocks.json").write_text(json.dumps(report, indent=1))
-    return 0 if all(r["no_io_exact"] and r["copy_exact"] for r in rows) else 1
-
+    return run_grid(run, args, "bench_resolve_blocks", ("no_io_exact", "copy_exact"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,8 +27,6 @@ token build's rows, bit for bit.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_resolve_blocks import STEPS_PER_GRAPH, _selections  # noqa: E402
+from bench_resolve_blocks import STEPS_PER_GRAPH, _selections, graph_us, run_grid  # noqa: E402
 
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
@@ -45,18 +43,6 @@ from sglang_hisparse.kernels.synthetic import make_state  # noqa: E402
 from sglang_hisparse.testing.engine import warm_and_capture  # noqa: E402
 
 ITEM = C4_PAGED.host_item()
-
-
-def _time(graph: torch.cuda.CUDAGraph, reps: int, per: int) -> float:
-    times = []
-    for _ in range(reps):
-        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s0.record()
-        graph.replay()
-        s1.record()
-        torch.cuda.synchronize()
-        times.append(s0.elapsed_time(s1) * 1e3 / per)
-    return round(statistics.median(times), 2)
 
 
 def _paged(token_cache: torch.Tensor) -> torch.Tensor:
@@ -96,7 +82,7 @@ def run(bs: int, churn: float, args) -> dict:
 
             graph = warm_and_capture(steps)
             graph.replay()
-            rec[f"{mode.name.lower()}_{layout.name}_us"] = _time(graph, args.reps, STEPS_PER_GRAPH)
+            rec[f"{mode.name.lower()}_{layout.name}_us"] = graph_us(graph, args.reps)
             rows = torch.arange(token_cache.shape[0], device=dev)
             finals[(mode, layout.name)] = (out.clone(), state["slot_tokens"].clone(), state["lru"].clone(),
                                            layout.read(dc, rows)[:, :584].clone())
@@ -136,15 +122,15 @@ def _copies(steady, sels, req, lens, nr, host_cache, k: int, args) -> dict:
     token_dst = torch.zeros((dc.shape[0] * 64, ITEM), dtype=torch.uint8, device=dev)
     gather = _jit.gather_module(ITEM).gather
     rec = dict(copied_rows_per_step=round(rows, 1))
-    rec["gather_us"] = _time(warm_and_capture(lambda: [gather(s, d, host_cache, token_dst) for s, d in flat]),
-                             args.reps, STEPS_PER_GRAPH)
+    rec["gather_us"] = graph_us(warm_and_capture(lambda: [gather(s, d, host_cache, token_dst) for s, d in flat]),
+                                args.reps)
     rec["gather_gbps"] = round(rows * ITEM / (rec["gather_us"] * 1e-6) / 1e9, 2)
     paged_dst = torch.zeros_like(dc)
     for name, layout, target in (("token", TOKEN, token_dst), ("c4_paged", C4_PAGED, paged_dst)):
         graph = warm_and_capture(lambda layout=layout, target=target: [
             ops.replay(plan=p, num_real_reqs=nr, host_cache=host_cache, device_cache=target, row_layout=layout)
             for p in plans])
-        rec[f"replay_{name}_us"] = _time(graph, args.reps, STEPS_PER_GRAPH)
+        rec[f"replay_{name}_us"] = graph_us(graph, args.reps)
     rows_all = torch.arange(token_dst.shape[0], device=dev)
     rec["replay_exact"] = torch.equal(C4_PAGED.read(paged_dst, rows_all)[:, :584], token_dst[:, :584])
     rec["replay_c4_over_token"] = round(rec["replay_c4_paged_us"] / rec["replay_token_us"], 3)
@@ -161,21 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entries", type=int, default=8192, help="compressed entries of a request (32K tokens / 4)")
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_resolve_c4: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for bs in args.batches:
-        for churn in args.churns:
-            r = run(bs, churn, args)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-    report = dict(config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                  device=torch.cuda.get_device_name(), rows=rows)
-    (args.out / "bench_resolve_c4.json").write_text(json.dumps(report, indent=1))
-    return 0 if all(r["no_io_exact"] and r["copy_exact"] and r.get("replay_exact", True) for r in rows) else 1
-
+    return run_grid(run, args, "bench_resolve_c4", ("no_io_exact", "copy_exact", "replay_exact"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,7 +30,22 @@ from sglang_hisparse.sglang_adapter.memory_host import HiCacheHostPool, build_ho
 __all__ = ["HiCacheHostPool", "HiSparseDSAPool", "HiSparseTokenAllocator", "build_host_pool"]
 
 
-class HiSparseDSAPool(DSATokenToKVPool):
+class NoCpuSnapshots:
+    """SGLang's CPU snapshot calls of a device pool (PD retraction backup), which HiSparse's
+    pools refuse: the full KV already lives in the coordinator's host pool."""
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError(
+            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError(
+            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
+        )
+
+
+class HiSparseDSAPool(NoCpuSnapshots, DSATokenToKVPool):
     """DSA KV pool whose KV rows are device rows and whose indexer keys are logical.
 
     ``size`` = device rows. The indexer key cache is sized ``size * host_to_device_ratio``
@@ -123,15 +138,6 @@ class HiSparseDSAPool(DSATokenToKVPool):
         for buf in self.kv_buffer:
             buf[dst_indices] = buf[src_indices]
 
-    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
-        raise NotImplementedError(
-            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
-        )
-
-    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
-        raise NotImplementedError(
-            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
-        )
 
 
 class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):

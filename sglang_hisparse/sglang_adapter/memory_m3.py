@@ -37,11 +37,12 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
 from sglang_hisparse.memory.translation import ForwardTranslation, translate_locations
+from sglang_hisparse.sglang_adapter.memory import NoCpuSnapshots
 
 __all__ = ["HiSparseMHAPool"]
 
 
-class HiSparseMHAPool(MHATokenToKVPool):
+class HiSparseMHAPool(NoCpuSnapshots, MHATokenToKVPool):
     """M3's sparse-layer K/V at device rows, addressed by logical location through the
     allocator's mapping. Constructor: the arguments ``MiniMaxSparseKVPool`` passes to
     ``HiSparseMHAMainPool``."""
@@ -173,14 +174,4 @@ class HiSparseMHAPool(MHATokenToKVPool):
         raise NotImplementedError(
             "HiSparseMHAPool: speculative decoding is not supported for MiniMax-M3 under "
             "sglang-hisparse (refused at argument validation)."
-        )
-
-    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
-        raise NotImplementedError(
-            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
-        )
-
-    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
-        raise NotImplementedError(
-            "HiSparse keeps full KV in its own host pool; CPU snapshots of the device pool are unsupported."
         )
