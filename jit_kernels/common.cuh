@@ -245,6 +245,22 @@ __device__ __forceinline__ void store_piece(uint8_t* dev, int64_t dstride, int32
   }
 }
 
+// Load piece `piece` of row `row` (the host row's bytes; a C4 entry's tail piece is its 8 tail
+// bytes and 8 zero bytes, as the host row holds them).
+template <int ROWL, int ITEM>
+__device__ __forceinline__ int4 load_piece(const uint8_t* base, int64_t stride, int64_t row, int piece) {
+  if constexpr (ROWL == 0) {
+    return __ldg(reinterpret_cast<const int4*>(base + row * stride) + piece);
+  } else {
+    static_assert(ROWL == 1 && ITEM == kC4Data + 16, "the C4 layout takes 592-byte host rows");
+    const uint8_t* page = base + (row / kC4Entries) * stride;
+    const int e = static_cast<int>(row % kC4Entries);
+    if (piece < kC4Data / 16) return __ldg(reinterpret_cast<const int4*>(page + e * kC4Data) + piece);
+    const int2 t = __ldg(reinterpret_cast<const int2*>(page + kC4Entries * kC4Data + e * kC4Tail));
+    return make_int4(t.x, t.y, 0, 0);
+  }
+}
+
 // Bytes of one row of a device buffer of this layout (one KV row, or one page of C4 entries).
 template <int ROWL, int ITEM>
 constexpr int64_t device_row_bytes() { return ROWL == 0 ? ITEM : kC4Page; }

@@ -25,7 +25,10 @@ struct LayerCopyArgs {
 // issues kUnroll loads before its stores, the habit of common.cuh's copy_rows. Rows whose index
 // is outside [0, rows of that layer) are skipped in both directions: memory stays safe whatever
 // the caller passes (the reference skips them too).
-template <int ITEM>
+// SL / DL: the row layout of the source / destination layers (common.cuh store_piece: 0 token
+// rows, 1 DeepSeek-V4's paged C4 entries; a table's "rows" then counts entries, its stride is
+// one page). SL = DL = 0 is the code before the layouts (if constexpr).
+template <int ITEM, int SL = 0, int DL = 0>
 __global__ void layer_copy_kernel(LayerCopyArgs a) {
   constexpr int kPieces = ITEM / 16;
   const int64_t per_layer = a.n * kPieces;
@@ -35,9 +38,13 @@ __global__ void layer_copy_kernel(LayerCopyArgs a) {
        base += step * kUnroll) {
     int4 v[kUnroll];
     int4* dst[kUnroll];
+    const int64_t* dtab[kUnroll];  // DL != 0: the destination layer's table row, row and piece
+    int64_t drow[kUnroll];
+    int dpiece[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       dst[u] = nullptr;
+      dtab[u] = nullptr;
       const int64_t x = base + u * step;
       if (x >= total) continue;
       const int64_t l = x / per_layer, rem = x - l * per_layer;
@@ -47,13 +54,24 @@ __global__ void layer_copy_kernel(LayerCopyArgs a) {
       const int64_t* dt = a.dst_table + l * kTableCols;
       const int64_t s = a.src_rows[j], d = a.dst_rows[j];
       if (s < 0 || s >= st[2] || d < 0 || d >= dt[2]) continue;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(st[0]) + s * st[1];
-      v[u] = __ldg(reinterpret_cast<const int4*>(src) + piece);
-      dst[u] = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(dt[0]) + d * dt[1]) + piece;
+      v[u] = load_piece<SL, ITEM>(reinterpret_cast<const uint8_t*>(st[0]), st[1], s, piece);
+      if constexpr (DL == 0) {
+        dst[u] = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(dt[0]) + d * dt[1]) + piece;
+      } else {
+        dtab[u] = dt;
+        drow[u] = d;
+        dpiece[u] = piece;
+      }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (dst[u] != nullptr) *dst[u] = v[u];
+    for (int u = 0; u < kUnroll; ++u) {
+      if constexpr (DL == 0) {
+        if (dst[u] != nullptr) *dst[u] = v[u];
+      } else if (dtab[u] != nullptr) {
+        store_piece<DL, ITEM>(reinterpret_cast<uint8_t*>(dtab[u][0]), dtab[u][1],
+                              static_cast<int32_t>(drow[u]), dpiece[u], v[u]);
+      }
+    }
   }
 }
 
@@ -64,7 +82,7 @@ using tvm::ffi::TensorView;
 constexpr int64_t kLayerCopyMaxCtas = 1024;
 constexpr int kLayerCopyBlock = 256;
 
-template <int ITEM>
+template <int ITEM, int SL = 0, int DL = 0>
 void layer_copy_launch(TensorView src_table, TensorView dst_table, TensorView src_rows,
                        TensorView dst_rows) {
   check_tensor(src_table, "src_table", 2, kDLInt, 64);
@@ -99,7 +117,7 @@ void layer_copy_launch(TensorView src_table, TensorView dst_table, TensorView sr
   const int64_t per_cta = static_cast<int64_t>(kLayerCopyBlock) * kUnroll;
   const int64_t ctas = std::min<int64_t>(kLayerCopyMaxCtas, (items + per_cta - 1) / per_cta);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
-  layer_copy_kernel<ITEM><<<static_cast<unsigned>(ctas), kLayerCopyBlock, 0, stream>>>(a);
+  layer_copy_kernel<ITEM, SL, DL><<<static_cast<unsigned>(ctas), kLayerCopyBlock, 0, stream>>>(a);
   HS_CUDA(cudaGetLastError());
 }
 

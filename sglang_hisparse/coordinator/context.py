@@ -28,6 +28,7 @@ import torch
 
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.coordinator.streams import Streams
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.telemetry import Telemetry
 
 
@@ -51,8 +52,8 @@ class HostTable(Protocol):
 class CoreContext:
     """Sizes and handles shared by lifecycle, step and resolver (one per TP rank).
 
-    top_k: k; buffer_size: B; item_bytes: I (bytes per KV row, all layers equal);
-    device_kv / host_kv: per local layer (length L).
+    top_k: k; buffer_size: B; item_bytes: I (bytes per host KV row, all layers equal);
+    device_kv / host_kv: per local layer (length L); device rows as ``row_layout`` places them.
     """
 
     top_k: int
@@ -78,6 +79,10 @@ class CoreContext:
     #: radix cache on: a finished resident request's rows stay as cached prefix rows
     #: (``DualSpaceAllocator.cache_resident``) instead of being freed
     cache_finished: bool = False
+    #: where a row lives in a ``device_kv`` layer (``kernels.row_layout``): token rows, or
+    #: DeepSeek-V4's paged C4 entries (each layer uint8 [pages, 37440]; ``item_bytes`` is the
+    #: host row's 592)
+    row_layout: RowLayout = TOKEN
 
     @property
     def num_layers(self) -> int:

@@ -42,6 +42,7 @@ from sglang_hisparse.coordinator.step import StepMapper
 from sglang_hisparse.coordinator.streams import Streams
 from sglang_hisparse.kernel_limits import check_resolve_fits
 from sglang_hisparse.kernels import ResolveMode
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.telemetry import Telemetry
 
 logger = logging.getLogger("sglang_hisparse")
@@ -129,6 +130,10 @@ class HiSparseCore:
     resolve (``swap_in(..., on_slice=)``). ``cache_finished`` (SGLang's radix cache on): a
     finished resident request's rows stay on the device as cached prefix rows of its ids
     (``DualSpaceAllocator.cache_resident``) until an allocation or the watermark takes them.
+    ``row_layout``: where a row lives in a ``device_kv`` layer (``kernels.row_layout``; default
+    token rows): ``C4_PAGED`` for DeepSeek-V4's compressed entries, each layer uint8 [pages,
+    37440] with host rows of 592 B (not with speculative decoding: the verify kernel has no
+    layout parameter).
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class HiSparseCore:
         replay_ctas: int | None = None,
         anchor_slices: int = 1,
         cache_finished: bool = False,
+        row_layout: RowLayout = TOKEN,
     ) -> None:
         if residency not in RESIDENCY_MODES:
             raise ValueError(
@@ -180,6 +186,17 @@ class HiSparseCore:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
             )
+        item = int(host_kv[0].shape[1])
+        if row_layout.paged and num_draft_tokens:
+            raise ValueError(
+                f"row_layout {row_layout.name} with num_draft_tokens = {num_draft_tokens}: the verify "
+                f"kernel stores token rows only; run the paged layout without speculative decoding."
+            )
+        for layer in device_kv:
+            if row_layout.paged:
+                row_layout.check_device(layer, item)
+            elif layer.dim() != 2 or int(layer.shape[1]) != item:
+                raise ValueError(f"device_kv rows are {tuple(layer.shape)}; host_kv rows are {item} B: they must match.")
         env_no_prefetch, env_skip_io, env_interval, early_fetch = _env_switches()
         device = torch.device(device)
         self.streams = Streams(device, prefetch_priority=prefetch_priority)
@@ -194,11 +211,11 @@ class HiSparseCore:
                                  if residency == "pressure" and num_draft_tokens == 0 else 0),
         )
         self.ctx = CoreContext(
-            top_k=top_k, buffer_size=buffer_size, item_bytes=int(device_kv[0].shape[1]),
+            top_k=top_k, buffer_size=buffer_size, item_bytes=item,
             device=device, allocator=allocator, host=host, device_kv=device_kv, host_kv=host_kv,
             state=self.state, streams=self.streams, telemetry=self.telemetry,
             recorder=_make_recorder(), host_kv_cuda=_host_alias(host_kv, device),
-            cache_finished=cache_finished,
+            cache_finished=cache_finished, row_layout=row_layout,
         )
         transfer.layer_tables(self.ctx)  # built here, outside any graph capture or sync guard
         #: int32 [1]: real batch size of the current forward (the model runner fills it)

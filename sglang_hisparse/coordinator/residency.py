@@ -241,7 +241,7 @@ class Residency:
         src = torch.where(plan.valid, row(plan.movers), 0)
         dst = torch.where(plan.valid, row(plan.free_slots), 0)
         for li, kv in enumerate(ctx.device_kv):
-            kv[dst[li]] = kv[src[li]]
+            ctx.row_layout.write(kv, dst[li], ctx.row_layout.read(kv, src[li]))
         st.slot_tokens[:, r, :B] = plan.slot_tokens.to(torch.int32)
         st.slot_tokens[:, r, B].fill_(n - 1)
         # the rows of positions 0..B-1 and of the newest, from the host's copy of the table

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang_hisparse.kernels.layer_copy import LayerTable, copy_rows
+from sglang_hisparse.kernels.row_layout import TOKEN
 
 if TYPE_CHECKING:
     from sglang_hisparse.coordinator.context import CoreContext
@@ -103,7 +104,7 @@ def layer_tables(ctx: CoreContext) -> tuple[LayerTable, LayerTable] | None:
         if unfused or no_view:
             ctx.layer_tables = False
         else:
-            ctx.layer_tables = (LayerTable.build(ctx.device_kv, "device_kv"),
+            ctx.layer_tables = (LayerTable.build(ctx.device_kv, "device_kv", layout=ctx.row_layout),
                                 LayerTable.build(_host_layers(ctx), "host_kv"))
     return ctx.layer_tables or None
 
@@ -118,8 +119,12 @@ def _copy(ctx: CoreContext, src: str, src_rows: torch.Tensor, dst: str, dst_rows
                   dst_rows=dst_rows.to(ctx.device, torch.int64))
         return
     layers = {"device": ctx.device_kv, "host": _host_layers(ctx)}
+    layout = {"device": ctx.row_layout, "host": TOKEN}
     for s_kv, d_kv in zip(layers[src], layers[dst], strict=True):
-        _copy_rows(s_kv, src_rows, d_kv, dst_rows)
+        if ctx.row_layout.paged and src_rows.numel():
+            layout[dst].write(d_kv, dst_rows, layout[src].read(s_kv, src_rows))
+        else:
+            _copy_rows(s_kv, src_rows, d_kv, dst_rows)
 
 
 def to_host(ctx: CoreContext, dev_rows: torch.Tensor, host_rows: torch.Tensor) -> None:

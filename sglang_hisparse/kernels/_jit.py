@@ -198,16 +198,18 @@ def replay_module(item: int, rowl: int = 0) -> Any:
 
 
 @functools.cache
-def layer_copy_module(item: int) -> Any:
-    """The compiled all-layer row copy for ``item``-byte rows (``kernels.layer_copy``):
-    ``layer_copy(src_table, dst_table, src_rows, dst_rows)``, one launch for every layer."""
+def layer_copy_module(item: int, src_rowl: int = 0, dst_rowl: int = 0) -> Any:
+    """The compiled all-layer row copy for ``item``-byte (host) rows (``kernels.layer_copy``):
+    ``layer_copy(src_table, dst_table, src_rows, dst_rows)``, one launch for every layer; the
+    source and destination row layouts ``src_rowl`` / ``dst_rowl`` (``kernels.row_layout``)."""
     wrapper = (
         '#include "layer_copy.cuh"\nusing tvm::ffi::TensorView;\n'
         "void layer_copy(TensorView src_table, TensorView dst_table, TensorView src_rows,\n"
         "                TensorView dst_rows) {\n"
-        f"  hisparse::layer_copy_launch<{item}>(src_table, dst_table, src_rows, dst_rows);\n}}\n"
+        f"  hisparse::layer_copy_launch<{item}, {src_rowl}, {dst_rowl}>(src_table, dst_table, src_rows, dst_rows);\n}}\n"
     )
-    return _build(f"hisparse_layer_copy_i{item}", wrapper, ["layer_copy"])
+    layouts = f"_rl{src_rowl}{dst_rowl}" if src_rowl or dst_rowl else ""
+    return _build(f"hisparse_layer_copy_i{item}{layouts}", wrapper, ["layer_copy"])
 
 
 @functools.cache

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .row_layout import TOKEN, RowLayout
+
 __all__ = ["LayerTable", "copy_rows", "reference_copy_rows"]
 
 
@@ -40,19 +42,29 @@ class LayerTable:
 
     layers: the tensors (kept alive here: the table holds their raw addresses); on CUDA, host
         layers are their device-mapped views. table: int64 [L, 3] on the layers' device, row l =
-        (address, row stride in bytes, rows) of layer l. item: I, bytes per row (a multiple of 16).
+        (address, row stride in bytes, rows) of layer l. item: I, bytes per (host) row (a
+        multiple of 16). layout: where a row lives in a layer (``kernels.row_layout``); for
+        ``C4_PAGED`` a layer is uint8 [pages, 37440], its table row (address, page stride,
+        entries).
     """
 
     layers: tuple[torch.Tensor, ...]
     table: torch.Tensor
     item: int
+    layout: RowLayout = TOKEN
 
     @classmethod
-    def build(cls, layers: Sequence[torch.Tensor], name: str = "layers") -> LayerTable:
+    def build(cls, layers: Sequence[torch.Tensor], name: str = "layers", layout: RowLayout = TOKEN) -> LayerTable:
         """Describe ``layers`` (all uint8 [rows_l, I] with one I, rows contiguous and 16-byte
-        aligned, on one device). Reads only shapes and addresses; no copy of the data."""
+        aligned, on one device; or pages of ``layout``). Reads only shapes and addresses."""
         if len(layers) == 0:
             raise ValueError(f"LayerTable: {name} is empty; need >= 1 layer.")
+        if layout.paged:
+            for t in layers:
+                layout.check_device(t, layout.host_item())
+            rows = [[t.data_ptr(), t.stride(0), layout.device_rows(t)] for t in layers]
+            table = torch.tensor(rows, dtype=torch.int64).to(layers[0].device)
+            return cls(layers=tuple(layers), table=table, item=layout.host_item(), layout=layout)
         first = layers[0]
         item = int(first.shape[1]) if first.dim() == 2 else -1
         for i, t in enumerate(layers):
@@ -104,7 +116,10 @@ def reference_copy_rows(
     if src_rows.numel() == 0:
         return
     for s, d in zip(src.layers, dst.layers, strict=True):
-        d.index_copy_(0, dst_rows.to(d.device), s.index_select(0, src_rows.to(s.device)))
+        if src.layout.paged or dst.layout.paged:
+            dst.layout.write(d, dst_rows, src.layout.read(s, src_rows))
+        else:
+            d.index_copy_(0, dst_rows.to(d.device), s.index_select(0, src_rows.to(s.device)))
 
 
 @torch.no_grad()
@@ -122,6 +137,6 @@ def copy_rows(
         return
     from ._jit import layer_copy_module
 
-    layer_copy_module(src.item).layer_copy(
+    layer_copy_module(src.item, src.layout.kind, dst.layout.kind).layer_copy(
         src.table, dst.table, src_rows.contiguous(), dst_rows.contiguous()
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.translation import ForwardTranslation
 
@@ -38,6 +39,9 @@ class DeviceKVPool:
     item_bytes:       I bytes per KV row (multiple of 16; 656 for fp8 DSA, 1152 for bf16 MLA)
     allocator:        supplies the row counts and the mapping (must live on ``device``)
     index_item_bytes: bytes per indexer key (None: no indexer cache)
+    row_layout:       where a row lives in a layer (``kernels.row_layout``): token rows, or
+                      DeepSeek-V4's paged C4 entries (``kv`` then [L, pages, 37440]; ``item_bytes``
+                      must be the layout's host row, 592; rows read back with zeros past 584 B)
     """
 
     def __init__(
@@ -47,7 +51,12 @@ class DeviceKVPool:
         item_bytes: int,
         allocator: DualSpaceAllocator,
         index_item_bytes: int | None = None,
+        row_layout: RowLayout = TOKEN,
     ):
+        if row_layout.paged and item_bytes != row_layout.host_item():
+            raise ValueError(f"DeviceKVPool: the {row_layout.name} layout takes {row_layout.host_item()}-byte rows, "
+                             f"got item_bytes = {item_bytes}.")
+        self.row_layout = row_layout
         if num_layers < 1:
             raise ValueError(f"DeviceKVPool: num_layers = {num_layers} must be >= 1.")
         if item_bytes < 16 or item_bytes % 16:
@@ -65,9 +74,11 @@ class DeviceKVPool:
             item_bytes,
             index_item_bytes,
         )
-        #: uint8 [L, device_rows_total, I]
+        #: uint8 [L, device_rows_total, I] (paged: [L, pages, page bytes])
+        rows = allocator.rows.total_ids
         self.kv = torch.zeros(
-            (num_layers, allocator.rows.total_ids, item_bytes),
+            (num_layers, rows, item_bytes) if not row_layout.paged
+            else (num_layers, -(-rows // row_layout.entries), row_layout.page_bytes),
             dtype=torch.uint8,
             device=self.device,
         )
@@ -114,19 +125,26 @@ class DeviceKVPool:
     # ---- KV rows ---------------------------------------------------------------------------
     def write(self, layer_id: int, logical_ids: torch.Tensor, data: torch.Tensor) -> None:
         """New-token / prefill KV write: ``data`` uint8 [n, I] to the rows of ``logical_ids`` [n]."""
-        self.kv[layer_id].index_copy_(0, self.per_forward(self.mapping, logical_ids, layer_id), data)
+        self.write_rows(layer_id, self.per_forward(self.mapping, logical_ids, layer_id), data)
 
     def read(self, layer_id: int, logical_ids: torch.Tensor) -> torch.Tensor:
         """uint8 [n, I]: KV of ``logical_ids`` [n] (padding row for ids not on device)."""
-        return self.kv[layer_id].index_select(0, self.per_forward(self.mapping, logical_ids, layer_id))
+        return self.read_rows(layer_id, self.per_forward(self.mapping, logical_ids, layer_id))
 
     def write_rows(self, layer_id: int, rows: torch.Tensor, data: torch.Tensor) -> None:
         """Write by device row (the coordinator's slot rows), ``data`` uint8 [n, I]."""
+        if self.row_layout.paged:
+            self.row_layout.write(self.kv[layer_id], rows, data)
+            return
         self.kv[layer_id].index_copy_(0, rows.to(torch.int64), data)
 
     def read_rows(self, layer_id: int | None, rows: torch.Tensor) -> torch.Tensor:
         """uint8 [n, I] (one layer) or [L, n, I] (``layer_id`` None) by device row."""
         idx = rows.to(torch.int64)
+        if self.row_layout.paged:
+            if layer_id is None:
+                return torch.stack([self.row_layout.read(kv, idx) for kv in self.kv])
+            return self.row_layout.read(self.kv[layer_id], idx)
         return self.kv[:, idx] if layer_id is None else self.kv[layer_id].index_select(0, idx)
 
     # ---- indexer keys (logical space) ------------------------------------------------------
@@ -148,11 +166,12 @@ class DeviceKVPool:
         """The allocator balances (free + used == capacity in both spaces) and shapes agree."""
         self.allocator.check_integrity()
         rows, logical = self.allocator.rows.total_ids, self.allocator.logical.total_ids
-        if self.kv.shape[1] != rows or (
+        have = self.row_layout.device_rows(self.kv[0]) if self.row_layout.paged else self.kv.shape[1]
+        if have < rows or (not self.row_layout.paged and have != rows) or (
             self.index_k is not None and self.index_k.shape[1] != logical
         ):
             raise ValueError(
-                f"DeviceKVPool: arrays ({self.kv.shape[1]} rows, indexer "
+                f"DeviceKVPool: arrays ({have} rows, indexer "
                 f"{None if self.index_k is None else self.index_k.shape[1]}) disagree with the allocator "
                 f"({rows} device rows, {logical} logical ids)."
             )

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.testing.device_pool import DeviceKVPool
@@ -165,6 +166,7 @@ class DecodeEngine:
         compress_ratio: int = 1,
         block_size: int = 0,
         fewer_blocks: int = 0,
+        row_layout: RowLayout = TOKEN,
     ) -> None:
         self.model, self.sizes, self.check = model, sizes, check
         #: block top-k: pass this many block columns fewer than top_k / block_size (as an M3
@@ -191,8 +193,12 @@ class DecodeEngine:
             sizes.device_rows, host_to_device_ratio=sizes.host_to_device_ratio,
             page_size=sizes.page_size, device=self.device,
         )
+        #: where the device rows live (DeepSeek-V4's paged C4 entries: 592-byte rows whose last
+        #: 8 bytes the layout does not store, so the toy's KV keeps them zero)
+        self.row_layout = row_layout
         self.pool = DeviceKVPool(
             num_layers=L, item_bytes=item, allocator=self.allocator, index_item_bytes=4 * model.index_dim,
+            row_layout=row_layout,
         )
         self.host = HostKVPool(
             num_layers=L, item_bytes=item, capacity_tokens=sizes.device_rows * sizes.host_to_device_ratio,
@@ -206,6 +212,7 @@ class DecodeEngine:
             max_batch=max_batch, prefetch=prefetch, skip_io=skip_io, num_draft_tokens=num_draft_tokens,
             policy=policy,
             residency=residency, watermark_rows=watermark_rows, cache_finished=radix,
+            row_layout=row_layout,
         )
         self.guard = guard_device_reads
         if self.guard:
@@ -355,7 +362,10 @@ class DecodeEngine:
 
     def _kv(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """KV bytes of ``req``'s positions (radix mode: the shared prefix's seed below shared_len)."""
-        return _by_seed(self.model.kv, req, pos, layer)
+        kv = _by_seed(self.model.kv, req, pos, layer)
+        if self.row_layout.paged:  # the bytes past data + tail are not stored
+            kv[:, self.row_layout.data + self.row_layout.tail:] = 0
+        return kv
 
     def _index_keys(self, req: ToyRequest, pos: torch.Tensor, layer: int) -> torch.Tensor:
         return _by_seed(self.model.index_keys, req, pos, layer)
@@ -546,7 +556,6 @@ class DecodeEngine:
         new_pos = torch.tensor([q.seq_len - 1 for q in batch], device=dev)
         top_k = torch.full((width, m.top_k), -1, dtype=torch.int32, device=dev)
         for layer in range(m.num_layers):
-            kv = self.pool.layer(layer)
             # set_kv_buffer: the new entries' KV (and indexer keys) by logical id
             if writers:
                 self.pool.write(layer, new_ids, torch.cat([
@@ -577,7 +586,8 @@ class DecodeEngine:
             valid = top_k[:bs] >= 0
             if not torch.equal(valid, rows[:bs] >= 0):
                 raise Mismatch(f"layer {layer}: -1 pattern of rows {rows[:bs].tolist()} != top_k {top_k[:bs].tolist()}")
-            got = m.attend(kv[rows[:bs].clamp(min=0).long()], valid)
+            got = m.attend(self.pool.read_rows(layer, rows[:bs].clamp(min=0).reshape(-1)).view(
+                bs, -1, self.pool.item_bytes), valid)
             want_bytes = torch.stack([
                 self._kv(q, top_k[b].clamp(min=0).long(), layer) for b, q in enumerate(batch)
             ])

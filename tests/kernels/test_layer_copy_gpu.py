@@ -69,6 +69,32 @@ def assert_kernel_equals_reference(st, dt, dst, s_rows, d_rows) -> None:
         assert torch.equal(got, exp), f"layer {li} differs"
 
 
+@pytest.mark.parametrize("num_layers,n", [(1, 1), (43, 64), (43, 300), (3, 0)])
+@pytest.mark.parametrize("direction", ["to_host", "to_device", "device_to_device"])
+def test_c4_pages_copy_like_the_reference(num_layers, n, direction):
+    """DeepSeek-V4's paged C4 entries (``row_layout.C4_PAGED``: device layers uint8 [pages,
+    37440]) to and from 592-byte host rows, and within the device table: the kernel's ROWL
+    builds leave every byte as the reference does (pages' padding and tails included)."""
+    from sglang_hisparse.kernels.row_layout import C4_PAGED
+
+    g = torch.Generator().manual_seed(num_layers + n)
+    pages = torch.randint(0, 256, (num_layers, 9, C4_PAGED.page_bytes), dtype=torch.uint8, generator=g).cuda()
+    dev = [pages[li] for li in range(num_layers)]
+    host, _h = make_side(num_layers, 700, C4_PAGED.host_item(), host=True, seed=3)
+    dtab, htab = LayerTable.build(dev, "dev", layout=C4_PAGED), LayerTable.build(host)
+    entries = 9 * 64
+    if direction == "to_host":
+        s_rows, d_rows = rows_pair(n, entries, 700, seed=n)
+        assert_kernel_equals_reference(dtab, htab, host, s_rows, d_rows)
+    elif direction == "to_device":
+        s_rows, d_rows = rows_pair(n, 700, entries, seed=n)
+        assert_kernel_equals_reference(htab, dtab, dev, s_rows, d_rows)
+    else:
+        perm = torch.randperm(entries, generator=g)
+        m = min(n, entries // 2)
+        assert_kernel_equals_reference(dtab, dtab, dev, perm[:m].cuda(), perm[m : 2 * m].cuda())
+
+
 @pytest.mark.parametrize("num_layers,n", [(1, 1), (61, 64), (78, 300)])
 def test_device_to_device_within_one_table_matches_reference(num_layers, n):
     """A collect's private copies of rows another request holds (transfer.device_to_device):

@@ -70,12 +70,13 @@ def test_transfer_paths_move_the_same_bytes(monkeypatch, unfused):
     from types import SimpleNamespace
 
     from sglang_hisparse.coordinator import transfer
+    from sglang_hisparse.kernels.row_layout import TOKEN
 
     monkeypatch.setenv("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING", unfused)
     dev, host = _layers(4, 8, 32, 3), _layers(4, 12, 32, 4)
     ref_dev, ref_host = [t.clone() for t in dev], [t.clone() for t in host]
     ctx = SimpleNamespace(device=torch.device("cpu"), device_kv=dev, host_kv=host,
-                          host_kv_cuda=None, layer_tables=None)
+                          host_kv_cuda=None, layer_tables=None, row_layout=TOKEN)
     transfer.to_host(ctx, torch.tensor([1, 6]), torch.tensor([11, 0]))
     transfer.to_device(ctx, torch.tensor([3]), torch.tensor([2]))
     assert (ctx.layer_tables is False) == (unfused == "1")
