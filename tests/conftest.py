@@ -64,9 +64,8 @@ V4_CONFIG = {
     "max_position_embeddings": 65536,
 }
 
-#: MiniMax-M3-shaped (``is_minimax_sparse`` reads the architecture; the text model type is
-#: ``minimax_m2``): SGLang builds its sparse-index pool and calls ``swap_in_selected_blocks``.
-#: MiniMax-M3.1's attention shape (minimax_sparse_nvfp4_backend.py checks these figures: 4 KV
+#: MiniMax-M3 (``is_minimax_sparse`` reads the architecture): SGLang builds its sparse-index
+#: pool and calls ``swap_in_selected_blocks``. MiniMax-M3.1's attention shape (minimax_sparse_nvfp4_backend.py checks these figures: 4 KV
 #: heads of 128, blocks of 128, 16 top-k blocks); 4 layers, the first dense
 M3_CONFIG = {
     "architectures": ["MiniMaxM3SparseForCausalLM"],
