@@ -133,6 +133,11 @@ class PlanInputs:
                 f"{min(self.contexts)}): the tokens of prompt every request shares, e.g. --shared-prefix 25600.")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
+        if self.model.family == "minimax-m3" and self.dp_attention:
+            raise ValueError(
+                f"--dp-attention with MiniMax-M3 ({self.model.name}): HiSparse holds one KV head per "
+                f"attention rank, which DP attention does not give (each rank would hold every head). "
+                f"Plan with --no-dp-attention and --tp >= the model's KV heads.")
         if not 1 <= self.tp <= MAX_TP:
             raise ValueError(f"--tp {self.tp} must be in [1, {MAX_TP}] (GPUs in the tensor-parallel group).")
         if self.hot_slots < k:
@@ -239,7 +244,8 @@ def _hisparse_bytes(inputs: PlanInputs, n: int) -> tuple[int, int, int]:
     """HBM of one request of ``n`` tokens with HiSparse: (hot buffers, index-K, slot state)."""
     m, B = inputs.model, inputs.hot_slots
     hot_kv = m.layers * m.kv_bytes(inputs.kv_dtype) * min(n, B + 1)
-    hot_idx = index_layers(inputs, True) * m.index_bytes * n
+    # the index cache (and M3's dense layers) stay on the device for the whole context
+    hot_idx = (index_layers(inputs, True) * m.index_bytes + m.device_bytes_per_token(inputs.kv_dtype)) * n
     return hot_kv, hot_idx, _state_bytes(inputs, n)
 
 
@@ -262,14 +268,15 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     # A shared prefix (radix cache) is held once per rank: full KV shares its device rows,
     # HiSparse its host rows (a running request's device rows stay private, docs/prefix-cache.md).
     s = inputs.shared_prefix
-    full = m.layers * row * (n - s) + index_layers(inputs, False) * idx * (n - s)
-    full_shared = m.layers * row * s + index_layers(inputs, False) * idx * s
+    dev = m.device_bytes_per_token(inputs.kv_dtype)  # M3's dense layers (0 for DSA)
+    full = (m.layers * row + index_layers(inputs, False) * idx + dev) * (n - s)
+    full_shared = (m.layers * row + index_layers(inputs, False) * idx + dev) * s
     hot_kv, hot_idx, state = _hisparse_bytes(inputs, n)
-    hot_idx = index_layers(inputs, True) * idx * (n - s)  # the prefix's index-K rows are shared too
+    hot_idx = (index_layers(inputs, True) * idx + dev) * (n - s)  # the prefix's index-K rows are shared too
     host = m.layers * row * (n - s)
     ranks_serving = inputs.tp if inputs.dp_attention else 1
     b_full = int(max(budget - full_shared, 0) // full)
-    b_hbm = int(max(budget - index_layers(inputs, True) * idx * s, 0) // (hot_kv + hot_idx + state))
+    b_hbm = int(max(budget - (index_layers(inputs, True) * idx + dev) * s, 0) // (hot_kv + hot_idx + state))
     b_host = int(max(inputs.host_dram_gib * GIB / inputs.tp - m.layers * row * s, 0) // host)
     b_hs = min(b_hbm, b_host)
     per_token = m.layers * k * inputs.miss_rate * row if n > B else 0.0
@@ -338,9 +345,10 @@ def break_even_context(inputs: PlanInputs) -> int | None:
     m, g, B = inputs.model, inputs.min_gain, inputs.hot_slots
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
 
-    a = m.layers * row + index_layers(inputs, False) * idx
+    dev = m.device_bytes_per_token(inputs.kv_dtype)
+    a = m.layers * row + index_layers(inputs, False) * idx + dev
     c = m.layers * row * (B + 1) + _state_bytes(inputs, 0)
-    d = index_layers(inputs, True) * idx + (_state_bytes(inputs, 32) - _state_bytes(inputs, 0)) / 32
+    d = index_layers(inputs, True) * idx + dev + (_state_bytes(inputs, 32) - _state_bytes(inputs, 0)) / 32
     if a <= g * d:
         return None
     n = max(B + 1, math.ceil(g * c / (a - g * d)))

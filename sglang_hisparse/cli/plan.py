@@ -72,7 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     src.add_argument("--model", metavar="PRESET", help=f"model preset: {', '.join(preset_names())} (default {DEFAULT_PRESET})")
     src.add_argument("--model-config", metavar="PATH", help="a DSA model's HF config.json (or its directory): reads "
                      "num_hidden_layers, kv_lora_rank, qk_rope_head_dim, index_head_dim, index_topk and index "
-                     "sharing (index_topk_freq / index_topk_pattern / indexer_types)")
+                     "sharing (index_topk_freq / index_topk_pattern / indexer_types); or a MiniMax-M3 config.json "
+                     "(sparse_attention_config, head_dim): its sparse layers' K/V of one head per rank, top-k = "
+                     "the blocks a step selects x block size")
     m.add_argument("--kv-dtype", choices=planner.KV_DTYPES, default=d["kv_dtype"].default,
                    help="KV cache dtype: bf16 = 1152 B rows (SGLang's default on H200), fp8 = 656 B rows (default %(default)s)")
     g = p.add_argument_group("hardware (per GPU unless stated)")

@@ -26,6 +26,12 @@ def _index_line(p: planner.Plan) -> str:
     """Where index-K lives, in words: what one entry is, in how many layers, and why HiSparse keeps it."""
     i, m = p.inputs, p.inputs.model
     full, hs = planner.index_layers(i, False), planner.index_layers(i, True)
+    if m.family == "minimax-m3":
+        dense = m.dense_layers * m.kv_bytes(i.kv_dtype)
+        index = m.device_bytes_per_token(i.kv_dtype) - dense
+        return (f"  on device  {index} B per token of index cache ({m.index_head_dim}-wide keys in {m.layers} sparse "
+                f"layers, values in {m.index_value_layers}) and {dense} B of the {m.dense_layers} dense layers' K/V, "
+                f"for the whole context, in both modes")
     what = (f"{m.index_bytes} B per token per layer (fp8 key of {m.index_head_dim} values + fp32 scale) for the "
             f"whole context: the indexer scores every position each step, so HiSparse does not offload it")
     if full == m.layers:
@@ -59,9 +65,12 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
     """The terminal report: a header of inputs, one column per context, the verdicts, the flags."""
     i, m = p.inputs, p.inputs.model
     layout = f"TP {i.tp}, {'DP attention' if i.dp_attention else 'KV replicated per rank'}"
+    if m.family == "minimax-m3":
+        layout = f"TP {i.tp}, one KV head per rank"
     head = [
         f"HiSparse capacity plan: {m.name}, {i.kv_dtype} KV, {i.tp} x {i.gpu_hbm_gib:g} GiB GPUs ({layout})",
-        f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers",
+        f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers"
+        + (" (MiniMax-M3's sparse layers: K then V of one head per rank)" if m.family == "minimax-m3" else ""),
         _index_line(p),
         f"  KV budget  {_gib(p.kv_budget_bytes)} per GPU (share {p.kv_share:.3f}: {p.kv_share_source})",
         f"  HiSparse   top-k {i.top_k}, B = {i.hot_slots}; miss rate {100 * i.miss_rate:.1f} % "
@@ -76,7 +85,8 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
         ("HBM per request, full KV", [f"{_gib(r.full_bytes_per_request)} ({r.full_bytes_per_request / 1e9:.2f} GB)" for r in p.contexts]),
         ("HBM per request, HiSparse", [f"{_gib(r.hisparse_bytes_per_request)} ({r.hisparse_bytes_per_request / 1e9:.2f} GB)" for r in p.contexts]),
         ("  hot buffers (KV)", [_gib(r.hisparse_kv_bytes_per_request) for r in p.contexts]),
-        ("  index-K (whole context)", [_gib(r.hisparse_index_bytes_per_request) for r in p.contexts]),
+        ("  index cache + dense KV" if m.family == "minimax-m3" else "  index-K (whole context)",
+         [_gib(r.hisparse_index_bytes_per_request) for r in p.contexts]),
         ("  coordinator state", [f"{r.hisparse_state_bytes_per_request / 1e6:.1f} MB" for r in p.contexts]),
         ("decode batch per node, full KV", [str(r.node_batch_full) for r in p.contexts]),
         ("decode batch per node, HiSparse", [f"{r.node_batch_hisparse} ({r.limited_by}-bound)" for r in p.contexts]),

@@ -98,7 +98,16 @@ def anchor_layers(config: Mapping[str, Any], layers: int, *, where: str = "--mod
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The attention shape the planner needs; ``anchors`` are the layers with their own indexer."""
+    """The attention shape the planner needs; ``anchors`` are the layers with their own indexer.
+
+    ``family`` "dsa" (DeepSeek-V3.2, GLM-5.x: every layer's MLA row through HiSparse) or
+    "minimax-m3": ``layers`` are then M3's sparse layers (their K and V of one ``head_dim`` head
+    per rank through HiSparse, :func:`m3_row_bytes`), ``index_topk`` the positions a step selects
+    (top-k blocks plus the forced ones, x block size), ``index_head_dim`` the index cache's width
+    (per token and sparse layer on the device in both modes: a key, and a value on the
+    ``index_value_layers`` that keep one; in the KV dtype, as SGLang stores it on sm_90), and
+    ``dense_layers`` keep their whole K/V on the device in both modes. For M3 the index cache is
+    counted in :meth:`device_bytes_per_token` (its layers differ in size), ``index_bytes`` is 0."""
 
     name: str
     layers: int
@@ -108,13 +117,75 @@ class ModelSpec:
     index_topk: int
     anchors: tuple[int, ...]
     weights_gib: float | None = None
+    family: str = "dsa"
+    head_dim: int = 0
+    dense_layers: int = 0
+    index_value_layers: int = 0
 
     def kv_bytes(self, kv_dtype: str) -> int:
+        if self.family == "minimax-m3":
+            return m3_row_bytes(self.head_dim, kv_dtype)
         return kv_row_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype)
 
     @property
     def index_bytes(self) -> int:
+        if self.family == "minimax-m3":  # counted in device_bytes_per_token
+            return 0
         return index_row_bytes(self.index_head_dim)
+
+    def device_bytes_per_token(self, kv_dtype: str) -> int:
+        """Bytes per token that stay on the device in both modes outside the DSA index cache:
+        M3's dense layers' K and V, and its index keys (every sparse layer) and values (the
+        ``index_value_layers``); 0 for DSA."""
+        if self.family != "minimax-m3":
+            return 0
+        itemsize = 2 if kv_dtype == "bf16" else 1
+        index = self.index_head_dim * itemsize * (self.layers + self.index_value_layers)
+        return self.dense_layers * self.kv_bytes(kv_dtype) + index
+
+
+def m3_row_bytes(head_dim: int, kv_dtype: str) -> int:
+    """Bytes of one token's K then V in one MiniMax-M3 sparse layer, one KV head per rank (the
+    row ``sglang_adapter.memory_m3.HiSparseMHAPool`` stores)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"--kv-dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
+    return 2 * head_dim * (2 if kv_dtype == "bf16" else 1)
+
+
+def _m3_from_config(config: Mapping[str, Any], *, name: str, weights_gib: float | None) -> ModelSpec:
+    """A MiniMax-M3 ``config.json`` (``sparse_attention_config``): its sparse layers, head_dim
+    and the positions a decode step selects, as ``arg_scope.m3_selection`` counts them."""
+    sc = config["sparse_attention_config"]
+    where = f"--model-config {name}: sparse_attention_config"
+    freq = sc.get("sparse_attention_freq") if isinstance(sc, Mapping) else None
+    if not isinstance(freq, list) or not freq or not all(_is_int(f) for f in freq):
+        raise ValueError(f"{where}.sparse_attention_freq must be a list of integers, one per layer (0 = dense).")
+    ints = {}
+    for key in ("sparse_block_size", "sparse_topk_blocks", "sparse_index_dim"):
+        value = sc.get(key)
+        if not _is_int(value) or not 1 <= value <= 2**16:
+            raise ValueError(f"{where}.{key} = {_short(value)} must be an integer in [1, 65536].")
+        ints[key] = value
+    head_dim = config.get("head_dim")
+    if not _is_int(head_dim) or not 1 <= head_dim <= 2**16:
+        raise ValueError(f"--model-config {name}: head_dim = {_short(head_dim)} must be an integer in [1, 65536].")
+    block = ints["sparse_block_size"]
+    init = sc["sparse_init_block"] if _is_int(sc.get("sparse_init_block")) else -(-int(sc.get("sparse_init_tokens", 0)) // block)
+    local = (sc["sparse_local_block"] if _is_int(sc.get("sparse_local_block"))
+             else -(-int(sc.get("sparse_local_tokens", 0)) // block) + 1)
+    sparse = sum(1 for f in freq if f != 0)
+    no_value = sc.get("sparse_disable_index_value") or []
+    if not isinstance(no_value, list) or not all(_is_int(f) for f in no_value):
+        raise ValueError(f"{where}.sparse_disable_index_value must be a list of integers, one per layer.")
+    values = sum(1 for i, f in enumerate(freq) if f != 0 and not (i < len(no_value) and no_value[i]))
+    if sparse == 0:
+        raise ValueError(f"{where}.sparse_attention_freq has no sparse layer; HiSparse has nothing to serve.")
+    return ModelSpec(
+        name=name, layers=sparse, kv_lora_rank=0, qk_rope_head_dim=0, index_head_dim=ints["sparse_index_dim"],
+        index_topk=(ints["sparse_topk_blocks"] + max(init, 0) + max(local, 0)) * block,
+        anchors=tuple(range(sparse)), weights_gib=weights_gib, family="minimax-m3", head_dim=head_dim,
+        dense_layers=len(freq) - sparse, index_value_layers=values,
+    )
 
 
 _REQUIRED = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "index_topk")
@@ -133,11 +204,14 @@ def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: floa
                          f"got {type(config).__name__}")
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), Mapping):
         config = config["text_config"]
+    if config.get("sparse_attention_config") is not None:  # MiniMax-M3
+        return _m3_from_config(config, name=name, weights_gib=weights_gib)
     missing = [key for key in _REQUIRED if config.get(key) is None]
     if missing:
         raise ValueError(
             f"--model-config {name}: missing {', '.join(missing)}. HiSparse needs a DSA model "
-            f"(DeepSeek-V3.2, GLM-5.x): its config.json has all of {', '.join(_REQUIRED)}. "
+            f"(DeepSeek-V3.2, GLM-5.x): its config.json has all of {', '.join(_REQUIRED)}; or a "
+            f"MiniMax-M3 config (with sparse_attention_config). "
             f"Check the file, or use --model with one of: {', '.join(preset_names())}."
         )
     for key in _REQUIRED:

@@ -425,3 +425,49 @@ def test_config_is_sized_for_the_context_the_flags_are_for():
     assert [r.turn_on for r in p.contexts] == [True, True, False]
     assert p.suggested_config["host_to_device_ratio"] == 32
     assert _plan(contexts=(4096,)).suggested_config["host_to_device_ratio"] == 1  # all off: the longest
+
+
+M3_SHAPE = {  # MiniMax-M3.1's attention (tests/conftest.py M3_CONFIG), 8 layers, the first dense
+    "architectures": ["MiniMaxM3SparseForCausalLM"], "num_hidden_layers": 8, "head_dim": 128,
+    "num_key_value_heads": 4,
+    "sparse_attention_config": {"sparse_attention_freq": [0] + [1] * 7, "sparse_block_size": 128,
+                                "sparse_topk_blocks": 16, "sparse_init_block": 0, "sparse_local_block": 1,
+                                "sparse_index_dim": 128, "sparse_disable_index_value": [0, 1, 0, 1, 0, 1, 0, 1]},
+}
+
+
+def test_minimax_m3_is_planned_with_its_byte_formulas():
+    """M3: the sparse layers' K then V of one head per rank go through HiSparse (2 x 128 x 2 B =
+    512 B bf16, 256 B fp8); the index cache (128-wide keys in 7 sparse layers, values in the 3
+    that keep them: 10 x 256 B bf16) and the dense layer's K/V (512 B) stay on the device for
+    the whole context in both modes; top-k = (16 + 1 local) blocks x 128."""
+    m = model_from_config(M3_SHAPE, name="m3")
+    assert (m.family, m.layers, m.dense_layers, m.index_value_layers, m.index_topk) == ("minimax-m3", 7, 1, 3, 2176)
+    assert (m.kv_bytes("bf16"), m.kv_bytes("fp8"), m.index_bytes) == (512, 256, 0)
+    assert (m.device_bytes_per_token("bf16"), m.device_bytes_per_token("fp8")) == (10 * 256 + 512, 10 * 128 + 256)
+    n = 131072
+    p = planner.plan(planner.PlanInputs(model=m, contexts=(n,), tp=4, dp_attention=False, kv_budget_gib=60))
+    r = p.contexts[0]
+    assert r.full_bytes_per_request == (7 * 512 + 10 * 256 + 512) * n
+    assert r.hisparse_kv_bytes_per_request == 7 * 512 * (4352 + 1)
+    assert r.hisparse_index_bytes_per_request == (10 * 256 + 512) * n
+    assert r.host_bytes_per_request == 7 * 512 * n
+    assert p.suggested_config["top_k"] == 2176 and p.suggested_config["device_buffer_size"] == 4352
+    with pytest.raises(ValueError, match="--dp-attention with MiniMax-M3.*one KV head per attention rank"):
+        planner.plan(planner.PlanInputs(model=m, contexts=(n,), tp=4, dp_attention=True))
+    with pytest.raises(ValueError, match="sparse_block_size = 0 must be an integer"):
+        model_from_config({**M3_SHAPE, "sparse_attention_config": {**M3_SHAPE["sparse_attention_config"],
+                                                                   "sparse_block_size": 0}}, name="bad")
+
+
+def test_minimax_m3_config_through_the_cli(tmp_path, capsys):
+    import json as _json
+
+    from sglang_hisparse.cli.main import main as cli_main
+
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(M3_SHAPE))
+    assert cli_main(["plan", "--model-config", str(path), "--tp", "4", "--no-dp-attention",
+                     "--context", "128K", "--kv-budget-gib", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "512 B/token/layer x 7 layers (MiniMax-M3's sparse layers" in out and "2560 B per token of index cache" in out
