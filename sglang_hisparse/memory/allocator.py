@@ -247,6 +247,45 @@ class DualSpaceAllocator:
         self.last_alloc_cpu, self._last_alloc_out = ids, out  # cpu_ids_of: the extend's own ids
         return out
 
+    def bind_extend(self, logical_ids: torch.Tensor, prefix_lens: torch.Tensor,
+                    seq_lens: torch.Tensor) -> bool:
+        """Prefill with logical ids decided elsewhere (DeepSeek-V4: a C4 entry's compressed id
+        is implied by SGLang's full-token page, docs/v4-m3.md D6): device rows for
+        ``logical_ids`` (int64 [extend entries], CPU, request by request, each request's
+        positions ``prefix_lens .. seq_lens - 1`` in ``alloc_extend``'s page layout), mapped.
+        The ids' pages not yet in use are claimed; a chunk continuing a mid-page prefix
+        continues its device page. False, nothing changed, when the device rows are short.
+        The ids are freed with :meth:`free` as any others."""
+        ids = _as_cpu_int64(logical_ids, "logical ids to bind")
+        p = _as_cpu_int64(prefix_lens, "prefix_lens")
+        s = _as_cpu_int64(seq_lens, "seq_lens")
+        if ids.numel() != int((s - p).clamp(min=0).sum()):
+            raise ValueError(f"bind_extend: {ids.numel()} ids for {int((s - p).clamp(min=0).sum())} extend positions.")
+        ps = self.page_size
+        pages = torch.unique(ids // ps)
+        new = pages[~self.logical._used[pages]] if pages.numel() else pages
+        need = self.logical.pages_needed_extend(p, s)
+        if new.numel() != need:
+            raise ValueError(
+                f"bind_extend: the ids start {new.numel()} new pages but the extend needs {need}; each "
+                f"request's ids must continue its prefix's page and fill whole pages in order.")
+        if not self._rows_for(need):
+            return False
+        # the device side follows alloc_extend: a mid-page chunk continues its prefix's row page
+        mid = (p % ps != 0) & (s > p)
+        dev_last = torch.full_like(p, -1)
+        if bool(mid.any()):
+            first = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), (s - p).clamp(min=0)[:-1]]), 0)
+            prev = ids[first[mid]] - 1  # the prefix's last entry shares the page of the first new one
+            dev_last[mid] = self._prefill_row[prev]
+            if bool((dev_last[mid] <= 0).any()):
+                raise ValueError("bind_extend: a chunk continues a page whose prefix entries have no device row.")
+        if not self.logical.claim_pages(new):
+            raise ValueError(f"bind_extend: logical pages {new.tolist()[:8]} are already in use.")
+        rows = self.rows.alloc_extend_cpu(p, s, dev_last)
+        self._bind_prefill(ids, rows)
+        return True
+
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """Decode: one logical id per request, no device row (the coordinator maps it to its slot)."""
         return self.logical.alloc_decode(seq_lens, last_loc)

@@ -111,6 +111,23 @@ class PagedIdAllocator:
         self._num_used += num_pages
         return pages
 
+    def claim_pages(self, pages: torch.Tensor) -> bool:
+        """Hand out the given distinct free pages (an id space whose pages another allocator
+        decides: DeepSeek-V4's compressed ids follow SGLang's full-token pages). False, nothing
+        changed, when any of them is in use; ValueError for pages outside 1..num_pages."""
+        pages = _as_cpu_int64(pages, f"{self.name} pages to claim")
+        if pages.numel() == 0:
+            return True
+        if int(pages.min()) < 1 or int(pages.max()) > self.num_pages or torch.unique(pages).numel() != pages.numel():
+            raise ValueError(f"{self.name}: claim_pages({pages.tolist()[:8]}...): pages must be distinct, in "
+                             f"1..{self.num_pages}.")
+        if bool(self._used[pages].any()):
+            return False
+        self._used[pages] = True
+        self._num_used += pages.numel()
+        self._free = self._free[~torch.isin(self._free, pages)]
+        return True
+
     def alloc(self, n: int) -> torch.Tensor | None:
         """Allocate ``n`` ids, a multiple of ``page_size`` (SGLang's paged ``alloc`` contract).
 

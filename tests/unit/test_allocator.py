@@ -256,3 +256,37 @@ def test_dual_on_cuda_paged_lifecycle():
     a.free(ids[6:])
     assert a.available_size() == 32
     a.check_integrity()
+
+
+def test_bind_extend_maps_ids_decided_elsewhere_and_continues_mid_page_chunks():
+    """DeepSeek-V4's compressed ids follow SGLang's full-token pages (docs/v4-m3.md D6): the
+    allocator claims their pages instead of choosing them, gives the entries device rows in the
+    usual page layout (a chunk continuing a mid-page prefix continues its row page), and frees
+    them as its own."""
+    a = DualSpaceAllocator(32, host_to_device_ratio=2, page_size=4)
+    # request 0: entries 0..5 on logical pages 7 and 3; request 1: entries 0..1 on page 5
+    ids = torch.tensor([28, 29, 30, 31, 12, 13, 20, 21])
+    assert a.bind_extend(ids, torch.tensor([0, 0]), torch.tensor([6, 2]))
+    rows = a.translate(ids)
+    assert bool((rows > 0).all()) and rows[:4].tolist() == list(range(int(rows[0]), int(rows[0]) + 4))
+    assert not bool(a.logical._used[torch.tensor([1, 2])].any())  # only the claimed pages are used
+    # request 0's next chunk: entries 6..8 continue page 3 (rows continue its device page), then page 10
+    more = torch.tensor([14, 15, 40])
+    assert a.bind_extend(more, torch.tensor([6]), torch.tensor([9]))
+    got = a.translate(torch.tensor([12, 13, 14, 15]))
+    assert got.tolist() == list(range(int(got[0]), int(got[0]) + 4))  # one device page
+    a.check_integrity()
+    with pytest.raises(ValueError, match="already in use|new pages"):
+        a.bind_extend(torch.tensor([28, 29]), torch.tensor([0]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="3 ids for 2 extend positions"):
+        a.bind_extend(torch.tensor([44, 45, 46]), torch.tensor([0]), torch.tensor([2]))
+    a.free(torch.cat([ids[:6], more]))
+    a.free(ids[6:])
+    a.check_integrity()
+    assert a.rows.available_size() == a.rows.size and a.logical.available_size() == a.logical.size
+    # device rows short: False, nothing changed
+    big = DualSpaceAllocator(8, host_to_device_ratio=4, page_size=4)
+    before = big.logical.available_size()
+    assert not big.bind_extend(torch.arange(4, 16), torch.tensor([0]), torch.tensor([12]))
+    assert big.logical.available_size() == before
+    big.check_integrity()
