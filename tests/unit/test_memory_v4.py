@@ -68,3 +68,42 @@ def test_full_locations_translate_through_compressed_ids_to_device_rows(v4_pool)
     assert c4._translate_loc_to_hisparse_device(torch.tensor([-1])).tolist() == [-1]  # SGLang's -1 stays -1
     with pytest.raises(NotImplementedError, match="own host pool"):
         c4.get_cpu_copy(torch.tensor([1]))
+
+
+def test_the_v4_allocator_binds_the_extends_c4_entries_and_frees_them_with_their_pages(v4_pool):
+    """SGLang's SWA allocator hands out the token locations; ours binds device rows for the
+    extend's new C4 entries by compressed id (a chunk continues its page), and a free of the
+    full pages frees the compressed pages; capacity counts the C4 rows (x 4 tokens)."""
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+
+    from sglang_hisparse.sglang_adapter.memory_v4 import HiSparseV4Allocator
+
+    swa = SWATokenToKVPoolAllocator(2048, 1024, page_size=256, dtype=torch.float8_e4m3fn, device="cpu",
+                                    kvcache=v4_pool, need_sort=False)
+    alloc = HiSparseV4Allocator(swa)
+    c4 = v4_pool.c4_kv_pool
+    assert alloc.full_to_hisparse_device_index_mapping is c4.full_to_hisparse_device_index_mapping
+    assert alloc.available_size() == min(swa.available_size(), C4_ROWS * 4)
+
+    def extend(prefix, seq, last):
+        p, s = torch.tensor(prefix), torch.tensor(seq)
+        return alloc.alloc_extend(p, p, s, s, torch.tensor(last), int((s - p).sum()))
+
+    locs = extend([0, 0], [10, 300], [-1, -1])
+    assert locs is not None and locs.numel() == 310
+    entries = c4.translate_loc_from_full_to_compressed(locs)
+    assert entries.numel() == 10 // 4 + 300 // 4
+    rows = c4.translate_loc_to_hisparse_device(entries)
+    assert bool((rows > 0).all()) and torch.unique(rows).numel() == rows.numel()
+    # request 1's next chunk: tokens 300..309 continue its second full page (entries 75..76)
+    more = extend([300], [310], [int(locs[-1])])
+    new = c4.translate_loc_from_full_to_compressed(more)
+    assert new.numel() == 2 and bool((c4.translate_loc_to_hisparse_device(new) > 0).all())
+    alloc.check_integrity()
+    alloc.free(torch.cat([locs[:10]]))  # request 0 finishes: its page and its C4 page go
+    alloc.free(torch.cat([locs[10:], more]))
+    alloc.check_integrity()
+    assert alloc.core.rows.available_size() == alloc.core.size_device
+    assert swa.full_available_size() == swa.size_full
+    with pytest.raises(NotImplementedError, match="alloc_extend / alloc_decode"):
+        alloc.alloc(4)
