@@ -44,6 +44,34 @@ from sglang_hisparse.testing.engine import warm_and_capture
 STEPS_PER_GRAPH = 20
 
 
+def record_plans(steady, sels, req, lens, nr, host_cache, k: int, **resolve_kw) -> list[MissPlan]:
+    """One miss plan per step of the cycle, resolved eagerly (COPY) from ``steady`` = (state
+    dict, device cache), which it advances; ``resolve_kw``: the build's extra ``ops.resolve``
+    arguments (``selection_block``, ``row_layout``)."""
+    state, dc = steady
+    bs, dev = req.shape[0], req.device
+    out = torch.empty(bs, k, dtype=torch.int32, device=dev)
+    plans = []
+    for i in range(STEPS_PER_GRAPH):
+        plan = MissPlan.empty(bs, k, dev)
+        ops.resolve(top_k=sels[i], req_index=req, seq_lens=lens, num_real_reqs=nr,
+                    slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
+                    host_rows=state["host_rows"], host_cache=host_cache, device_cache=dc, out_rows=out,
+                    plan=plan, mode=ResolveMode.COPY, validate=False, **resolve_kw)
+        plans.append(plan)
+    return plans
+
+
+def grid_arguments(ap: argparse.ArgumentParser, *, top_k: int, buffer: int) -> None:
+    """The flags both block and C4 benchmarks take: output, batches, churns, k, B, replays."""
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--churns", type=float, nargs="+", default=[0.0, 0.05, 0.15])
+    ap.add_argument("--top-k", type=int, default=top_k)
+    ap.add_argument("--buffer", type=int, default=buffer)
+    ap.add_argument("--reps", type=int, default=30)
+
+
 def graph_us(graph: torch.cuda.CUDAGraph, reps: int, per: int = STEPS_PER_GRAPH) -> float:
     """Median over ``reps`` replays of ``graph`` (CUDA events), per one of its ``per`` steps, µs."""
     times = []
@@ -99,17 +127,9 @@ def _ceiling(steady, sel_blocks, req, lens, nr, host_cache, block: int, k: int, 
 
     from sglang_hisparse.kernels import _jit
 
-    state, dc = steady
-    bs, dev = req.shape[0], req.device
-    out = torch.empty(bs, k, dtype=torch.int32, device=dev)
-    flat = []
-    for i in range(STEPS_PER_GRAPH):
-        plan = MissPlan.empty(bs, k, dev)
-        ops.resolve(top_k=sel_blocks[i], req_index=req, seq_lens=lens, num_real_reqs=nr,
-                    slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
-                    host_rows=state["host_rows"], host_cache=host_cache, device_cache=dc, out_rows=out,
-                    plan=plan, mode=ResolveMode.COPY, validate=False, selection_block=block)
-        flat.append(plan_rows(plan))
+    _, dc = steady
+    flat = [plan_rows(p) for p in record_plans(steady, sel_blocks, req, lens, nr, host_cache, k,
+                                                 selection_block=block)]
     rows = sum(int(f[0].numel()) for f in flat) / STEPS_PER_GRAPH
     if not rows:
         return dict(ceiling_us=None, ceiling_rows_per_step=0)
@@ -179,15 +199,10 @@ def run(bs: int, churn: float, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--churns", type=float, nargs="+", default=[0.0, 0.05, 0.15])
-    ap.add_argument("--top-k", type=int, default=2048)
+    grid_arguments(ap, top_k=2048, buffer=4096)
     ap.add_argument("--block", type=int, default=128, help="positions per block (MiniMax-M3: 128)")
-    ap.add_argument("--buffer", type=int, default=4096)
     ap.add_argument("--item", type=int, default=1152)
     ap.add_argument("--context", type=int, default=32768)
-    ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
     return run_grid(run, args, "bench_resolve_blocks", ("no_io_exact", "copy_exact"))
 

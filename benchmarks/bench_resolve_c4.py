@@ -34,7 +34,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_resolve_blocks import STEPS_PER_GRAPH, _selections, graph_us, run_grid  # noqa: E402
+from bench_resolve import plan_rows  # noqa: E402
+from bench_resolve_blocks import (  # noqa: E402
+    STEPS_PER_GRAPH,
+    _selections,
+    graph_us,
+    grid_arguments,
+    record_plans,
+    run_grid,
+)
 
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
@@ -103,19 +111,10 @@ def run(bs: int, churn: float, args) -> dict:
 def _copies(steady, sels, req, lens, nr, host_cache, k: int, args) -> dict:
     """Each step's plan recorded eagerly from the C4 build's steady state; the gather ceiling
     over those rows, and the replay of the same plans (token and C4 builds) into other buffers."""
-    state, dc = steady
-    bs, dev = req.shape[0], req.device
-    out = torch.empty(bs, k, dtype=torch.int32, device=dev)
-    plans, flat = [], []
-    for i in range(STEPS_PER_GRAPH):
-        plan = MissPlan.empty(bs, k, dev)
-        ops.resolve(top_k=sels[i], req_index=req, seq_lens=lens, num_real_reqs=nr,
-                    slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
-                    host_rows=state["host_rows"], host_cache=host_cache, device_cache=dc, out_rows=out,
-                    plan=plan, mode=ResolveMode.COPY, validate=False, row_layout=C4_PAGED)
-        plans.append(plan)
-        mask = torch.arange(k, device=dev)[None, :] < plan.count[:, None]
-        flat.append((plan.src[mask].contiguous(), plan.dst[mask].contiguous()))
+    _, dc = steady
+    dev = req.device
+    plans = record_plans(steady, sels, req, lens, nr, host_cache, k, row_layout=C4_PAGED)
+    flat = [plan_rows(p) for p in plans]
     rows = sum(int(f[0].numel()) for f in flat) / STEPS_PER_GRAPH
     if not rows:
         return dict(gather_us=None, copied_rows_per_step=0)
@@ -139,13 +138,8 @@ def _copies(steady, sels, req, lens, nr, host_cache, k: int, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--churns", type=float, nargs="+", default=[0.0, 0.05, 0.15])
-    ap.add_argument("--top-k", type=int, default=512, help="compressed entries selected (DeepSeek-V4: 512)")
-    ap.add_argument("--buffer", type=int, default=1024)
+    grid_arguments(ap, top_k=512, buffer=1024)  # DeepSeek-V4's 512 compressed entries
     ap.add_argument("--entries", type=int, default=8192, help="compressed entries of a request (32K tokens / 4)")
-    ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
     return run_grid(run, args, "bench_resolve_c4", ("no_io_exact", "copy_exact", "replay_exact"))
 
