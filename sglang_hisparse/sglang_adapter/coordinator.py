@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.kernels.row_layout import C4_PAGED, TOKEN
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
@@ -81,10 +82,15 @@ def _seq_len_of(req: Any) -> int:
     return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
 
 
-def _hisparse_pool(kvcache: Any) -> Any:
+def _hisparse_pool(kvcache: Any, allocator: Any = None) -> Any:
     """The pool whose rows go through HiSparse: ``kvcache`` itself (DSA, our
-    ``HiSparseDSAPool``), or MiniMax-M3's ``MiniMaxSparseKVPool.main_pool`` (our
-    ``HiSparseMHAPool``: the sparse layers' K/V; dense and index pools stay on the device)."""
+    ``HiSparseDSAPool``), MiniMax-M3's ``MiniMaxSparseKVPool.main_pool`` (our
+    ``HiSparseMHAPool``: the sparse layers' K/V; dense and index pools stay on the device), or
+    DeepSeek-V4's C4 pool, which our V4 allocator holds as ``hisparse_kvcache`` (our
+    ``HiSparseC4Pool``; the SWA, C128 and indexer pools stay on the device)."""
+    c4 = getattr(allocator, "hisparse_kvcache", None)
+    if c4 is not None and getattr(c4, "compress_ratio", 1) > 1:
+        return c4
     main = getattr(kvcache, "main_pool", None)
     if main is not None and hasattr(main, "device_rows"):
         return main
@@ -103,6 +109,8 @@ def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
     1, kv_cache_dim] of its store dtype) or our ``HiSparseMHAPool`` (``device_rows()``: K then
     V of each token).
     """
+    if getattr(kvcache, "compress_ratio", 1) > 1:  # V4: the C4 layers, indexed from 0 by the indexer
+        return kvcache.device_rows(), 0
     if hasattr(kvcache, "device_rows"):
         return kvcache.device_rows(), int(kvcache.start_layer)
     bufs = getattr(kvcache, "kv_buffer", None)
@@ -178,22 +186,31 @@ class SGLangHiSparseCoordinator:
         self.tp_group = tp_group
         self.swap_in_block_size = swap_in_block_size
         self.host_to_device_ratio = host_to_device_ratio
-        self.compress_ratio = 1
 
         self.dual = _dual_allocator(token_to_kv_pool_allocator)
-        kvcache = _hisparse_pool(token_to_kv_pool_allocator.get_kvcache())
+        kvcache = _hisparse_pool(token_to_kv_pool_allocator.get_kvcache(), token_to_kv_pool_allocator)
         self.mem_pool_device = kvcache
+        #: DeepSeek-V4 (C4 compressed entries, one per 4 tokens, in FlashMLA's pages)
+        self.compress_ratio = int(getattr(kvcache, "compress_ratio", 1))
+        self.is_v4 = self.compress_ratio > 1
         #: MiniMax-M3 (block top-k over MHA K/V): SGLang calls swap_in_selected_blocks
-        self.is_m3 = hasattr(kvcache, "device_rows")
+        self.is_m3 = hasattr(kvcache, "device_rows") and not self.is_v4
         if self.is_m3:
             top_k = _m3_top_k(top_k, kvcache)
         device_kv, start_layer = _device_layers(kvcache)
         req_to_token = req_to_token_pool.req_to_token
         num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
+        # V4: host rows per compressed entry (a logical id's host row is the id)
+        max_ctx = -(-max_ctx // self.compress_ratio)
         self.host_pool = build_host_pool(
             kvcache, ratio=host_to_device_ratio, page_size=self.dual.page_size,
             max_requests=num_reqs, max_context=max_ctx, device=device,
+            capacity=self.dual.size_full if self.is_v4 else None,
         )
+        #: V4: the indexer writes each request's selected compressed positions here (int32
+        #: [R, top_k], -1 padded; a captured address, never reallocated) before swap_in
+        self.raw_indices_buffer = (torch.full((num_reqs, top_k), -1, dtype=torch.int32, device=device)
+                                   if self.is_v4 else None)
         # SGLang passes only its own keys; ours come from the validated server config
         cfg = published_config()
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
@@ -210,6 +227,7 @@ class SGLangHiSparseCoordinator:
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
             residency=mode, watermark_rows=watermark, policy=policy,
             cache_finished=_radix_cache_on(),
+            row_layout=C4_PAGED if self.is_v4 else TOKEN,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -271,7 +289,12 @@ class SGLangHiSparseCoordinator:
         return self.host_pool.allocated_lens
 
     def host_token_len(self, kv_allocated_len: int) -> int:
-        return int(kv_allocated_len)
+        return int(kv_allocated_len) // self.compress_ratio
+
+    def _hisparse_ids(self, row: torch.Tensor) -> torch.Tensor:
+        """The logical ids HiSparse keeps for a request's token locations ``row``: the
+        locations themselves, or (V4) the compressed ids of the 4-token groups they complete."""
+        return self.mem_pool_device.translate_loc_from_full_to_compressed(row) if self.is_v4 else row
 
     # -- lifecycle ----------------------------------------------------------------------------
     def set_decode_producer_stream(self, stream: Any) -> None:
@@ -290,7 +313,7 @@ class SGLangHiSparseCoordinator:
         # NOTE: SGLang's result processor synchronizes the prefill batch's copy_done event
         # (recorded on the forward stream after the forward) before it admits, so the KV is
         # written; under the overlap scheduler the forward stream already holds the next batch.
-        self.core.admit_staging(r, row, req, prompt_written=True)
+        self.core.admit_staging(r, self._hisparse_ids(row), req, prompt_written=True)
 
     # -- radix cache (radix_hooks.py) -----------------------------------------------------------
     def prepare_extend(self, reqs: list[Any], req_slots: list[int], extend_lens: list[int],
@@ -384,7 +407,7 @@ class SGLangHiSparseCoordinator:
         if r is not None:
             # its ids, for those the radix tree keeps (mapped into hot rows released here)
             n = self.host_pool.allocated_len(r)
-            self.core.finish(r, self.req_to_token_pool.req_to_token[r, :n] if n else None)
+            self.core.finish(r, self.req_to_token_pool.req_to_token[r, :n] if n and not self.is_v4 else None)
         req.hisparse_staging = False
 
     def retract_req(self, req: Any) -> None:
@@ -405,7 +428,24 @@ class SGLangHiSparseCoordinator:
         """``ScheduleBatch.prepare_for_decode`` (schedule_batch.py), after ``alloc_for_decode``
         and ``seq_lens += 1``. With page_size 1 ``out_cache_loc`` is what ``allocator.alloc(bs)``
         just returned, whose CPU copy the allocator kept: the rows ``alloc`` mapped go back
-        without reading the ids from the GPU. No host sync."""
+        without reading the ids from the GPU. No host sync.
+
+        DeepSeek-V4: every request generates a token, but only those whose length reaches a
+        multiple of 4 gain a C4 entry (the compressor writes entry ``seq_len // 4 - 1``); the
+        core steps in compressed lengths with ``grows`` (docs/v4-m3.md D1), the new entries'
+        ids ``(loc - 3) // 4`` of the growing rows, picked with a host-built index."""
+        if self.is_v4:
+            c = self.compress_ratio
+            lens = [int(x) for x in seq_lens_cpu.tolist()]
+            grows = [n % c == 0 for n in lens]
+            at = torch.tensor([i for i, g in enumerate(grows) if g], dtype=torch.int64)
+            new = (out_cache_loc.to(torch.int64).index_select(0, at.to(out_cache_loc.device)) - (c - 1)) // c
+            self.core.map_last_loc(
+                req_index=req_pool_indices, seq_lens=seq_lens // c, new_logical=new,
+                req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
+                seq_lens_cpu=[n // c for n in lens], grows=grows,
+            )
+            return
         self.core.map_last_loc(
             req_index=req_pool_indices, seq_lens=seq_lens, new_logical=out_cache_loc,
             req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],

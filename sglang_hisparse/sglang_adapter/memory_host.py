@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sglang_hisparse.kernels.row_layout import C4_PAGED
 from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
@@ -149,6 +150,7 @@ def build_host_pool(
     device: str | torch.device,
     pin_memory: bool | None = None,
     ranks_per_host: int | None = None,
+    capacity: int | None = None,
 ) -> HiCacheHostPool:
     """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
 
@@ -159,9 +161,9 @@ def build_host_pool(
     """
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-    capacity = device_pool.size * ratio
+    capacity = device_pool.size * ratio if capacity is None else capacity
     if hasattr(device_pool, "device_rows"):
-        return _mha_host_pool(
+        return _flat_host_pool(
             device_pool, capacity=capacity, page_size=page_size, max_requests=max_requests,
             max_context=max_context, device=device, pin_memory=pin_memory,
             ranks_per_host=ranks_per_host,
@@ -203,22 +205,23 @@ def build_host_pool(
     )
 
 
-def _mha_host_pool(
+def _flat_host_pool(
     device_pool: Any, *, capacity: int, page_size: int, max_requests: int, max_context: int,
     device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None,
 ) -> HostKVPool:
-    """MiniMax-M3 (``HiSparseMHAPool``): our own pinned pool of K-then-V rows, one per logical
-    id and sparse layer. It serves co-located decode only (PD decode with M3 is refused at
-    argument validation), so no HiCache buffer and no transfer registration are needed. The
+    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows) and DeepSeek-V4 (``HiSparseC4Pool``: a C4
+    entry's 592-byte host row, ``kernels.row_layout.C4_PAGED``): our own pinned pool, one row
+    per logical id and layer. It serves co-located decode only (PD decode with M3 or V4 is
+    refused at argument validation), so no HiCache buffer and no transfer registration. The
     budget (``HostKVPool``'s check, with the free memory agreed across ranks) runs before anything
     is allocated or pinned."""
+    item = C4_PAGED.host_item() if getattr(device_pool, "compress_ratio", 1) > 1 else device_pool.row_bytes
     _, avail = _agreed_budget(host_pool_bytes(
-        num_layers=device_pool.layer_num, item_bytes=device_pool.row_bytes,
-        capacity_tokens=capacity, page_size=page_size,
+        num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity, page_size=page_size,
     ))
     ranks = server_ranks_per_host() if ranks_per_host is None else ranks_per_host
     return HostKVPool(
-        num_layers=device_pool.layer_num, item_bytes=device_pool.row_bytes, capacity_tokens=capacity,
+        num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity,
         page_size=page_size, max_requests=max_requests, max_context=max_context, device=device,
         pin=torch.cuda.is_available() if pin_memory is None else pin_memory,
         available_bytes=avail, ranks_per_host=ranks,

@@ -20,9 +20,10 @@ reallocated, its trailing -1 maps SGLang's -1 to -1.
 ``HiSparseV4Allocator`` wraps SGLang's SWA allocator for the token spaces and binds the C4
 entries' device rows by compressed id (docs/v4-m3.md D6).
 
-Status: both are built and tested against SGLang's own V4 pool and SWA allocator on CPU; the
-coordinator's V4 branch that would serve them is not, so neither is a plugin target yet and
-``arg_scope`` still refuses DeepSeek-V4.
+Status: both, and the coordinator's V4 branch (``SGLangHiSparseCoordinator.is_v4``), are built
+and tested against SGLang's own V4 pool and SWA allocator on CPU; SGLang's scheduler has not
+driven them yet (the rig's V4 group), so they are not plugin targets and ``arg_scope`` still
+refuses DeepSeek-V4.
 """
 
 from __future__ import annotations
