@@ -47,20 +47,9 @@ class HiSparseMHAPool(NoCpuSnapshots, MHATokenToKVPool):
     allocator's mapping. Constructor: the arguments ``MiniMaxSparseKVPool`` passes to
     ``HiSparseMHAMainPool``."""
 
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str,
-        enable_memory_saver: bool,
-        start_layer: int | None = None,
-        end_layer: int | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
+                 layer_num: int, device: str, enable_memory_saver: bool, start_layer: int | None = None,
+                 end_layer: int | None = None, **kwargs: Any):
         unknown = sorted(set(kwargs) - {"v_head_dim"})
         if unknown or kwargs.get("v_head_dim", head_dim) != head_dim:
             raise ValueError(

@@ -103,6 +103,11 @@ class HiSparseC4Pool(NoCpuSnapshots, DeepSeekV4SingleKVPool):
         return super().set_key_buffer_fused(layer_id, self.translate_loc_to_hisparse_device(loc), *args, **kwargs)
 
 
+def _from_swa(name: str) -> property:
+    """A read-only attribute of the wrapped SWA allocator (``logical_attn_allocator``)."""
+    return property(lambda self: getattr(self.logical_attn_allocator, name))
+
+
 class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
     """DeepSeek-V4's allocator under HiSparse: SGLang's SWA allocator for the token spaces (full
     and sliding-window locations, 256-token pages; every pass-through of docs/v4-m3.md section
@@ -154,21 +159,11 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
     def full_to_hisparse_device_index_mapping(self) -> torch.Tensor:
         return self.core.mapping
 
-    @property
-    def size(self) -> int:
-        return self.logical_attn_allocator.size
-
-    @property
-    def size_full(self) -> int:
-        return self.logical_attn_allocator.size_full
-
-    @property
-    def size_swa(self) -> int:
-        return self.logical_attn_allocator.size_swa
-
-    @property
-    def full_to_swa_index_mapping(self) -> Any:
-        return self.logical_attn_allocator.full_to_swa_index_mapping
+    #: the token spaces' sizes and SWA map are the SWA allocator's
+    size = _from_swa("size")
+    size_full = _from_swa("size_full")
+    size_swa = _from_swa("size_swa")
+    full_to_swa_index_mapping = _from_swa("full_to_swa_index_mapping")
 
     def get_kvcache(self) -> Any:
         return self._kvcache
