@@ -20,10 +20,10 @@ reallocated, its trailing -1 maps SGLang's -1 to -1.
 ``HiSparseV4Allocator`` wraps SGLang's SWA allocator for the token spaces and binds the C4
 entries' device rows by compressed id (docs/v4-m3.md D6).
 
-Status: both, and the coordinator's V4 branch (``SGLangHiSparseCoordinator.is_v4``), are built
-and tested against SGLang's own V4 pool and SWA allocator on CPU; SGLang's scheduler has not
-driven them yet (the rig's V4 group), so they are not plugin targets and ``arg_scope`` still
-refuses DeepSeek-V4.
+Status: experimental. Both are plugin targets, built only when ``arg_scope`` accepts DeepSeek-V4
+(``SGLANG_HISPARSE_EXPERIMENTAL_V4=1``); with the coordinator's V4 branch
+(``SGLangHiSparseCoordinator.is_v4``) SGLang's real scheduler drives them in the rig
+(``testing/rig_v4.py``); no real V4 model has run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -258,12 +258,15 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
         return (last_locs - (COMPRESS_RATIO - 1)) // COMPRESS_RATIO
 
     # -- frees -----------------------------------------------------------------------------------
-    def _compressed_of_pages(self, free_index: torch.Tensor) -> torch.Tensor:
-        """Compressed ids of the C4 pages the core holds for the full pages of ``free_index``."""
+    def _compressed_of_pages(self, free_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compressed ids of the C4 pages of the full pages of ``free_index``: (those the core
+        claimed at prefill, the others: pages opened by decode, whose entries were only mapped
+        into hot rows)."""
         pages = torch.unique(free_index.to("cpu", torch.int64) // self.page_size)
         pages = pages[(pages > 0) & (pages <= self.core.logical.num_pages)]
-        held = pages[self.core.logical._used[pages]]
-        return self.core.logical.page_ids_to_ids(held)
+        held = self.core.logical._used[pages]
+        ids = self.core.logical.page_ids_to_ids
+        return ids(pages[held]), ids(pages[~held])
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:
@@ -272,9 +275,11 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
             self.free_group.append(free_index.clone())
             return
         self.logical_attn_allocator.free(free_index)
-        compressed = self._compressed_of_pages(free_index)
-        if compressed.numel():
-            self.core.free(compressed)
+        claimed, mapped_only = self._compressed_of_pages(free_index)
+        if claimed.numel():
+            self.core.free(claimed)
+        if mapped_only.numel():  # a decode-opened page: nothing to free, but nothing may stay mapped
+            self.core.unmap(mapped_only)
 
     def free_group_begin(self) -> None:
         self.free_group = []
