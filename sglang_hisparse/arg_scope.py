@@ -50,12 +50,17 @@ def check_model(cfg: Any, model_config: Any) -> int:
     hf_config = model_config.hf_config
     label = model_label(cfg, hf_config)
     if is_deepseek_v4(hf_config):
+        from sglang_hisparse import envs
+
+        if envs.get("SGLANG_HISPARSE_EXPERIMENTAL_V4"):
+            return _check_v4(cfg, label, model_config)
         raise ValueError(
             f"--enable-hisparse: model {label} is DeepSeek-V4, for which SGLang builds its own V4 "
             f"pools and allocator (DeepSeekV4HiSparseTokenToKVPoolAllocator, "
             f"kv_cache_configurator.py:2939) that sglang-hisparse does not replace, so its "
             f"coordinator would fail after the weights load. sglang-hisparse serves {SUPPORTED}. "
-            f"Drop --enable-hisparse, or {IN_TREE_HINT} (which serves DeepSeek-V4)."
+            f"Drop --enable-hisparse, or {IN_TREE_HINT} (which serves DeepSeek-V4); "
+            f"SGLANG_HISPARSE_EXPERIMENTAL_V4=1 accepts it co-located (experimental, docs/v4-m3.md)."
         )
     if is_minimax_sparse(hf_config):
         return _check_m3(cfg, label, model_config)
@@ -145,6 +150,26 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
         )
     block, blocks = m3_selection(hf_config)
     return block * blocks
+
+
+def _check_v4(cfg: Any, label: str, model_config: Any) -> int:
+    """DeepSeek-V4 under SGLANG_HISPARSE_EXPERIMENTAL_V4: the first slice (docs/v4-m3.md D5):
+    co-located, no speculative decoding, the radix cache off; the C4 top-k is the model's
+    ``index_topk`` (the KV dtype is checked with the others, ``arg_hook``)."""
+    for flag, attr, why in (
+        ("--disaggregation-mode", "disaggregation_mode",
+         "SGLang's PD path ships whole C4 pages into the host pool, whose rows are flat here"),
+        ("--speculative-algorithm", "speculative_algorithm",
+         "the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)"),
+    ):
+        value = getattr(cfg, attr, None)
+        if value not in (None, "null", "NONE"):
+            raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) and {flag} {value} is not "
+                             f"supported by sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}.")
+    if not getattr(cfg, "disable_radix_cache", False):
+        raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) needs --disable-radix-cache: SGLang's "
+                         f"V4 radix tree (its SWA component) is not wired to sglang-hisparse's C4 ids yet.")
+    return int(hf_attr(model_config.hf_config, "index_topk"))
 
 
 def _check_pool_kind(label: str, model_config: Any) -> None:

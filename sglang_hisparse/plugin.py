@@ -5,7 +5,7 @@ every scheduler process, before server arguments are parsed and before any pool 
 coordinator is built (docs/patches.md has the full ledger). Importing this module does
 nothing; :func:`register` is idempotent.
 
-The first six targets are REPLACEs: the in-tree object is swapped for ours, and SGLang's own
+The first eight targets are REPLACEs: the in-tree object is swapped for ours, and SGLang's own
 call sites (which only run under ``--enable-hisparse``) construct our classes. Without
 ``--enable-hisparse`` those are never called; the AROUND hooks (the KV budget,
 ``sglang_adapter.budget``; the radix-cache call paths, ``sglang_adapter.radix_hooks``) and the
@@ -72,6 +72,16 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang.srt.mem_cache.hisparse_memory_pool.HiSparseMHAMainPool",
         "sglang_hisparse.sglang_adapter.memory_m3:HiSparseMHAPool",
         "MiniMax-M3's sparse-layer K/V at device rows (MiniMaxSparseKVPool imports it at call time)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.deepseek_v4_memory_pool.HiSparseC4DevicePool",
+        "sglang_hisparse.sglang_adapter.memory_v4:HiSparseC4Pool",
+        "DeepSeek-V4's C4 entries at device rows (built only with SGLANG_HISPARSE_EXPERIMENTAL_V4)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.allocator.hisparse.DeepSeekV4HiSparseTokenToKVPoolAllocator",
+        "sglang_hisparse.sglang_adapter.memory_v4:HiSparseV4Allocator",
+        "DeepSeek-V4's allocator: SGLang's SWA allocator + C4 entries by compressed id (experimental)",
     ),
     HookTarget(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",

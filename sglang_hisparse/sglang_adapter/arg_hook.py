@@ -80,20 +80,28 @@ def validate_hisparse(server_args: Any) -> None:
     from sglang.srt.configs.model_config import is_minimax_sparse
 
     m3 = is_minimax_sparse(hf_config)
+    from sglang.srt.configs.model_config import is_deepseek_v4
+
+    v4 = is_deepseek_v4(hf_config)
+    if v4 and kv_dtype not in ("fp8_e4m3", "auto"):
+        raise ValueError(
+            f"--enable-hisparse with DeepSeek-V4: --kv-cache-dtype {kv_dtype} is not supported; its C4 pool "
+            f"stores fp8_e4m3 entries (SGLang asserts uint8 storage). Use --kv-cache-dtype fp8_e4m3."
+        )
     if m3 and kv_dtype not in M3_KV_DTYPES:
         raise ValueError(
             f"--enable-hisparse with MiniMax-M3: --kv-cache-dtype {kv_dtype} is not supported; "
             f"HiSparse holds M3's K and V as plain rows of one dtype. Use --kv-cache-dtype "
             f"{', '.join(M3_KV_DTYPES)}."
         )
-    if not m3 and kv_dtype not in KV_DTYPES:
+    if not (m3 or v4) and kv_dtype not in KV_DTYPES:
         raise ValueError(
             f"--enable-hisparse: --kv-cache-dtype {kv_dtype} is not supported; the resolve "
             f"kernel moves bf16 (1152 B) or fp8_e4m3 (656 B) MLA rows. Use "
             f"--kv-cache-dtype fp8_e4m3, bfloat16 or auto."
         )
     allowed = BACKENDS_BY_DTYPE.get(kv_dtype, BACKENDS_AUTO)
-    for attr, label in (() if m3 else (("dsa_prefill_backend", "prefill"), ("dsa_decode_backend", "decode"))):
+    for attr, label in (() if m3 or v4 else (("dsa_prefill_backend", "prefill"), ("dsa_decode_backend", "decode"))):
         backend = getattr(view, attr, None)
         if backend is not None and backend not in allowed:
             raise ValueError(
@@ -105,13 +113,15 @@ def validate_hisparse(server_args: Any) -> None:
     config = HiSparseConfig.from_json(
         cfg.hisparse_config, model_top_k=index_topk, num_draft_tokens=num_draft_tokens
     )
-    _check_host_memory(view, hf_config, config, kv_dtype, m3=m3, model_config=model_config)
+    if not v4:  # V4's host pool is checked where it is built (C4 entries of 592 B per 4 tokens)
+        _check_host_memory(view, hf_config, config, kv_dtype, m3=m3, model_config=model_config)
     logger.info(
         "sglang-hisparse: HiSparse on for %s with %s (kv dtype %s, %s).",
         model_label(cfg, hf_config),
         config.to_json(),
         kv_dtype,
         "MiniMax-M3 block top-k over the sparse layers' K/V" if m3 else
+        "DeepSeek-V4 C4 entries (experimental)" if v4 else
         f"DSA backends {getattr(view, 'dsa_prefill_backend', None)}/{getattr(view, 'dsa_decode_backend', None)}",
     )
 

@@ -168,6 +168,19 @@ def test_m3_refusals_name_the_rule(m3_model_dir, extra, match):
         check(m3_model_dir, *OK, *extra)
 
 
+def test_deepseek_v4_is_accepted_only_behind_the_experimental_switch(v4_model_dir, monkeypatch):
+    with pytest.raises(ValueError, match=r"is DeepSeek-V4.*SGLANG_HISPARSE_EXPERIMENTAL_V4=1 accepts it"):
+        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3")
+    monkeypatch.setenv("SGLANG_HISPARSE_EXPERIMENTAL_V4", "1")
+    check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3")
+    with pytest.raises(ValueError, match=r"DeepSeek-V4: --kv-cache-dtype bfloat16 is not supported.*fp8_e4m3"):
+        check(v4_model_dir, *OK, "--kv-cache-dtype", "bfloat16")
+    with pytest.raises(ValueError, match=r"DeepSeek-V4.*needs --disable-radix-cache"):
+        check(v4_model_dir, "--kv-cache-dtype", "fp8_e4m3")
+    with pytest.raises(ValueError, match=r"DeepSeek-V4.*--disaggregation-mode decode is not supported.*whole C4 pages"):
+        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", *PD_DECODE_ARGS)
+
+
 @pytest.mark.parametrize(
     "fixture, match",
     [
