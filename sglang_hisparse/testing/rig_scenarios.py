@@ -45,7 +45,9 @@ Reference = Callable[[Rig, str, list[int], int], list[int]]
 
 
 def _full_kv(rig: Rig, rid: str, prompt: list[int], new: int) -> list[int]:
-    """Co-located: greedy decode with full KV."""
+    """Co-located: greedy decode with full KV (a toy with its own ``generate``: the V4 toy's)."""
+    if hasattr(rig.toy, "generate"):
+        return rig.toy.generate(prompt, new)
     return reference_generate(rig.toy, prompt, new)
 
 
@@ -254,6 +256,17 @@ def radix_chunk_race(rig: Rig) -> dict[str, Any]:
 
 
 # -- co-located --------------------------------------------------------------------------------
+def v4_mixed_lengths(rig: Rig) -> dict[str, Any]:
+    """DeepSeek-V4: concurrent requests of 8-600 tokens (2 to 150 C4 entries: shorter and longer
+    than B), several prefill chunks, decodes that cross 4-token groups and C4 pages."""
+    rnd = random.Random(7)
+    reqs = _random_requests(rnd, 8, (8, 600), (5, 40), "v4")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs), **_stats(rig)}
+
+
 def mixed_lengths(rig: Rig) -> dict[str, Any]:
     """Many concurrent requests, prompts shorter and longer than B, several prefill chunks."""
     rnd = random.Random(1)
@@ -507,6 +520,8 @@ GROUP_ENV: dict[str, dict[str, str]] = {
     "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "pd_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "radix_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+    "v4": {"SGLANG_HISPARSE_EXPERIMENTAL_V4": "1"},
+    "v4_overlap": {"SGLANG_HISPARSE_EXPERIMENTAL_V4": "1"},
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
@@ -576,6 +591,20 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         RigConfig(num_layers=3, top_k=24, buffer_size=48, m3_block=8, radix=True, chunked_prefill_size=64,
                   max_running_requests=8, staging_polls=3),
         [radix_shared_prefix, radix_multi_turn, abort_mid_decode],
+    ),
+    # DeepSeek-V4 (SGLANG_HISPARSE_EXPERIMENTAL_V4): C4 entries, 16 a step from B 64 hot slots,
+    # through SGLang's own V4 pools and SWA allocator; hot buffers on the normal loop
+    "v4": (
+        RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024,
+                  residency="always_hot", chunked_prefill_size=256, max_running_requests=4, staging_polls=2),
+        [v4_mixed_lengths, abort_while_staging, abort_mid_decode],
+    ),
+    # V4 under pressure residency (requests start resident, shrink as C4 rows run short) on
+    # SGLang's overlap loop
+    "v4_overlap": (
+        RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=320, overlap=True,
+                  max_running_requests=4, staging_polls=2),
+        [v4_mixed_lengths],
     ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(

@@ -109,11 +109,17 @@ def toy_m3_config(*, num_layers: int, top_k: int, block: int) -> dict[str, Any]:
     }
 
 
-def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 0, **overrides: Any) -> Path:
+def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 0, v4: bool = False,
+                    **overrides: Any) -> Path:
     """A config-only model directory SGLang's ModelConfig accepts as a DSA model (or, with
-    ``m3_block``, as MiniMax-M3: :func:`toy_m3_config`)."""
+    ``m3_block``, as MiniMax-M3: :func:`toy_m3_config`; with ``v4``, as DeepSeek-V4:
+    ``rig_v4.toy_v4_config``)."""
     root.mkdir(parents=True, exist_ok=True)
-    if m3_block:
+    if v4:
+        from sglang_hisparse.testing.rig_v4 import toy_v4_config
+
+        cfg = dict(toy_v4_config(top_k=top_k, base=TOY_DSA_CONFIG), **overrides)
+    elif m3_block:
         cfg = dict(toy_m3_config(num_layers=num_layers, top_k=top_k, block=m3_block), **overrides)
     else:
         cfg = dict(TOY_DSA_CONFIG, num_hidden_layers=num_layers, index_topk=top_k, **overrides)
@@ -498,6 +504,8 @@ class StandInWorker:
     #: set by :class:`Rig` before the scheduler is built
     toy: TokenModel | None = None
     device_rows: int = 0
+    #: the stand-in runner class (the V4 rig's ``rig_v4.V4StandInRunner`` builds SGLang's V4 pools)
+    runner_cls: type = None  # type: ignore[assignment]
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, **_: Any) -> None:
         from sglang.srt.configs.model_config import ModelConfig
@@ -507,7 +515,7 @@ class StandInWorker:
         self.gpu_id = gpu_id
         self.model_config = ModelConfig.from_server_args(server_args)
         R = get_schedule().max_running_requests
-        self._runner = StandInRunner(server_args, self.model_config, self.toy,
+        self._runner = (self.runner_cls or StandInRunner)(server_args, self.model_config, self.toy,
                                      device_rows=self.device_rows, max_running_requests=R)
         self.device = "cpu"
         self.pp_group = get_parallel().pp_group

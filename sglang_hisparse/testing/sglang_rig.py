@@ -95,8 +95,16 @@ class RigConfig:
     #: top_k / m3_block blocks of m3_block positions (the last a forced local block), MHA K/V
     #: of one head of M3_HEAD_DIM (``rig_worker.write_toy_model``)
     m3_block: int = 0
+    #: DeepSeek-V4 instead of DSA: C4 entries (one per 4 tokens, top_k of them a step in each
+    #: of the toy's two C4 layers) through SGLang's own V4 pools (``testing.rig_v4``); needs
+    #: SGLANG_HISPARSE_EXPERIMENTAL_V4=1 in the group's environment
+    v4: bool = False
 
-    def model(self) -> TokenModel:
+    def model(self) -> Any:
+        if self.v4:
+            from sglang_hisparse.testing.rig_v4 import C4TokenModel
+
+            return C4TokenModel(top_k=self.top_k)
         if self.m3_block:
             return TokenModel(num_layers=self.num_layers, top_k=self.top_k, nope_dim=M3_HEAD_DIM,
                               rope_dim=M3_HEAD_DIM, block_size=self.m3_block,
@@ -106,6 +114,7 @@ class RigConfig:
     def argv(self, model_dir: Path) -> list[str]:
         argv = [
             "--model-path", str(model_dir), "--skip-tokenizer-init", "--device", "cpu",
+            *(("--kv-cache-dtype", "fp8_e4m3") if self.v4 else ()),
             *(() if self.radix else ("--disable-radix-cache",)),
             "--max-running-requests", str(self.max_running_requests),
             "--page-size", str(self.page_size),
@@ -153,7 +162,7 @@ class Rig:
         self.config = config
         self.toy = config.model()
         model_dir = write_toy_model(workdir / "model", num_layers=config.num_layers, top_k=config.top_k,
-                                    m3_block=config.m3_block)
+                                    m3_block=config.m3_block, v4=config.v4)
         if config.draft_tokens and not config.overlap:
             raise ValueError("RigConfig: draft_tokens needs overlap=True (HiSparse with speculative "
                              "decoding runs on SGLang's overlap scheduler; arg_scope refuses it without)")
@@ -169,6 +178,10 @@ class Rig:
         # NOTE: the one patch of SGLang's own code: the model worker class the scheduler
         # instantiates (Scheduler.init_tp_model_worker imports it from tp_worker at call time).
         StandInWorker.toy, StandInWorker.device_rows = self.toy, config.device_rows
+        if config.v4:
+            from sglang_hisparse.testing.rig_v4 import V4StandInRunner
+
+            StandInWorker.runner_cls = V4StandInRunner
         tp_worker.TpModelWorker = StandInWorker  # type: ignore[misc]
         self.patches = ["tp_worker.TpModelWorker"]
         if config.draft_tokens:
@@ -352,7 +365,11 @@ class Rig:
             # can never equal the total: that is why SGLang skips this check under HiSparse.
             # The conservation law it checks is about logical ids (what req_to_token holds), so
             # it gets the logical free count; device rows and host rows are checked below.
-            stats = dataclasses.replace(stats, full_available_size=coord.dual.logical.available_size())
+            # (V4: the token ids are the SWA allocator's; the core's are compressed ids)
+            alloc = s.token_to_kv_pool_allocator
+            free_ids = (alloc.logical_attn_allocator.full_available_size() if coord.is_v4
+                        else coord.dual.logical.available_size())
+            stats = dataclasses.replace(stats, full_available_size=free_ids)
         has_leak, messages = s.invariant_checker._check_all_pools(stats)
         if has_leak:
             raise AssertionError("SGLang's idle pool check found a leak: " + " ".join(messages))
