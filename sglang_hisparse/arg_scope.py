@@ -126,18 +126,9 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
             f"addresses its layers as layer_id - first sparse layer, so they must be one contiguous "
             f"run. Drop --enable-hisparse for this model."
         )
-    for flag, attr, why in (
-        ("--disaggregation-mode", "disaggregation_mode",
-         "SGLang's PD transfer for M3 registers only the sparse layers' K/V, not the dense and index pools"),
-        ("--speculative-algorithm", "speculative_algorithm",
-         "swap_in_selected_blocks has no target-verify form"),
-    ):
-        value = getattr(cfg, attr, None)
-        if value not in (None, "null", "NONE"):
-            raise ValueError(
-                f"--enable-hisparse with MiniMax-M3 ({label}) and {flag} {value} is not supported by "
-                f"sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}."
-            )
+    _refuse_paths(cfg, f"MiniMax-M3 ({label})",
+                  pd="SGLang's PD transfer for M3 registers only the sparse layers' K/V, not the dense and index pools",
+                  spec="swap_in_selected_blocks has no target-verify form")
     tp = int(getattr(cfg, "tp_size", 1) or 1)
     if getattr(cfg, "enable_dp_attention", False):
         tp = max(1, tp // int(getattr(cfg, "dp_size", 1) or 1))
@@ -152,20 +143,24 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
     return block * blocks
 
 
+def _refuse_paths(cfg: Any, model: str, *, pd: str, spec: str) -> None:
+    """Refuse PD (``--disaggregation-mode``) and speculative decoding for a family whose first
+    slice serves neither, each with the family's reason."""
+    for flag, attr, why in (("--disaggregation-mode", "disaggregation_mode", pd),
+                            ("--speculative-algorithm", "speculative_algorithm", spec)):
+        value = getattr(cfg, attr, None)
+        if value not in (None, "null", "NONE"):
+            raise ValueError(f"--enable-hisparse with {model} and {flag} {value} is not supported by "
+                             f"sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}.")
+
+
 def _check_v4(cfg: Any, label: str, model_config: Any) -> int:
     """DeepSeek-V4 under SGLANG_HISPARSE_EXPERIMENTAL_V4: the first slice (docs/v4-m3.md D5):
     co-located, no speculative decoding, the radix cache off; the C4 top-k is the model's
     ``index_topk`` (the KV dtype is checked with the others, ``arg_hook``)."""
-    for flag, attr, why in (
-        ("--disaggregation-mode", "disaggregation_mode",
-         "SGLang's PD path ships whole C4 pages into the host pool, whose rows are flat here"),
-        ("--speculative-algorithm", "speculative_algorithm",
-         "the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)"),
-    ):
-        value = getattr(cfg, attr, None)
-        if value not in (None, "null", "NONE"):
-            raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) and {flag} {value} is not "
-                             f"supported by sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}.")
+    _refuse_paths(cfg, f"DeepSeek-V4 ({label})",
+                  pd="SGLang's PD path ships whole C4 pages into the host pool, whose rows are flat here",
+                  spec="the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)")
     if not getattr(cfg, "disable_radix_cache", False):
         raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) needs --disable-radix-cache: SGLang's "
                          f"V4 radix tree (its SWA component) is not wired to sglang-hisparse's C4 ids yet.")

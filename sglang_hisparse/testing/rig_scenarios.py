@@ -45,9 +45,7 @@ Reference = Callable[[Rig, str, list[int], int], list[int]]
 
 
 def _full_kv(rig: Rig, rid: str, prompt: list[int], new: int) -> list[int]:
-    """Co-located: greedy decode with full KV (a toy with its own ``generate``: the V4 toy's)."""
-    if hasattr(rig.toy, "generate"):
-        return rig.toy.generate(prompt, new)
+    """Co-located: greedy decode with full KV."""
     return reference_generate(rig.toy, prompt, new)
 
 
@@ -259,8 +257,12 @@ def radix_chunk_race(rig: Rig) -> dict[str, Any]:
 def v4_mixed_lengths(rig: Rig) -> dict[str, Any]:
     """DeepSeek-V4: concurrent requests of 8-600 tokens (2 to 150 C4 entries: shorter and longer
     than B), several prefill chunks, decodes that cross 4-token groups and C4 pages."""
-    rnd = random.Random(7)
-    reqs = _random_requests(rnd, 8, (8, 600), (5, 40), "v4")
+    return _mixed(rig, random.Random(7), 8, (8, 600), (5, 40), "v4")
+
+
+def _mixed(rig: Rig, rnd: random.Random, count: int, lengths: tuple[int, int], new: tuple[int, int],
+           prefix: str) -> dict[str, Any]:
+    reqs = _random_requests(rnd, count, lengths, new, prefix)
     _submit_all(rig, reqs)
     rig.run_until_idle()
     rig.check_idle()
@@ -269,12 +271,7 @@ def v4_mixed_lengths(rig: Rig) -> dict[str, Any]:
 
 def mixed_lengths(rig: Rig) -> dict[str, Any]:
     """Many concurrent requests, prompts shorter and longer than B, several prefill chunks."""
-    rnd = random.Random(1)
-    reqs = _random_requests(rnd, 14, (3, 200), (1, 40), "mix")
-    _submit_all(rig, reqs)
-    rig.run_until_idle()
-    rig.check_idle()
-    return {"requests": _check_tokens(rig, reqs), **_stats(rig)}
+    return _mixed(rig, random.Random(1), 14, (3, 200), (1, 40), "mix")
 
 
 def pressure_shrinks(rig: Rig) -> dict[str, Any]:

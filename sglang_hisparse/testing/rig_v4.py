@@ -86,8 +86,9 @@ class C4TokenModel:
             acc = (acc * 1_000_003 + int((words * col).sum()) + layer) & _MASK
         return int(_mix(torch.tensor([acc]))[0]) % self.vocab
 
-    def step(self, tokens: list[int]) -> int:
-        """The next token after ``tokens`` with every entry recomputed (HiSparse off)."""
+    def full_kv_step(self, tokens: list[int]) -> int:
+        """The next token after ``tokens`` with every entry recomputed (HiSparse off;
+        ``token_model.reference_generate`` steps it)."""
         t = torch.tensor(tokens, dtype=torch.int64)
         clen = len(tokens) // RATIO
         groups, c = t[: clen * RATIO].view(clen, RATIO), torch.arange(clen)
@@ -101,14 +102,6 @@ class C4TokenModel:
             rows[ok] = self.entry(groups[p], p, layer)
             gathered.append(rows)
         return self.next_token(gathered)
-
-    def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        tokens, out = list(prompt), []
-        for _ in range(max_new_tokens):
-            nxt = self.step(tokens)
-            out.append(nxt)
-            tokens.append(nxt)
-        return out
 
 
 class V4StandInRunner(StandInRunner):
