@@ -229,23 +229,28 @@ class DualSpaceAllocator:
             return None
         p = _as_cpu_int64(prefix_lens, "prefix_lens")
         mid = (p % self.page_size != 0) & (_as_cpu_int64(seq_lens, "seq_lens") > p)
-        last = torch.full_like(p, -1)
-        dev_last = torch.full_like(p, -1)
-        if bool(mid.any()):
-            last = _as_cpu_int64(last_loc, "last_loc")
-            dev_last[mid] = self._prefill_row[last[mid]]
-            if bool((dev_last[mid] <= 0).any()):
-                raise ValueError(
-                    f"alloc_extend: prefix tokens {last[mid & (dev_last <= 0)].tolist()} (logical) have no "
-                    f"prefill device row, so a chunk cannot continue their page. Chunked prefill must "
-                    f"run before the request is shrunk to its hot buffer."
-                )
+        last = _as_cpu_int64(last_loc, "last_loc") if bool(mid.any()) else torch.full_like(p, -1)
+        dev_last = self._continued_rows(mid, last, "alloc_extend")
         ids = self.logical.alloc_extend_cpu(p, seq_lens, last)
         rows = self.rows.alloc_extend_cpu(p, seq_lens, dev_last)
         self._bind_prefill(ids, rows)
         out = ids.to(self.device, non_blocking=True)
         self.last_alloc_cpu, self._last_alloc_out = ids, out  # cpu_ids_of: the extend's own ids
         return out
+
+    def _continued_rows(self, mid: torch.Tensor, last: torch.Tensor, op: str) -> torch.Tensor:
+        """int64 [bs] (CPU): the prefill device row of each mid-page chunk's last prefix id
+        ``last`` (where ``mid``), -1 elsewhere: the row page the chunk's rows continue."""
+        dev_last = torch.full_like(last, -1)
+        if bool(mid.any()):
+            dev_last[mid] = self._prefill_row[last[mid]]
+            if bool((dev_last[mid] <= 0).any()):
+                raise ValueError(
+                    f"{op}: prefix tokens {last[mid & (dev_last <= 0)].tolist()} (logical) have no "
+                    f"prefill device row, so a chunk cannot continue their page. Chunked prefill must "
+                    f"run before the request is shrunk to its hot buffer."
+                )
+        return dev_last
 
     def bind_extend(self, logical_ids: torch.Tensor, prefix_lens: torch.Tensor,
                     seq_lens: torch.Tensor) -> bool:
@@ -271,15 +276,14 @@ class DualSpaceAllocator:
                 f"request's ids must continue its prefix's page and fill whole pages in order.")
         if not self._rows_for(need):
             return False
-        # the device side follows alloc_extend: a mid-page chunk continues its prefix's row page
+        # the device side follows alloc_extend: a mid-page chunk continues its prefix's row page;
+        # the prefix's last id precedes the chunk's first on the same page
         mid = (p % ps != 0) & (s > p)
-        dev_last = torch.full_like(p, -1)
+        last = torch.full_like(p, -1)
         if bool(mid.any()):
             first = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), (s - p).clamp(min=0)[:-1]]), 0)
-            prev = ids[first[mid]] - 1  # the prefix's last entry shares the page of the first new one
-            dev_last[mid] = self._prefill_row[prev]
-            if bool((dev_last[mid] <= 0).any()):
-                raise ValueError("bind_extend: a chunk continues a page whose prefix entries have no device row.")
+            last[mid] = ids[first[mid]] - 1
+        dev_last = self._continued_rows(mid, last, "bind_extend")
         if not self.logical.claim_pages(new):
             raise ValueError(f"bind_extend: logical pages {new.tolist()[:8]} are already in use.")
         rows = self.rows.alloc_extend_cpu(p, s, dev_last)

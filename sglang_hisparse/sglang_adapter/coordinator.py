@@ -123,7 +123,7 @@ def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
     return layers, int(getattr(kvcache, "start_layer", 0) or 0)
 
 
-def _m3_top_k(top_k: int, pool: Any) -> int:
+def _m3_top_k(top_k: int) -> int:
     """The positions MiniMax-M3's decode selects per sparse layer, which the core resolves as
     its top_k: ``arg_scope.m3_selection`` of the served model (SGLang passes the config's
     ``top_k``, as M3 has no ``index_topk``); ``top_k`` unchanged when no server config is
@@ -196,7 +196,7 @@ class SGLangHiSparseCoordinator:
         #: MiniMax-M3 (block top-k over MHA K/V): SGLang calls swap_in_selected_blocks
         self.is_m3 = hasattr(kvcache, "device_rows") and not self.is_v4
         if self.is_m3:
-            top_k = _m3_top_k(top_k, kvcache)
+            top_k = _m3_top_k(top_k)
         device_kv, start_layer = _device_layers(kvcache)
         req_to_token = req_to_token_pool.req_to_token
         num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
@@ -433,13 +433,15 @@ class SGLangHiSparseCoordinator:
         DeepSeek-V4: every request generates a token, but only those whose length reaches a
         multiple of 4 gain a C4 entry (the compressor writes entry ``seq_len // 4 - 1``); the
         core steps in compressed lengths with ``grows`` (docs/v4-m3.md D1), the new entries'
-        ids ``(loc - 3) // 4`` of the growing rows, picked with a host-built index."""
+        ids (the allocator's ``get_last_loc_compressed`` of the growing rows' locations, picked
+        with a host-built index)."""
         if self.is_v4:
             c = self.compress_ratio
             lens = [int(x) for x in seq_lens_cpu.tolist()]
             grows = [n % c == 0 for n in lens]
             at = torch.tensor([i for i, g in enumerate(grows) if g], dtype=torch.int64)
-            new = (out_cache_loc.to(torch.int64).index_select(0, at.to(out_cache_loc.device)) - (c - 1)) // c
+            new = self.token_to_kv_pool_allocator.get_last_loc_compressed(
+                out_cache_loc.to(torch.int64).index_select(0, at.to(out_cache_loc.device)))
             self.core.map_last_loc(
                 req_index=req_pool_indices, seq_lens=seq_lens // c, new_logical=new,
                 req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sglang_hisparse.kernels.row_layout import C4_PAGED
 from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
@@ -215,7 +214,7 @@ def _flat_host_pool(
     refused at argument validation), so no HiCache buffer and no transfer registration. The
     budget (``HostKVPool``'s check, with the free memory agreed across ranks) runs before anything
     is allocated or pinned."""
-    item = C4_PAGED.host_item() if getattr(device_pool, "compress_ratio", 1) > 1 else device_pool.row_bytes
+    item = device_pool.row_bytes
     _, avail = _agreed_budget(host_pool_bytes(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity, page_size=page_size,
     ))

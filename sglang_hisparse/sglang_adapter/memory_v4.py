@@ -60,12 +60,13 @@ class HiSparseC4Pool(NoCpuSnapshots, DeepSeekV4SingleKVPool):
                 f"{C4_PAGED.page_bytes} B). Use the V4 KV layout (on SM100: SGLANG_DSV4_KV_LAYOUT=v4)."
             )
         self.compress_ratio = COMPRESS_RATIO
+        #: bytes of an entry's host row (its 584 bytes in a whole number of 16-byte pieces)
+        self.row_bytes = C4_PAGED.host_item()
         self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
 
     def device_rows(self) -> list[torch.Tensor]:
-        """Per C4 layer, uint8 [pages, 37440]: the ``C4_PAGED`` device layers of the core."""
-        for buf in self.kv_buffer:
-            C4_PAGED.check_device(buf, C4_PAGED.host_item())
+        """Per C4 layer, uint8 [pages, 37440]: the ``C4_PAGED`` device layers of the core (which
+        checks their shape)."""
         return list(self.kv_buffer)
 
     # -- the compressed logical id -> device row translation --------------------------------
