@@ -23,6 +23,10 @@ attention outputs are compared bit for bit with the oracle bytes and with full K
 
     python benchmarks/bench_e2e.py --out out/            # full size (H200; see run_e2e_gpu.sh)
     python benchmarks/bench_e2e.py --smoke --out /tmp/s  # tiny, CPU, seconds
+
+``--stack v4`` runs DeepSeek-V4-Flash's shape instead (E2E.md "DeepSeek-V4"): its 21 C4 layers
+through HiSparse (top-512 of the compressed entries, one per 4 tokens, in C4 pages), the
+sliding windows and C128 entries resident in both modes; its defaults are ``V4_DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -69,10 +73,26 @@ SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, bud
              io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2], ramp_steps=1)
 
 
+#: --stack v4: DeepSeek-V4-Flash (43 layers: 21 C4, 20 C128, 2 window-only; index_topk 512,
+#: window 128). Dense stand-in per C4 layer = two of V4-Flash's 43 layers on one of 8 GPUs:
+#: 284 B params (fp8) / 8 / 43 x 2 ~ 1650 MB streamed; 88 MFLOP, the DSA default's share
+#: scaled by active parameters per layer (13 B / 43 against 37 B / 61), x 2.
+V4_DEFAULTS = dict(layers=[21], top_k=512, buffer=1024, item=592, page=64, dense_mb=1650.0,
+                   dense_mflop=88.0, anchor_rule="every", anchor_every=1, io_hiding=[],
+                   ramp_steps=0, toy_variant=False, modes=["full", "prefetch", "noio"])
+SMOKE_V4 = dict(contexts=[1024, 2048], layers=[3], top_k=16, buffer=32, item=592, page=64,
+                host_gib=0.012, v4_window=8, io_hiding=[], low_pressure=[2], ramp_steps=0,
+                toy_variant=False)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="output directory (JSON, plot)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (the test's path)")
+    ap.add_argument("--stack", choices=["dsa", "v4"], default="dsa",
+                    help="dsa: DeepSeek-V3.2 / GLM-5.x MLA layers (default); v4: DeepSeek-V4-Flash's C4 "
+                         "layers, compressed 4 tokens per entry (sets V4_DEFAULTS unless given)")
+    ap.add_argument("--v4-window", type=int, default=128, help="--stack v4: sliding window (tokens)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="prompt lengths")
     ap.add_argument("--layers", type=int, nargs="+", default=[61, 78], help="sparse layers L (one point each)")
     ap.add_argument("--anchor-rule", choices=["glm", "every"], default="glm",
@@ -117,11 +137,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="skip the points not started this many seconds after the start (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plan-only", action="store_true", help="print the sizes and the machine check, then exit")
+    if "--stack" in (argv if argv is not None else sys.argv[1:]) or any(
+            a.startswith("--stack=") for a in (argv if argv is not None else sys.argv[1:])):
+        # a --stack v4 run takes V4's shape for every flag the command line leaves unset
+        pre, _ = ap.parse_known_args(argv)
+        if pre.stack == "v4":
+            ap.set_defaults(**V4_DEFAULTS)
     args = ap.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
         args.modes = list(BASE_MODES)
+        if args.stack == "v4":
+            for key, value in SMOKE_V4.items():
+                setattr(args, key, value)
+            args.modes = ["full", "prefetch", "noio", "full_nodense", "prefetch_nodense"]
+    if args.stack == "v4":
+        if args.page != 64 or args.item != 592:
+            ap.error("--stack v4: C4 pages hold 64 entries of 592-byte host rows; leave --page and --item unset")
+        if args.ramp_steps or args.attention != "bag":
+            ap.error("--stack v4: no ramp (--ramp-steps 0) and --attention bag only")
     if "full" not in args.modes or "noio" not in args.modes:
         ap.error("--modes must include full and noio (ratios are taken against them)")
     if args.budget_gib != "auto":
@@ -177,7 +212,7 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
         bs = max(plan["full_batch"], plan["hisparse_batch"])
         seeds = torch.arange(1000, 1000 + bs, dtype=torch.int64, device=device)
         selections = SelectionTable(SelectionSpec(), seeds=seeds, n0=point["context"], k=args.top_k,
-                                    anchors=model.anchors, steps=steps)
+                                    anchors=model.anchors, steps=steps, compress=model.compress_ratio)
     sel_s = time.perf_counter() - t0
     if ramp:
         out = run_ramp_point(args, point, plan, model, compute, storage, selections, device,
@@ -241,7 +276,8 @@ def load_calibration(args) -> dict | None:
     if args.calibration is not None and args.calibration.exists():
         return json.loads(args.calibration.read_text())
     try:
-        return calibration_table(SelectionSpec(), bench_k=args.top_k, contexts=tuple(args.contexts),
+        ratio = 4 if args.stack == "v4" else 1  # the process runs over entries
+        return calibration_table(SelectionSpec(), bench_k=args.top_k, contexts=tuple(c // ratio for c in args.contexts),
                                  window=(args.warmup, args.steps), quick=True)
     except Exception as exc:
         return dict(error=repr(exc))

@@ -17,6 +17,13 @@ Selections: with a ``SelectionTable`` (``e2e_selection``, the default) each anch
 the calibrated process's, injected into the toy indexer (same indexer work); without one, the
 toy indexer's own (``--selection toy``).
 
+A compressed stack (``BenchModel.compress_ratio`` > 1, DeepSeek-V4's C4 layers): ``n`` counts
+tokens, positions are entries (``e = n // ratio``), and a step adds an entry (an id, a KV
+write, a backup) only when ``n`` reaches a multiple of the ratio; the other steps resolve
+over the same entries (``map_last_loc(grows=)``), as SGLang's V4 decode does. Entries live in
+``BenchModel.row_layout`` (C4 pages), and ``BenchModel.resident`` (windows, C128 entries) is
+read every step by both runners.
+
 ``step(check=...)``: when ``check`` holds sampled request positions, each layer's toy
 attention output (``ToyModel.attend``, float32) of those requests is recorded with its top-k,
 and compared with the same output on recomputed oracle bytes (what full-KV residency holds).
@@ -73,6 +80,34 @@ class _Runner:
         #: request slots 0..active-1 decode (all ``bs`` unless a ramp changes it)
         self.active = bs
         self._views(bs)
+        self._resident_setup(bs)
+
+    @property
+    def e(self) -> int:
+        """Positions of the index space (entries; tokens unless the stack compresses)."""
+        return self.model.entries(self.n)
+
+    def _grows(self) -> bool:
+        """Whether the step that made ``n`` tokens added an entry."""
+        return self.n % self.model.compress_ratio == 0
+
+    def _resident_setup(self, bs: int) -> None:
+        """V4's windows and C128 entries: ``bs`` blocks of rows (uint8, 576 B read of 585 held)
+        and, per C4 layer, the rows its step reads, int64 [bs, w]."""
+        res = self.model.resident
+        self.resident = None
+        self._resident_ids: list[torch.Tensor] = []
+        if res is None:
+            return
+        cap_tok = self.cap * self.model.compress_ratio
+        rows = res.rows(cap_tok)
+        held = torch.zeros(bs * rows * res.entry_bytes, dtype=torch.uint8, device=self.device)
+        self.resident = held[: bs * rows * 576].view(bs * rows, 576)
+        base = torch.arange(bs, dtype=torch.int64, device=self.device)[:, None] * rows
+        for i in range(self.model.toy.num_layers):
+            own = torch.tensor(res.read_rows(i, cap_tok), dtype=torch.int64, device=self.device)
+            self._resident_ids.append((base + own[None, :]).contiguous())
+        self._resident_held = held
 
     @property
     def slots(self) -> int:
@@ -97,46 +132,61 @@ class _Runner:
         """Resolve ``top_k`` to device rows and run the timed attention over them; the rows."""
         raise NotImplementedError
 
-    def _select(self, keys: torch.Tensor, layer: int, n: int) -> torch.Tensor:
+    def _select(self, keys: torch.Tensor, layer: int, e: int) -> torch.Tensor:
+        """The anchor's top-k over ``e`` positions; query and selection at this step's tokens."""
         m = self.model
-        forced = None if self.selections is None else self.selections.get(layer, n, self.bs)
-        return m.select(keys, m.queries(self.seeds, n, layer), n, forced=forced)
+        forced = None if self.selections is None else self.selections.get(layer, self.n, self.bs)
+        return m.select(keys, m.queries(self.seeds, self.n, layer), e, forced=forced)
+
+    def _read_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 [n, I] of device rows ``rows`` of ``layer`` (through the row layout)."""
+        kv = self._kv_layer(layer)
+        lay = self.model.row_layout
+        return lay.read(kv, rows) if lay.paged else kv[rows]
 
     def _kv_layer(self, layer: int) -> torch.Tensor:
         raise NotImplementedError
 
     # per step ---------------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, seq_lens: torch.Tensor, check: list[int] | None,
+    def _forward(self, ids: torch.Tensor | None, seq_lens: torch.Tensor, check: list[int] | None,
                  log: CheckLog | None) -> None:
-        toy, n = self.model.toy, self.n
-        pos = torch.full((self.bs,), n - 1, dtype=torch.int64, device=self.device)
+        """``ids``: the new entries' ids (None: this step added no entry)."""
+        toy, e = self.model.toy, self.e
+        pos = torch.full((self.bs,), e - 1, dtype=torch.int64, device=self.device)
         top_k = None
         for layer in range(toy.num_layers):
-            self._write_layer(layer, ids, pos)
+            if ids is not None:
+                self._write_layer(layer, ids, pos)
             if not toy.shared[layer]:
-                keys = self._index_table(layer)[self.req_to_token[:, :n]]  # [bs, n, D]
-                top_k = self._select(keys, layer, n)
+                keys = self._index_table(layer)[self.req_to_token[:, :e]]  # [bs, e, D]
+                top_k = self._select(keys, layer, e)
                 if check is not None and log is not None:
                     self._churn(layer, top_k, check, log)
             rows = self._attend(layer, top_k, seq_lens)
             self._last_rows = rows
+            self._attend_resident(layer)
             self.compute.dense(layer, self.bs)
             if check is not None and log is not None:
                 self._check(layer, top_k, rows, check, log)
 
+    def _attend_resident(self, layer: int) -> None:
+        if self.resident is not None:
+            self.compute.bag(self.resident, self._resident_ids[layer][: self.bs])
+
     def profile(self, reps: int = 3) -> dict[str, float]:
         """ms per step of each model component alone at this batch and length (no coordinator,
         no IO): the anchors' indexer, every layer's attention, every layer's dense stand-in."""
-        m, n, L = self.model, self.n, self.model.toy.num_layers
+        m, e, L = self.model, self.e, self.model.toy.num_layers
         rows = self._last_rows
 
         def indexer() -> None:
             for a in m.anchors:
-                self._select(self._index_table(a)[self.req_to_token[:, :n]], a, n)
+                self._select(self._index_table(a)[self.req_to_token[:, :e]], a, e)
 
         def attention() -> None:
             for layer in range(L):
                 self.compute.attention(self._kv_layer(layer), rows)
+                self._attend_resident(layer)
 
         def dense() -> None:
             for layer in range(L):
@@ -162,11 +212,11 @@ class _Runner:
 
     def _check(self, layer: int, top_k: torch.Tensor, rows: torch.Tensor, check: list[int],
                log: CheckLog) -> None:
-        toy, kv = self.model.toy, self._kv_layer(layer)
+        toy, m = self.model.toy, self.model
         for b in check:
             sel, valid = top_k[b], (top_k[b] >= 0)[None]
-            got = toy.attend(kv[rows[b].clamp(min=0).long()][None], valid)[0]
-            want = toy.attend(toy.kv(self.seeds_cpu[b], sel.clamp(min=0), layer)[None], valid)[0]
+            got = toy.attend(self._read_rows(layer, rows[b].clamp(min=0).long())[None], valid)[0]
+            want = toy.attend(m.oracle_kv(self.seeds_cpu[b], sel.clamp(min=0), layer)[None], valid)[0]
             key = (b, self.n, layer)
             log.compared += 1
             if not torch.equal(got, want) or not torch.equal(valid, (rows[b] >= 0)[None]):
@@ -175,13 +225,19 @@ class _Runner:
 
 
 class FullKVRunner(_Runner):
-    """All KV resident: ``kv`` uint8 [L, bs*cap, I]; anchor keys float32 [A, bs*cap, D]."""
+    """All KV resident: ``kv`` uint8 [L, bs*cap, I] (C4 layout: [L, bs*cap/64 pages, 37440]);
+    anchor keys float32 [A, bs*cap, D]. ``cap``: entries per request (tokens unless compressed)."""
 
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int, cap: int,
                  device: torch.device, selections: SelectionTable | None = None) -> None:
+        lay = model.row_layout
+        if lay.paged:
+            cap = ceil_div(cap, lay.entries) * lay.entries  # whole pages per request
         super().__init__(model, compute, bs=bs, n=n, cap=cap, device=device, selections=selections)
         toy = model.toy
-        self.kv = torch.empty(toy.num_layers, bs * cap, toy.item_bytes, dtype=torch.uint8, device=device)
+        shape = (toy.num_layers, bs * cap // lay.entries, lay.page_bytes) if lay.paged else (
+            toy.num_layers, bs * cap, toy.item_bytes)
+        self.kv = torch.empty(shape, dtype=torch.uint8, device=device)
         self.anchor_slot = {a: i for i, a in enumerate(model.anchors)}
         self.keys = torch.empty(len(model.anchors), bs * cap, toy.index_dim, dtype=torch.float32, device=device)
         self._r2t_all.copy_(torch.arange(bs * cap, device=device).view(bs, cap))
@@ -190,27 +246,41 @@ class FullKVRunner(_Runner):
 
     @staticmethod
     def bytes_per_request(model: BenchModel, cap: int) -> int:
-        toy = model.toy
-        return cap * (toy.num_layers * toy.item_bytes + len(model.anchors) * 4 * toy.index_dim + 8)
+        """HBM per request: ``cap`` entries' rows (whole pages), index keys and r2t; resident."""
+        toy, lay = model.toy, model.row_layout
+        capp = ceil_div(cap, lay.entries) * lay.entries if lay.paged else cap
+        own = capp * (toy.num_layers * model.device_row_bytes + len(model.anchors) * 4 * toy.index_dim + 8)
+        res = model.resident
+        return own + (0 if res is None else res.bytes_per_request(cap * model.compress_ratio))
+
+    def _store(self, layer: int, rows: torch.Tensor, data: torch.Tensor) -> None:
+        lay = self.model.row_layout
+        if lay.paged:
+            lay.write(self.kv[layer], rows, data)
+        else:
+            self.kv[layer].index_copy_(0, rows, data)
 
     def admit(self) -> None:
-        """Prompt KV and keys of positions 0..n-1 straight into each request's rows."""
-        toy, pos = self.model.toy, torch.arange(self.n, device=self.device)
+        """Prompt KV and keys of positions 0..e-1 straight into each request's rows."""
+        m, toy, e = self.model, self.model.toy, self.e
+        pos = torch.arange(e, device=self.device)
         for b, seed in enumerate(self.seeds_cpu):
-            base = b * self.cap
+            rows = self._r2t_all[b, :e]
             for layer in range(toy.num_layers):
-                self.kv[layer, base : base + self.n] = toy.kv(seed, pos, layer)
+                self._store(layer, rows, m.oracle_kv(seed, pos, layer))
                 if layer in self.anchor_slot:
-                    self.keys[self.anchor_slot[layer], base : base + self.n] = toy.index_keys(seed, pos, layer)
+                    self.keys[self.anchor_slot[layer], rows] = toy.index_keys(seed, pos, layer)
 
     def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
         self.n += 1
-        ids = self.req_to_token[:, self.n - 1]
+        ids = self.req_to_token[:, self.e - 1] if self._grows() else None
         self._forward(ids, None, check, log)
         self._written[: self.bs] = [self.n] * self.bs
 
     def set_concurrency(self, c: int) -> None:
         """Ramp: slots 0..c-1 decode; a joining slot gets the positions it did not decode."""
+        if self.model.compress_ratio != 1:
+            raise ValueError("the ramp runs token stacks only (compress_ratio 1)")
         toy = self.model.toy
         for b in range(self.active, c):
             pos = torch.arange(self._written[b], self.n, device=self.device)
@@ -225,7 +295,7 @@ class FullKVRunner(_Runner):
         self._views(c)
 
     def _write_layer(self, layer, ids, pos):
-        self.kv[layer].index_copy_(0, ids, self.model.kv_rows(self.seeds, pos, layer))
+        self._store(layer, ids, self.model.kv_rows(self.seeds, pos, layer))
         if layer in self.anchor_slot:
             self.keys[self.anchor_slot[layer]].index_copy_(0, ids, self.model.index_key_rows(self.seeds, pos, layer))
 
@@ -251,9 +321,15 @@ class HiSparsePlan:
     max_ctx: int
 
 
+def hot_rows(buffer_size: int, page: int) -> int:
+    """Device rows of one hot buffer at worst (``memory.hot.HotBuffers.max_pages``: the B slots'
+    pages plus the newest slot's own page; a buffer shrunk from resident keeps that layout)."""
+    return (ceil_div(buffer_size, page) + 1) * page
+
+
 def hisparse_plan(*, bs: int, cap: int, buffer_size: int, page: int, device_rows: int = 0) -> HiSparsePlan:
     """``device_rows``: at least this many (the KV budget's rows, so residency has room)."""
-    hot = ceil_div(buffer_size + 1, page) * page
+    hot = hot_rows(buffer_size, page)
     device_rows = max(bs * hot + page, ceil_div(device_rows, page) * page)
     logical = bs * ceil_div(cap, page) * page + page
     return HiSparsePlan(page, device_rows, ceil_div(logical, device_rows), ceil_div(cap, page) * page)
@@ -261,11 +337,15 @@ def hisparse_plan(*, bs: int, cap: int, buffer_size: int, page: int, device_rows
 
 def hisparse_bytes_per_request(model: BenchModel, *, cap: int, buffer_size: int, page: int) -> int:
     """HBM per request: hot rows (all layers), logical-space keys (the pool keeps them for
-    every layer), mapping + host_rows + req_to_token entries, slot_tokens/slot_rows/lru."""
+    every layer), mapping + host_rows + req_to_token entries, slot_tokens/slot_rows/lru;
+    V4's resident state. ``cap``: entries."""
     toy, L = model.toy, model.toy.num_layers
-    hot = ceil_div(buffer_size + 1, page) * page
+    hot = hot_rows(buffer_size, page)
     capp = ceil_div(cap, page) * page
-    return L * hot * toy.item_bytes + capp * (L * 4 * toy.index_dim + 24) + (L * 6 + 4) * (buffer_size + 1)
+    res = model.resident
+    extra = 0 if res is None else res.bytes_per_request(cap * model.compress_ratio)
+    return (L * hot * model.device_row_bytes + capp * (L * 4 * toy.index_dim + 24)
+            + (L * 6 + 4) * (buffer_size + 1) + extra)
 
 
 class HiSparseRunner(_Runner):
@@ -288,7 +368,8 @@ class HiSparseRunner(_Runner):
             plan.device_rows, host_to_device_ratio=plan.ratio, page_size=page, device=device,
             logical_capacity=max(plan.device_rows, min(plan.device_rows * plan.ratio, host_capacity)))
         self.pool = DeviceKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
-                                 allocator=self.allocator, index_item_bytes=4 * toy.index_dim)
+                                 allocator=self.allocator, index_item_bytes=4 * toy.index_dim,
+                                 row_layout=model.row_layout)
         self.host = HostKVPool(num_layers=toy.num_layers, item_bytes=toy.item_bytes,
                                capacity_tokens=host_capacity, page_size=page, max_requests=bs,
                                max_context=plan.max_ctx, device=device, storage=storage)
@@ -307,7 +388,8 @@ class HiSparseRunner(_Runner):
             top_k=toy.top_k, buffer_size=buffer_size, num_reqs=bs, allocator=self.allocator,
             host=self.host, device_kv=list(self.pool.kv), host_kv=list(self.host.kv),
             device=device, shared_index_layers=list(toy.shared), max_batch=bs,
-            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, **options,
+            prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, row_layout=model.row_layout,
+            **options,
         )
         #: anchors resolve in row slices, attention per slice (``--io-hiding slicesN``)
         self.sliced = self.core.resolver.anchor_slices > 1
@@ -320,7 +402,7 @@ class HiSparseRunner(_Runner):
             self._admit_one(b, fill_host)
 
     def _admit_one(self, b: int, fill_host: bool) -> None:
-        toy, n, dev = self.model.toy, self.n, self.device
+        toy, n, dev = self.model.toy, self.e, self.device
         seed = self._seeds_cpu_all[b]
         pos = torch.arange(n, device=dev)
         zero, none = torch.zeros(1, dtype=torch.int64), torch.full((1,), -1, dtype=torch.int64)
@@ -338,7 +420,7 @@ class HiSparseRunner(_Runner):
             start = int(rows[0])
             contiguous = bool(torch.equal(rows, torch.arange(start, start + n)))
             for layer in range(toy.num_layers):
-                data = toy.kv(seed, pos, layer)
+                data = self.model.oracle_kv(seed, pos, layer)
                 if contiguous:  # one bulk device->pinned copy per layer
                     self.host.kv[layer, start : start + n].copy_(data)
                 else:
@@ -359,29 +441,34 @@ class HiSparseRunner(_Runner):
             self._admit_one(b, fill_host=True)
         for b in reversed(range(c, self.active)):
             self.core.finish(b)
-            self.allocator.free(self._r2t_all[b, : self.n])
+            self.allocator.free(self._r2t_all[b, : self.e])
         self.active = c
         self._views(c)
         self.req_cpu = list(range(c))
 
     def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
         self.n += 1
-        n, dev = self.n, self.device
+        n, dev, grows = self.e, self.device, self._grows()
         seq_cpu = torch.full((self.bs,), n, dtype=torch.int64)
-        last = self.req_to_token[:, n - 2]
-        new_ids = self.allocator.alloc_decode(seq_cpu, last)
-        if new_ids is None:
-            raise RuntimeError("step: logical ids exhausted")
-        self.req_to_token[:, n - 1] = new_ids
-        if self.r2t32 is not None:
-            self.r2t32[: self.bs, n - 1] = new_ids
         seq_lens = torch.full((self.bs,), n, dtype=torch.int64, device=dev)
+        if grows:
+            last = self.req_to_token[:, n - 2]
+            new_ids = self.allocator.alloc_decode(seq_cpu, last)
+            if new_ids is None:
+                raise RuntimeError("step: logical ids exhausted")
+            self.req_to_token[:, n - 1] = new_ids
+            if self.r2t32 is not None:
+                self.r2t32[: self.bs, n - 1] = new_ids
+        else:
+            new_ids = torch.empty(0, dtype=torch.int64, device=dev)
+        # a compressed stack says which rows gained an entry (all or none: one length)
+        flags = None if self.model.compress_ratio == 1 else [grows] * self.bs
         self.core.map_last_loc(req_index=self.req_index, seq_lens=seq_lens, new_logical=new_ids,
-                               req_index_cpu=self.req_cpu, seq_lens_cpu=seq_cpu.tolist())
+                               req_index_cpu=self.req_cpu, seq_lens_cpu=seq_cpu.tolist(), grows=flags)
         self.core.wait_for_pending_backup()
         self.core.num_real_reqs.fill_(self.bs)
         self._seq_lens = seq_lens
-        self._forward(new_ids, seq_lens, check, log)
+        self._forward(new_ids if grows else None, seq_lens, check, log)
 
     def _write_layer(self, layer, ids, pos):
         self.pool.write(layer, ids, self.model.kv_rows(self.seeds, pos, layer))

@@ -26,14 +26,23 @@ Per decode step and layer (``bs`` requests of one length ``n``; ``k`` top-k)::
 The exactness check uses the toy's own ``attend`` (a float32 sum, no NaNs) on a few
 sampled requests; the timed attention above treats random bytes as bf16, so its values are
 meaningless (NaNs included) but its cost is that of real attention over those rows.
+
+DeepSeek-V4's stack (``--stack v4``, :func:`v4_model`): the toy's layers are V4's C4 layers
+(the ones HiSparse serves), a KV row is one compressed entry of ``compress_ratio`` = 4 tokens
+(592-byte host rows, device entries in FlashMLA's C4 pages, ``kernels.row_layout.C4_PAGED``),
+positions are entry indices, and a new entry exists only every 4th decode step. What V4 keeps
+on the device in both modes (the sliding window of every layer, the C128 layers' entries) is
+:class:`V4Resident`: counted in each request's HBM and read by the timed attention.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
+from sglang_hisparse.memory.paged import ceil_div
 from sglang_hisparse.testing.toy_model import _MASK, ToyModel, _mix
 
 #: hidden size of the dense stand-in's activations (DeepSeek-V3.x / GLM-5 hidden size)
@@ -46,15 +55,62 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class V4Resident:
+    """DeepSeek-V4's device state outside HiSparse, per request (the same in both modes):
+    every layer's sliding window of ``window`` tokens and the C128 layers' entries (one per 128
+    tokens), rows of ``entry_bytes`` (a C4/C128 page is 64 entries in 37440 B: 585 B each).
+    The C4 layers' indexer keys are the toy's own (``index_dim`` 33 float32 = 132 B, V4's fp8
+    key + scale). DeepSeek-V4-Flash: 43 layers; 0 and 1 sliding window only, the even layers
+    from 2 C4, the odd ones from 3 C128. ``partners[i]``: the non-C4 layers whose window (and
+    C128 entries) C4 layer ``i``'s timed attention also reads, so one call per C4 layer covers
+    all 43 layers."""
+
+    layers: int = 43
+    window: int = 128
+    c4_layers: tuple[int, ...] = tuple(range(2, 43, 2))
+    c128_layers: tuple[int, ...] = tuple(range(3, 43, 2))
+    entry_bytes: int = 585
+    partners: tuple[tuple[int, ...], ...] = field(
+        default=((0, 1, 3),) + tuple((2 * i + 3,) for i in range(1, 20)) + ((),))
+
+    def c128_entries(self, cap_tokens: int) -> int:
+        return ceil_div(cap_tokens, 128)
+
+    def rows(self, cap_tokens: int) -> int:
+        """Resident rows per request: windows, then each C128 layer's entries."""
+        return self.layers * self.window + len(self.c128_layers) * self.c128_entries(cap_tokens)
+
+    def bytes_per_request(self, cap_tokens: int) -> int:
+        return self.rows(cap_tokens) * self.entry_bytes
+
+    def read_rows(self, c4_index: int, cap_tokens: int) -> list[int]:
+        """A request's resident rows (offsets in its block) that C4 layer ``c4_index``'s step
+        reads: its own window, then each partner's window and C128 entries."""
+        w, c128 = self.window, {layer: i for i, layer in enumerate(self.c128_layers)}
+        n128, base = self.c128_entries(cap_tokens), self.layers * self.window
+        out: list[int] = []
+        for layer in (self.c4_layers[c4_index],) + self.partners[c4_index]:
+            out += range(layer * w, (layer + 1) * w)
+            if layer in c128:
+                out += range(base + c128[layer] * n128, base + (c128[layer] + 1) * n128)
+        return out
+
+
+@dataclass(frozen=True)
 class BenchModel:
     """toy: the content model (L, k, I, D, sharing); churn: query noise amplitude (drives
     top-k churn); heads: attention heads per GPU; attention: "bag" or "gather" (module
     docstring); dense_mb / dense_mflop: weight bytes streamed per layer and per-token MFLOP
-    per layer of the dense stand-in."""
+    per layer of the dense stand-in; compress_ratio: tokens per KV entry (V4: 4);
+    row_layout: where an entry lives on the device; resident: V4's other device state;
+    one_pass_scores: the indexer's scoring pass (the field's comment)."""
 
     def __post_init__(self) -> None:
         if self.attention not in ("bag", "gather"):
             raise ValueError(f"attention = {self.attention!r}; use 'bag' or 'gather'.")
+        if self.row_layout.paged and (self.attention != "bag" or self.toy.item_bytes != self.row_layout.host_item()):
+            raise ValueError(f"the {self.row_layout.name} layout takes attention 'bag' and "
+                             f"{self.row_layout.host_item()}-byte rows.")
 
     toy: ToyModel
     churn: float = 0.05
@@ -62,10 +118,37 @@ class BenchModel:
     attention: str = "bag"
     dense_mb: float = 0.0
     dense_mflop: float = 0.0
+    compress_ratio: int = 1
+    row_layout: RowLayout = TOKEN
+    resident: V4Resident | None = None
+    #: score with one batched matmul (reads each gathered key once, as a fused indexer kernel
+    #: does) when the calibrated selection forces all k winners, so the scores' rounding, which
+    #: may depend on the batch shape, cannot change the answer; else the elementwise sum
+    one_pass_scores: bool = False
 
     @property
     def anchors(self) -> list[int]:
         return [i for i, s in enumerate(self.toy.shared) if not s]
+
+    @property
+    def device_row_bytes(self) -> int:
+        """HBM per device row: the row, or a paged layout's page share (C4: 37440 / 64)."""
+        lay = self.row_layout
+        return lay.page_bytes // lay.entries if lay.paged else self.toy.item_bytes
+
+    def entries(self, tokens: int) -> int:
+        """KV entries (positions of the index space) of a request of ``tokens`` tokens."""
+        return tokens // self.compress_ratio
+
+    def oracle_kv(self, seed: int, pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """``toy.kv`` as the device holds it: a paged layout does not store a row's padding."""
+        return self._unpadded(self.toy.kv(seed, pos, layer))
+
+    def _unpadded(self, rows: torch.Tensor) -> torch.Tensor:
+        lay = self.row_layout
+        if lay.paged:
+            rows[:, lay.data + lay.tail:] = 0
+        return rows
 
     # -- content (bit-identical to ToyModel) --------------------------------------------------
     def kv_rows(self, seeds: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
@@ -78,7 +161,7 @@ class BenchModel:
         # arithmetic (it keeps the low 62 bits of the exact product too).
         base = ((s * 1_000_003 + layer * 7_919) * 0x85EBCA77) & _MASK
         words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
-        return words.contiguous().view(torch.uint8)[:, : m.item_bytes].contiguous()
+        return self._unpadded(words.contiguous().view(torch.uint8)[:, : m.item_bytes].contiguous())
 
     def index_key_rows(self, seeds: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """float32 [bs, D]: row ``i`` == ``toy.index_keys(seeds[i], pos[i:i+1], layer)[0]``."""
@@ -89,7 +172,8 @@ class BenchModel:
         return _unit(p * 0x632BE5AB + d * 0x1B873593 + seed_term + layer * 0x38495AB5)
 
     def queries(self, seeds: torch.Tensor, n: int, layer: int) -> torch.Tensor:
-        """float32 [bs, D]: per-request stable direction + ``churn`` * per-step noise."""
+        """float32 [bs, D]: per-request stable direction + ``churn`` * per-step noise
+        (``n``: the step's token count, so a compressed stack's query changes every step)."""
         s = seeds.to(torch.int64).reshape(-1, 1)
         d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=s.device)
         stable = _unit(d * 0x1B873593 + ((s * 0x2545F491) & _MASK) + layer * 0x9E3779B9)
@@ -103,9 +187,12 @@ class BenchModel:
         ``forced`` int32 [bs, k'] (distinct positions < n per row, k' <= k): these win, in
         their order, ahead of every scored position (the calibrated selections of
         ``e2e_selection``); the indexer's work is the same either way."""
-        scores = keys[:, :, 0] * q[:, 0:1]
-        for d in range(1, keys.shape[2]):
-            scores = torch.addcmul(scores, keys[:, :, d], q[:, d : d + 1])
+        if self.one_pass_scores and forced is not None and forced.shape[1] >= self.toy.top_k:
+            scores = torch.bmm(keys, q[:, :, None])[:, :, 0]
+        else:
+            scores = keys[:, :, 0] * q[:, 0:1]
+            for d in range(1, keys.shape[2]):
+                scores = torch.addcmul(scores, keys[:, :, d], q[:, d : d + 1])
         pos = torch.arange(n, dtype=torch.int64, device=keys.device)
         scores = scores + self.toy.recency * (pos.to(torch.float32) / n) ** 4
         # NOTE: float ties would let topk order equal scores differently in different batch
@@ -162,16 +249,26 @@ class ComputeStandIn:
     def attention(self, kv_layer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """MLA-shaped attention over ``kv_layer`` uint8 [rows_total, I] rows ``rows`` int [bs, k]."""
         bs, k = rows.shape
+        lay = self.model.row_layout
         if self.model.attention == "bag":
-            # CPU: float32 view (bf16 bags are slow there); values are meaningless either way.
-            table = kv_layer.view(torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-            return torch.nn.functional.embedding_bag(rows.clamp(min=0).to(torch.int64), table, mode="sum")
+            idx = rows.clamp(min=0).to(torch.int64)
+            if lay.paged:
+                # a C4 page is 65 x 576 B: entry r's data is row r + r // 64 of that view
+                kv_layer = kv_layer.view(-1, lay.data)
+                idx = idx + idx // lay.entries
+            return self.bag(kv_layer, idx)
         flat = rows.reshape(-1).clamp(min=0).to(torch.int64)
         g = kv_layer.index_select(0, flat).view(bs, k, -1)
         kv = g.view(torch.bfloat16).view(bs, k, self.dim).to(self.dtype)
         s = torch.bmm(self.q[:bs], kv.transpose(1, 2))  # [bs, H, k]
         p = torch.softmax(s.float(), dim=-1).to(self.dtype)
         return torch.bmm(p, kv[:, :, : self.v_dim])  # [bs, H, v_dim]
+
+    def bag(self, rows_table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Sum of rows ``idx`` int64 [bs, w] of ``rows_table`` uint8 [rows, bytes]: each row read once."""
+        # CPU: float32 view (bf16 bags are slow there); values are meaningless either way.
+        table = rows_table.view(torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        return torch.nn.functional.embedding_bag(idx, table, mode="sum")
 
     def dense(self, layer: int, bs: int) -> None:
         """The layer's weight stream and per-token GEMM (results unused; only cost matters)."""

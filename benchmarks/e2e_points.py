@@ -35,10 +35,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from e2e_engine import FullKVRunner, hisparse_bytes_per_request
-from e2e_model import BenchModel
+from e2e_engine import FullKVRunner, hisparse_bytes_per_request, hot_rows
+from e2e_model import BenchModel, V4Resident
 
 from sglang_hisparse.config import DEFAULT_RESIDENCY_WATERMARK
+from sglang_hisparse.kernels.row_layout import C4_PAGED
 from sglang_hisparse.memory.paged import ceil_div
 from sglang_hisparse.testing.toy_model import ToyModel
 
@@ -75,10 +76,23 @@ def shared_pattern(layers: int, rule: str, every: int) -> tuple[bool, ...]:
     return tuple(i % every != 0 for i in range(layers))
 
 
+#: DeepSeek-V4's C4 indexer key: 128 fp8 values + one fp32 scale = 132 B = 33 float32
+V4_INDEX_DIM = 33
+V4_COMPRESS_RATIO = 4
+
+
 def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = None) -> BenchModel:
+    churn = args.churn if churn is None else churn
+    if getattr(args, "stack", "dsa") == "v4":
+        # every C4 layer computes its own top-k (V4 shares no indexer output)
+        toy = ToyModel(num_layers=layers, top_k=args.top_k, item_bytes=args.item, index_dim=V4_INDEX_DIM)
+        return BenchModel(toy, churn=churn, heads=args.heads, attention=args.attention,
+                          dense_mb=args.dense_mb, dense_mflop=args.dense_mflop,
+                          compress_ratio=V4_COMPRESS_RATIO, row_layout=C4_PAGED,
+                          resident=V4Resident(window=args.v4_window), one_pass_scores=True)
     shared = shared_pattern(layers, args.anchor_rule, args.anchor_every)
     toy = ToyModel(num_layers=layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
-    return BenchModel(toy, churn=args.churn if churn is None else churn, heads=args.heads,
+    return BenchModel(toy, churn=churn, heads=args.heads,
                       attention=args.attention, dense_mb=args.dense_mb, dense_mflop=args.dense_mflop)
 
 
@@ -123,7 +137,9 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
     if point["kind"] == "ramp":
         # at most 2 * 11 + 1 levels (batch <= 1024), each ramp_steps timed + 1 checked step
         total_steps = max(total_steps, args.warmup + 23 * (args.ramp_steps + 1))
-    cap = n + total_steps + 1
+    cap_tokens = n + total_steps + 1
+    # the index space's capacity per request: entries (tokens unless the stack compresses)
+    cap = ceil_div(cap_tokens, model.compress_ratio)
     per_full = FullKVRunner.bytes_per_request(model, cap)
     per_hs = hisparse_bytes_per_request(model, cap=cap, buffer_size=args.buffer, page=page)
     host_pages = host_rows_for(host_bytes, model.toy.num_layers, args.item, page) // page - 1
@@ -133,11 +149,12 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
         # HBM not short for either mode: b requests' full KV, or b fully resident HiSparse
         # requests (rows + index keys on every layer + slot state) with the pressure mode's
         # watermark still free, whichever is larger.
-        L, D = model.toy.num_layers, model.toy.index_dim
+        L, D, rb = model.toy.num_layers, model.toy.index_dim, model.device_row_bytes
         capp = ceil_div(cap, page) * page
-        per_res = capp * (L * args.item + L * 4 * D + 24) + (L * 6 + 4) * (args.buffer + 1)
+        extra = 0 if model.resident is None else model.resident.bytes_per_request(cap_tokens)
+        per_res = capp * (L * rb + L * 4 * D + 24) + (L * 6 + 4) * (args.buffer + 1) + extra
         spare = 1.0 - RESIDENCY["pressure"]["watermark"]
-        budget = int(b * max(per_full, per_res) / spare) + 2 * page * L * args.item
+        budget = int(b * max(per_full, per_res) / spare) + 2 * page * L * rb
         full_bs = hs = b
         limit = "fixed batch"
         hs_hbm = budget // per_hs
@@ -152,10 +169,11 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
         hs_hbm = budget // per_hs
         hs = min(hs_hbm, hs_host, args.max_batch)
         limit = "hbm" if hs == hs_hbm else ("host_dram" if hs == hs_host else "max_batch")
-    row = model.toy.num_layers * args.item  # one token's KV, every layer
-    state = per_hs - row * ceil_div(args.buffer + 1, page) * page  # HiSparse's non-row bytes per request
+    row = model.toy.num_layers * model.device_row_bytes  # one entry's KV, every layer
+    state = per_hs - row * hot_rows(args.buffer, page)  # HiSparse's non-row bytes per request
     device_rows = max((budget - hs * state) // row, 0)
-    return dict(context=n, layers=model.toy.num_layers, cap=cap, budget_bytes=budget, budget_gib=budget / GIB,
+    return dict(context=n, layers=model.toy.num_layers, cap=cap, cap_tokens=cap_tokens,
+                compress_ratio=model.compress_ratio, budget_bytes=budget, budget_gib=budget / GIB,
                 hisparse_device_rows=device_rows,
                 full_bytes_per_request=per_full, hisparse_bytes_per_request=per_hs,
                 full_batch_admitted=budget // per_full, full_batch=full_bs,

@@ -116,7 +116,9 @@ def _targets(plan: dict, ratios: dict, args) -> dict:
     want = THROUGHPUT_TARGETS.get(n)
     vs_full = want is None or ratios["prefetch_over_full"] >= want
     vs_noio = ratios["prefetch_over_noio"] >= ORACLE_TARGET
-    return dict(applies=not args.smoke, prefetch_over_full=f">= {want} at {n}",
+    # the targets are issue 34's, for the DSA stack; a V4 run reports its figures against none
+    return dict(applies=not args.smoke and getattr(args, "stack", "dsa") == "dsa",
+                prefetch_over_full=f">= {want} at {n}",
                 prefetch_over_noio=f">= {ORACLE_TARGET}", met_vs_full=vs_full, met_vs_noio=vs_noio,
                 met=vs_full and vs_noio)
 

@@ -115,8 +115,11 @@ class CalibratedIndexer:
             self._pools[layer] = pool
         return pool
 
-    def scores(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(positions int64 [bs, M + R], scores float32 [bs, M + R]) of the contenders at ``n``."""
+    def scores(self, layer: int, n: int, t: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions int64 [bs, M + R], scores float32 [bs, M + R]) of the contenders at ``n``
+        positions and step time ``t`` (default ``n``; a compressed stack's decode step moves
+        ``t`` every token but ``n`` only every ``compress_ratio`` tokens)."""
+        t = n if t is None else t
         sp, dev = self.spec, self.seeds.device
         R = sp.recent_len(self.k)
         pool = self._pool(layer)
@@ -127,12 +130,12 @@ class CalibratedIndexer:
         for i, (T, w) in enumerate(zip(sp.scales, sp.weights, strict=True)):
             h = pos * 0x9E3779B1 + base + i * 0x38495AB5
             phase = _mix(h + 0x1B873593) % T
-            epoch = (n + phase) // T
+            epoch = (t + phase) // T
             score = score + w * _unit(h + epoch * 0x4CF5AD43)
         return pos, score
 
-    def select(self, layer: int, n: int) -> torch.Tensor:
-        pos, score = self.scores(layer, n)
+    def select(self, layer: int, n: int, t: int | None = None) -> torch.Tensor:
+        pos, score = self.scores(layer, n, t)
         width = max(int(n).bit_length(), 1)
         ranked = torch.round(score * 2**20).to(torch.int64) * (1 << width) + pos
         top = torch.topk(ranked, self.k, dim=1).indices
@@ -144,24 +147,32 @@ class SelectionTable:
     ``table`` int32 [A, S, bs, k] for anchors ``anchors`` and seq_lens ``n0 + 1 .. n0 + S``
     (every mode of a point runs the same steps, so all of them read this one table; a runner
     with fewer requests reads the first rows, the same requests). Steps past S are drawn on
-    demand (same values)."""
+    demand (same values). ``compress``: tokens per position (DeepSeek-V4's C4 stack: 4): ``n0``
+    and the ``n`` of :meth:`get` stay token counts, positions are entries (``n // compress``),
+    and the process's time is the token step, so selections change every step."""
 
     def __init__(self, spec: SelectionSpec, *, seeds: torch.Tensor, n0: int, k: int,
-                 anchors: list[int], steps: int) -> None:
-        self.indexer = CalibratedIndexer(spec, seeds, n0, k)
+                 anchors: list[int], steps: int, compress: int = 1) -> None:
+        self.compress = compress
+        self.indexer = CalibratedIndexer(spec, seeds, n0 // compress, k)
         self.n0, self.anchor_slot = n0, {a: i for i, a in enumerate(anchors)}
         table = torch.empty(len(anchors), steps, seeds.shape[0], k, dtype=torch.int32, device=seeds.device)
         for i, a in enumerate(anchors):
             for t in range(steps):
-                table[i, t] = self.indexer.select(a, n0 + 1 + t)
+                table[i, t] = self._draw(a, n0 + 1 + t)
         self.table = table
 
+    def _draw(self, layer: int, n: int) -> torch.Tensor:
+        if self.compress == 1:
+            return self.indexer.select(layer, n)
+        return self.indexer.select(layer, n // self.compress, n)
+
     def get(self, layer: int, n: int, bs: int) -> torch.Tensor:
-        """int32 [bs, k]: the selection of anchor ``layer`` at seq_len ``n``."""
+        """int32 [bs, k]: the selection of anchor ``layer`` at seq_len ``n`` (tokens)."""
         t = n - self.n0 - 1
         if 0 <= t < self.table.shape[1]:
             return self.table[self.anchor_slot[layer], t, :bs]
-        return self.indexer.select(layer, n)[:bs]
+        return self._draw(layer, n)[:bs]
 
 
 # -- calibration -------------------------------------------------------------------------------

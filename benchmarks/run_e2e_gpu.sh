@@ -9,6 +9,8 @@
 # failing: a failed build leaves the kernels to compile at first use, a failed calibration
 # leaves bench_e2e to embed its quick one, and bench_e2e rewrites its JSON after every point.
 #   OUT=/tmp/out bash benchmarks/run_e2e_gpu.sh [extra bench_e2e.py flags]
+#   STACK=v4 OUT=/tmp/out bash benchmarks/run_e2e_gpu.sh   # DeepSeek-V4-Flash's C4 stack instead:
+#      builds the C4 kernels (k 512 / B 1024 / 592-byte rows, C4 pages) and runs --stack v4
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/e2e.XXXXXX)
@@ -33,23 +35,46 @@ CAL=$!
 
 echo "== build"
 t0=$SECONDS
+STACK_ARG=()
+if [ "${STACK:-dsa}" = v4 ]; then
+  STACK_ARG=(--stack v4)
+  # resolve (ROWL 1), replay, the host<->C4 all-layer copies and the gather ceiling, in parallel
+  timeout 240 python3 - <<'PY' 2>&1 | tail -8 || echo "kernel build failed or timed out: kernels compile at first use"
+import time
+from concurrent.futures import ThreadPoolExecutor
+from sglang_hisparse.kernels import _jit
+jobs = [("resolve", lambda: _jit.resolve_module(512, 1024, 592, rowl=1)),
+        ("replay", lambda: _jit.replay_module(592, rowl=1)),
+        ("layer_copy host->c4", lambda: _jit.layer_copy_module(592, 0, 1)),
+        ("layer_copy c4->host", lambda: _jit.layer_copy_module(592, 1, 0)),
+        ("gather", lambda: _jit.gather_module(592))]
+def one(job):
+    t = time.perf_counter(); job[1](); return f"{job[0]}: {time.perf_counter() - t:.1f} s"
+with ThreadPoolExecutor(5) as pool:
+    for line in pool.map(one, jobs):
+        print(line)
+PY
+else
 ( timeout 180 python3 -c "from sglang_hisparse.kernels import _jit; _jit.gather_module(1152)" \
     > "$WORK/gather.txt" 2>&1 || echo "gather ceiling build failed: link figures will be missing" >> "$WORK/gather.txt" ) &
 GATHER=$!
 timeout 240 python3 -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 --items 1152 --jobs 4 2>&1 | tail -20 \
   || echo "kernel build failed or timed out: kernels compile at first use"
 wait "$GATHER"; tail -5 "$WORK/gather.txt"
+fi
 echo "build: $((SECONDS - t0)) s"
 
 wait "$CAL"; echo "calibration rc=$?"; cat "$WORK/calibration.txt"
 CAL_ARG=()
 [ -s "$WORK/calibration.json" ] && CAL_ARG=(--calibration "$WORK/calibration.json")
+# the table above is the DSA stack's (k 2048 over tokens); a V4 run embeds its own quick one
+[ "${STACK:-dsa}" = v4 ] && CAL_ARG=()
 
 echo "== bench_e2e"
 left=$(( 470 - SECONDS )); [ "$left" -lt 60 ] && left=60
 # --deadline-s: points not started by then are recorded as skipped, so the summary and plot
 # are still written; the timeout only catches a point that hangs.
-timeout "$left" python3 benchmarks/bench_e2e.py --out "$OUT" "${CAL_ARG[@]}" --deadline-s $((left - 60)) "$@"
+timeout "$left" python3 benchmarks/bench_e2e.py --out "$OUT" "${STACK_ARG[@]}" "${CAL_ARG[@]}" --deadline-s $((left - 60)) "$@"
 rc=$?
 echo "bench_e2e rc=$rc at $SECONDS s (1: an output not exact, a point failed or refused; 124: timed out,"
 echo "  bench_e2e.json then holds the points that finished)"

@@ -164,3 +164,24 @@ def test_refuses_when_a_mode_admits_nothing(bench, tmp_path):
     plan = plan_point(args, point, model, bench.host_pool_bytes(args))
     with pytest.raises(ValueError, match="admits no request"):
         check_point(args, model, plan, torch.device("cpu"), 0)
+
+
+def test_v4_stack_smoke_is_exact_and_compresses(bench, tmp_path):
+    """``--stack v4``: DeepSeek-V4's C4 layers (4 tokens per entry, entries in C4 pages, windows
+    and C128 entries resident in both modes) run every mode exact against the oracle and full KV,
+    and HiSparse admits more requests than full KV under the same budget."""
+    rc = bench.main(["--smoke", "--stack", "v4", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "bench_e2e.json").read_text())
+    assert rc == 0 and report["exact"] is True and report["complete"] is True
+    main = [p for p in report["points"] if p["kind"] == "main"]
+    assert [p["context"] for p in main] == [1024, 2048]
+    for p in main:
+        assert p["plan"]["compress_ratio"] == 4 and p["plan"]["cap"] * 4 >= p["plan"]["cap_tokens"]
+        assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
+        assert p["modes"]["prefetch"]["miss_rate"] > 0.05
+        assert p["modes"]["prefetch"]["exact_vs_full"] is True
+
+
+def test_v4_stack_refuses_a_token_page(bench, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--stack", "v4", "--page", "16", "--out", str(tmp_path), "--device", "cpu"])
