@@ -133,6 +133,12 @@ class PlanInputs:
                 f"{min(self.contexts)}): the tokens of prompt every request shares, e.g. --shared-prefix 25600.")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}.")
+        if self.model.family == "deepseek-v4":
+            self.model.kv_bytes(self.kv_dtype)  # fp8 only: raises naming --kv-dtype
+            if self.shared_prefix:
+                raise ValueError(f"--shared-prefix {self.shared_prefix} with {self.model.name}: sglang-hisparse "
+                                 f"serves DeepSeek-V4 with the radix cache off, so no prefix is shared. "
+                                 f"Drop --shared-prefix.")
         if self.model.family == "minimax-m3" and self.dp_attention:
             raise ValueError(
                 f"--dp-attention with MiniMax-M3 ({self.model.name}): HiSparse holds one KV head per "
@@ -243,10 +249,12 @@ def index_layers(inputs: PlanInputs, hisparse: bool) -> int:
 def _hisparse_bytes(inputs: PlanInputs, n: int) -> tuple[int, int, int]:
     """HBM of one request of ``n`` tokens with HiSparse: (hot buffers, index-K, slot state)."""
     m, B = inputs.model, inputs.hot_slots
-    hot_kv = m.layers * m.kv_bytes(inputs.kv_dtype) * min(n, B + 1)
-    # the index cache (and M3's dense layers) stay on the device for the whole context
-    hot_idx = (index_layers(inputs, True) * m.index_bytes + m.device_bytes_per_token(inputs.kv_dtype)) * n
-    return hot_kv, hot_idx, _state_bytes(inputs, n)
+    e = m.entries(n)
+    hot_kv = m.layers * m.kv_bytes(inputs.kv_dtype) * min(e, B + 1)
+    # the index cache (and M3's dense layers, V4's C128 entries and windows) stay on the
+    # device for the whole context
+    hot_idx = index_layers(inputs, True) * m.index_bytes * e + m.device_bytes(n, inputs.kv_dtype)
+    return hot_kv, hot_idx, _state_bytes(inputs, e)
 
 
 def _state_bytes(inputs: PlanInputs, n: int) -> int:
@@ -264,22 +272,26 @@ def _state_bytes(inputs: PlanInputs, n: int) -> int:
 
 def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     m, B, k = inputs.model, inputs.hot_slots, inputs.top_k
-    row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
+    row, idx, host_row = m.kv_bytes(inputs.kv_dtype), m.index_bytes, m.host_row_bytes(inputs.kv_dtype)
+    # HiSparse rows per layer: tokens, or DeepSeek-V4's C4 entries (one per 4 tokens)
+    e, s = m.entries(n), inputs.shared_prefix
+    es = m.entries(s)
     # A shared prefix (radix cache) is held once per rank: full KV shares its device rows,
     # HiSparse its host rows (a running request's device rows stay private, docs/prefix-cache.md).
-    s = inputs.shared_prefix
-    dev = m.device_bytes_per_token(inputs.kv_dtype)  # M3's dense layers (0 for DSA)
-    full = (m.layers * row + index_layers(inputs, False) * idx + dev) * (n - s)
-    full_shared = (m.layers * row + index_layers(inputs, False) * idx + dev) * s
+    kv_dtype = inputs.kv_dtype
+    dev = m.device_bytes(n, kv_dtype) - m.device_bytes(s, kv_dtype)  # M3's dense layers, V4's C128 + windows
+    dev_shared = m.device_bytes(s, kv_dtype)
+    full = (m.layers * row + index_layers(inputs, False) * idx) * (e - es) + dev
+    full_shared = (m.layers * row + index_layers(inputs, False) * idx) * es + dev_shared
     hot_kv, hot_idx, state = _hisparse_bytes(inputs, n)
-    hot_idx = (index_layers(inputs, True) * idx + dev) * (n - s)  # the prefix's index-K rows are shared too
-    host = m.layers * row * (n - s)
+    hot_idx = index_layers(inputs, True) * idx * (e - es) + dev  # the prefix's index-K rows are shared too
+    host = m.layers * host_row * (e - es)
     ranks_serving = inputs.tp if inputs.dp_attention else 1
     b_full = int(max(budget - full_shared, 0) // full)
-    b_hbm = int(max(budget - (index_layers(inputs, True) * idx + dev) * s, 0) // (hot_kv + hot_idx + state))
-    b_host = int(max(inputs.host_dram_gib * GIB / inputs.tp - m.layers * row * s, 0) // host)
+    b_hbm = int(max(budget - (index_layers(inputs, True) * idx * es + dev_shared), 0) // (hot_kv + hot_idx + state))
+    b_host = int(max(inputs.host_dram_gib * GIB / inputs.tp - m.layers * host_row * es, 0) // host) if host else 0
     b_hs = min(b_hbm, b_host)
-    per_token = m.layers * k * inputs.miss_rate * row if n > B else 0.0
+    per_token = m.layers * k * inputs.miss_rate * host_row if e > B else 0.0
     link = inputs.link_gbps * GB
     io_ms = b_hs * per_token / link * 1e3
     b_io = int(inputs.target_step_ms / 1e3 * link // per_token) if per_token else None
@@ -296,13 +308,14 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     step = inputs.target_step_ms
     io_note = (f"IO {io_ms:.1f} ms/step at {inputs.link_gbps:g} GB/s "
                f"({100 * io_ms / step:.0f} % of a {step:g} ms step)")
-    if n <= B:
-        on, why = False, (f"context {n} <= B = {B}: the whole request fits in its hot buffer, "
+    unit = "tokens" if m.compress_ratio == 1 else f"C4 entries ({n} tokens)"
+    if e <= B:
+        on, why = False, (f"context {e} {unit} <= B = {B}: the whole request fits in its hot buffer, "
                           f"HiSparse only adds the host copy")
-    elif (smem := resolve_smem_bytes(k, B, n, inputs.policy)) > SM90_MAX_SMEM_PER_BLOCK:
-        most = largest_buffer(lambda b: resolve_smem_bytes(k, b, n, inputs.policy))
+    elif (smem := resolve_smem_bytes(k, B, e, inputs.policy)) > SM90_MAX_SMEM_PER_BLOCK:
+        most = largest_buffer(lambda b: resolve_smem_bytes(k, b, e, inputs.policy))
         on, why = False, (f"the resolve kernel needs {smem} B of shared "
-                          f"memory per CTA at {n} tokens (its position bitmap grows with the "
+                          f"memory per CTA at {e} {unit} (its position bitmap grows with the "
                           f"context), above sm_90's {SM90_MAX_SMEM_PER_BLOCK} B"
                           + (f"; use --buffer <= {most}" if most >= k else ""))
     elif b_hs == 0:
@@ -325,7 +338,7 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
         host_bytes_per_request=host,
         batch_full=b_full, batch_hisparse_hbm=b_hbm, batch_hisparse_host=b_host, batch_hisparse=b_hs,
         limited_by=limited_by, node_batch_full=node_full,
-        node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * (b_hs * host + (m.layers * row * s if b_hs else 0)),
+        node_batch_hisparse=node_hs, host_dram_node_bytes=inputs.tp * (b_hs * host + (m.layers * host_row * es if b_hs else 0)),
         h2d_bytes_per_token=per_token, io_ms_per_step=io_ms,
         io_exposed_ms_per_step=io_ms * len(m.anchors) / m.layers, io_fits=io_ms <= step,
         batch_io_fits=b_io, node_batch_link=node_link, node_batch_recommended=node_rec, bound_by=bound_by,
@@ -343,6 +356,8 @@ def break_even_context(inputs: PlanInputs) -> int | None:
     g*4L/(a - g*d) steps); never when a <= g*d (the index cache alone is too large a share).
     """
     m, g, B = inputs.model, inputs.min_gain, inputs.hot_slots
+    if m.compress_ratio != 1:
+        return _break_even_search(inputs)
     row, idx = m.kv_bytes(inputs.kv_dtype), m.index_bytes
 
     dev = m.device_bytes_per_token(inputs.kv_dtype)
@@ -357,6 +372,33 @@ def break_even_context(inputs: PlanInputs) -> int | None:
     return n
 
 
+def _full_bytes(inputs: PlanInputs, n: int) -> int:
+    m = inputs.model
+    return ((m.layers * m.kv_bytes(inputs.kv_dtype) + index_layers(inputs, False) * m.index_bytes) * m.entries(n)
+            + m.device_bytes(n, inputs.kv_dtype))
+
+
+def _break_even_search(inputs: PlanInputs) -> int | None:
+    """:func:`break_even_context` for a compressed layout (DeepSeek-V4: entries per 4 tokens,
+    windows and C128 entries that are not linear in n): bisection on the ratio, which only grows
+    with n past B entries, then a forward step over the rounding of ``n // 4``."""
+    m, g = inputs.model, inputs.min_gain
+
+    def worth(n: int) -> bool:
+        return _full_bytes(inputs, n) >= g * sum(_hisparse_bytes(inputs, n))
+
+    lo, hi = m.compress_ratio * (inputs.hot_slots + 1), MAX_CONTEXT
+    if not worth(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if worth(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def plan(inputs: PlanInputs) -> Plan:
     """Validate ``inputs`` and compute every figure the ``plan`` command prints."""
     inputs.validate()
@@ -365,7 +407,7 @@ def plan(inputs: PlanInputs) -> Plan:
     # Sized for the context the flags are for: the longest that turns HiSparse on (a longer
     # context the verdict leaves off must not inflate the host pool), else the longest.
     longest = max((r.context for r in rows if r.turn_on), default=max(inputs.contexts))
-    ratio = max(1, math.ceil(longest / (inputs.hot_slots + 1)))
+    ratio = max(1, math.ceil(inputs.model.entries(longest) / (inputs.hot_slots + 1)))
     suggested: dict[str, int | str] = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots,
                                        "host_to_device_ratio": ratio}
     if inputs.policy != "lru":

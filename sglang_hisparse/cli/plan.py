@@ -27,6 +27,7 @@ EPILOG = """\
 examples:
   python -m sglang_hisparse plan                                   # GLM-5.1, 8xH200, 128K
   python -m sglang_hisparse plan --model DeepSeek-V3.2 --context 32K,64K,128K
+  python -m sglang_hisparse plan --model DeepSeek-V4-Flash --context 32K,128K  # fp8 C4 entries
   python -m sglang_hisparse plan --model-config /models/GLM-5.2-FP8/config.json --kv-dtype fp8
   python -m sglang_hisparse plan --kv-budget-gib 40 --buffer 6144 --json
   python -m sglang_hisparse plan --trace traces/glm.npz --plot plan.png
@@ -74,9 +75,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "num_hidden_layers, kv_lora_rank, qk_rope_head_dim, index_head_dim, index_topk and index "
                      "sharing (index_topk_freq / index_topk_pattern / indexer_types); or a MiniMax-M3 config.json "
                      "(sparse_attention_config, head_dim): its sparse layers' K/V of one head per rank, top-k = "
-                     "the blocks a step selects x block size")
-    m.add_argument("--kv-dtype", choices=planner.KV_DTYPES, default=d["kv_dtype"].default,
-                   help="KV cache dtype: bf16 = 1152 B rows (SGLang's default on H200), fp8 = 656 B rows (default %(default)s)")
+                     "the blocks a step selects x block size; or a DeepSeek-V4 config.json (compress_ratios, "
+                     "sliding_window, index_topk): its C4 layers' entries, one per 4 tokens")
+    m.add_argument("--kv-dtype", choices=planner.KV_DTYPES, default=None,
+                   help="KV cache dtype: bf16 = 1152 B rows (SGLang's default on H200), fp8 = 656 B rows (default "
+                        f"{d['kv_dtype'].default}; fp8 for DeepSeek-V4, whose C4 pool stores fp8 only)")
     g = p.add_argument_group("hardware (per GPU unless stated)")
     g.add_argument("--gpu-hbm-gib", type=float, default=d["gpu_hbm_gib"].default, metavar="GIB",
                    help="HBM per GPU in GiB (default %(default)s: H200, 143771 MiB reported)")
@@ -189,7 +192,7 @@ def inputs_from_args(args: argparse.Namespace) -> planner.PlanInputs:
     model = _model(args)
     contexts = tuple(n for group in (args.context or [[128 * 1024]]) for n in group)
     inputs = planner.PlanInputs(
-        model=model, contexts=contexts, kv_dtype=args.kv_dtype, gpu_hbm_gib=args.gpu_hbm_gib,
+        model=model, contexts=contexts, kv_dtype=args.kv_dtype or model.default_kv_dtype, gpu_hbm_gib=args.gpu_hbm_gib,
         kv_share=args.kv_share, kv_budget_gib=args.kv_budget_gib, tp=args.tp, dp_attention=args.dp_attention,
         buffer=args.buffer, host_dram_gib=args.host_dram_gib, link_gbps=args.link_gbps,
         target_step_ms=args.target_step_ms, hisparse_index_layers=args.hisparse_index_layers, min_gain=args.min_gain,

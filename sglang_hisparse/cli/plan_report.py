@@ -32,8 +32,13 @@ def _index_line(p: planner.Plan) -> str:
         return (f"  on device  {index} B per token of index cache ({m.index_head_dim}-wide keys in {m.layers} sparse "
                 f"layers, values in {m.index_value_layers}) and {dense} B of the {m.dense_layers} dense layers' K/V, "
                 f"for the whole context, in both modes")
-    what = (f"{m.index_bytes} B per token per layer (fp8 key of {m.index_head_dim} values + fp32 scale) for the "
+    per = "C4 entry" if m.family == "deepseek-v4" else "token"
+    what = (f"{m.index_bytes} B per {per} per layer (fp8 key of {m.index_head_dim} values + fp32 scale) for the "
             f"whole context: the indexer scores every position each step, so HiSparse does not offload it")
+    if m.family == "deepseek-v4":
+        return (f"  index-K    {what}; in the {m.layers} C4 layers (each runs its own indexer). On device in both "
+                f"modes too: the {m.c128_layers} C128 layers' entries (one per 128 tokens) and every layer's "
+                f"{m.window}-token window ({m.window_layers} layers), {m.kv_bytes(i.kv_dtype)} B each")
     if full == m.layers:
         where = f"in all {m.layers} layers (each runs its own indexer); the same under HiSparse"
     elif hs == m.layers:
@@ -69,8 +74,11 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
         layout = f"TP {i.tp}, one KV head per rank"
     head = [
         f"HiSparse capacity plan: {m.name}, {i.kv_dtype} KV, {i.tp} x {i.gpu_hbm_gib:g} GiB GPUs ({layout})",
-        f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers"
-        + (" (MiniMax-M3's sparse layers: K then V of one head per rank)" if m.family == "minimax-m3" else ""),
+        (f"  KV rows    {m.kv_bytes(i.kv_dtype)} B per C4 entry (one per {m.compress_ratio} tokens) x {m.layers} C4 "
+         f"layers on the device, {m.host_row_bytes(i.kv_dtype)} B per entry in host DRAM"
+         if m.family == "deepseek-v4" else
+         f"  KV rows    {m.kv_bytes(i.kv_dtype)} B/token/layer x {m.layers} layers"
+         + (" (MiniMax-M3's sparse layers: K then V of one head per rank)" if m.family == "minimax-m3" else "")),
         _index_line(p),
         f"  KV budget  {_gib(p.kv_budget_bytes)} per GPU (share {p.kv_share:.3f}: {p.kv_share_source})",
         f"  HiSparse   top-k {i.top_k}, B = {i.hot_slots}; miss rate {100 * i.miss_rate:.1f} % "
@@ -85,7 +93,8 @@ def render(p: planner.Plan, notes: list[str] | tuple[str, ...] = ()) -> str:
         ("HBM per request, full KV", [f"{_gib(r.full_bytes_per_request)} ({r.full_bytes_per_request / 1e9:.2f} GB)" for r in p.contexts]),
         ("HBM per request, HiSparse", [f"{_gib(r.hisparse_bytes_per_request)} ({r.hisparse_bytes_per_request / 1e9:.2f} GB)" for r in p.contexts]),
         ("  hot buffers (KV)", [_gib(r.hisparse_kv_bytes_per_request) for r in p.contexts]),
-        ("  index cache + dense KV" if m.family == "minimax-m3" else "  index-K (whole context)",
+        ({"minimax-m3": "  index cache + dense KV", "deepseek-v4": "  index-K, C128, windows"}.get(
+            m.family, "  index-K (whole context)"),
          [_gib(r.hisparse_index_bytes_per_request) for r in p.contexts]),
         ("  coordinator state", [f"{r.hisparse_state_bytes_per_request / 1e6:.1f} MB" for r in p.contexts]),
         ("decode batch per node, full KV", [str(r.node_batch_full) for r in p.contexts]),

@@ -1,7 +1,7 @@
 """Model attention shapes for the planner: byte formulas, index sharing, and the shipped presets.
 
-The JSON files next to this module describe GLM-5.1, GLM-5.2 and DeepSeek-V3.2 with their
-sources; each states its byte counts, and loading checks them against the formulas here (so
+The JSON files next to this module describe GLM-5.1, GLM-5.2, DeepSeek-V3.2 and
+DeepSeek-V4-Flash with their sources; each states its byte counts, and loading checks them against the formulas here (so
 the documented numbers cannot drift from the arithmetic). Pure Python: no torch, no sglang.
 """
 
@@ -16,6 +16,13 @@ from typing import Any
 
 FP8_SCALE_BLOCK = 128  # one fp32 scale per 128 fp8 values (KV latent and index key alike)
 KV_DTYPES = ("bf16", "fp8")
+#: DeepSeek-V4's compressed entries (SGLang 0.5.23's FlashMLA pages, ``kernels/row_layout.py``):
+#: a page of 64 entries is 37,440 B on the device (585 B an entry, padding included); our host
+#: pool stores each C4 entry flat in 592 B (data, scales, 8 zero bytes: whole 16-byte pieces)
+V4_PAGE_ENTRIES = 64
+V4_PAGE_BYTES = 37440
+V4_ENTRY_DEVICE_BYTES = V4_PAGE_BYTES // V4_PAGE_ENTRIES
+V4_HOST_ROW_BYTES = 592
 _PRESET_PACKAGE = "sglang_hisparse.presets"
 
 
@@ -107,7 +114,13 @@ class ModelSpec:
     (per token and sparse layer on the device in both modes: a key, and a value on the
     ``index_value_layers`` that keep one; in the KV dtype, as SGLang stores it on sm_90), and
     ``dense_layers`` keep their whole K/V on the device in both modes. For M3 the index cache is
-    counted in :meth:`device_bytes_per_token` (its layers differ in size), ``index_bytes`` is 0."""
+    counted in :meth:`device_bytes_per_token` (its layers differ in size), ``index_bytes`` is 0.
+
+    "deepseek-v4": ``layers`` are the C4 layers (their compressed entries, one per
+    ``compress_ratio`` tokens, through HiSparse; ``index_topk`` entries a step), each with its own
+    indexer (index keys per entry, ``index_bytes``, on the device); the ``c128_layers``' entries
+    (one per 128 tokens) and every layer's sliding window of ``window`` tokens
+    (``window_layers``) stay on the device in both modes (:meth:`device_bytes`). fp8 only."""
 
     name: str
     layers: int
@@ -121,11 +134,40 @@ class ModelSpec:
     head_dim: int = 0
     dense_layers: int = 0
     index_value_layers: int = 0
+    compress_ratio: int = 1
+    c128_layers: int = 0
+    window: int = 0
+    window_layers: int = 0
 
     def kv_bytes(self, kv_dtype: str) -> int:
+        """Device bytes of one HiSparse row (a token's, or a V4 C4 entry's page share)."""
         if self.family == "minimax-m3":
             return m3_row_bytes(self.head_dim, kv_dtype)
+        if self.family == "deepseek-v4":
+            _v4_dtype(kv_dtype)
+            return V4_ENTRY_DEVICE_BYTES
         return kv_row_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype)
+
+    @property
+    def default_kv_dtype(self) -> str:
+        """The planner's ``--kv-dtype`` when none is given: fp8 for V4 (its only one), else bf16."""
+        return "fp8" if self.family == "deepseek-v4" else "bf16"
+
+    def host_row_bytes(self, kv_dtype: str) -> int:
+        """Host bytes of one row (what a miss moves over the link): the device row, except V4's
+        flat 592-byte C4 rows."""
+        return V4_HOST_ROW_BYTES if self.family == "deepseek-v4" else self.kv_bytes(kv_dtype)
+
+    def entries(self, n: int) -> int:
+        """HiSparse rows of a request of ``n`` tokens per layer: ``n``, or V4's completed C4 groups."""
+        return n // self.compress_ratio
+
+    def device_bytes(self, n: int, kv_dtype: str) -> int:
+        """Bytes per request of ``n`` tokens that stay on the device in both modes outside the
+        index keys: M3's :meth:`device_bytes_per_token` x n; V4's C128 entries and windows."""
+        if self.family == "deepseek-v4":
+            return V4_ENTRY_DEVICE_BYTES * (self.c128_layers * (n // 128) + self.window_layers * min(n, self.window))
+        return self.device_bytes_per_token(kv_dtype) * n
 
     @property
     def index_bytes(self) -> int:
@@ -142,6 +184,40 @@ class ModelSpec:
         itemsize = 2 if kv_dtype == "bf16" else 1
         index = self.index_head_dim * itemsize * (self.layers + self.index_value_layers)
         return self.dense_layers * self.kv_bytes(kv_dtype) + index
+
+
+def _v4_dtype(kv_dtype: str) -> None:
+    if kv_dtype != "fp8":
+        raise ValueError(f"--kv-dtype {kv_dtype}: DeepSeek-V4's C4 pool stores fp8_e4m3 entries only "
+                         f"(SGLang's V4 pool asserts it). Use --kv-dtype fp8.")
+
+
+def _v4_from_config(config: Mapping[str, Any], *, name: str, weights_gib: float | None) -> ModelSpec:
+    """A DeepSeek-V4 ``config.json`` (``compress_ratios``: 0 window only, 4 C4, 128 C128 per
+    layer; ``sliding_window``; the C4 indexer's ``index_topk`` and ``index_head_dim``)."""
+    where = f"--model-config {name}"
+    layers = config.get("num_hidden_layers")
+    if not _is_int(layers) or not 1 <= layers <= _LARGEST["num_hidden_layers"]:
+        raise ValueError(f"{where}: num_hidden_layers = {_short(layers)} must be an integer in [1, 4096].")
+    ratios = config["compress_ratios"]
+    if not isinstance(ratios, list) or len(ratios) < layers or not all(r in (0, 4, 128) for r in ratios[:layers]):
+        raise ValueError(f"{where}: compress_ratios = {_short(ratios)} must list 0, 4 or 128 for each of the "
+                         f"{layers} layers (0 = sliding window only, 4 = C4, 128 = C128).")
+    ratios = ratios[:layers]  # entries past num_hidden_layers are MTP layers (not served by HiSparse)
+    ints = {}
+    for key in ("index_topk", "index_head_dim", "sliding_window"):
+        value = config.get(key)
+        if not _is_int(value) or not 1 <= value <= _LARGEST.get(key, 2**20):
+            raise ValueError(f"{where}: {key} = {_short(value)} must be a positive integer.")
+        ints[key] = value
+    c4 = sum(1 for r in ratios if r == 4)
+    if c4 == 0:
+        raise ValueError(f"{where}: compress_ratios has no C4 layer (ratio 4); HiSparse has nothing to serve.")
+    return ModelSpec(
+        name=name, layers=c4, kv_lora_rank=0, qk_rope_head_dim=0, index_head_dim=ints["index_head_dim"],
+        index_topk=ints["index_topk"], anchors=tuple(range(c4)), weights_gib=weights_gib, family="deepseek-v4",
+        compress_ratio=4, c128_layers=sum(1 for r in ratios if r == 128), window=ints["sliding_window"],
+        window_layers=layers)
 
 
 def m3_row_bytes(head_dim: int, kv_dtype: str) -> int:
@@ -206,12 +282,14 @@ def model_from_config(config: Mapping[str, Any], *, name: str, weights_gib: floa
         config = config["text_config"]
     if config.get("sparse_attention_config") is not None:  # MiniMax-M3
         return _m3_from_config(config, name=name, weights_gib=weights_gib)
+    if config.get("compress_ratios") is not None:  # DeepSeek-V4
+        return _v4_from_config(config, name=name, weights_gib=weights_gib)
     missing = [key for key in _REQUIRED if config.get(key) is None]
     if missing:
         raise ValueError(
             f"--model-config {name}: missing {', '.join(missing)}. HiSparse needs a DSA model "
             f"(DeepSeek-V3.2, GLM-5.x): its config.json has all of {', '.join(_REQUIRED)}; or a "
-            f"MiniMax-M3 config (with sparse_attention_config). "
+            f"MiniMax-M3 config (with sparse_attention_config) or a DeepSeek-V4 one (with compress_ratios). "
             f"Check the file, or use --model with one of: {', '.join(preset_names())}."
         )
     for key in _REQUIRED:
@@ -257,6 +335,8 @@ def load_preset_raw(name: str) -> dict[str, Any]:
     # The stated byte counts document the preset; they must agree with the formulas.
     stated = {f"kv_bytes_per_token_per_layer.{d}": (b, model.kv_bytes(d))
               for d, b in raw["kv_bytes_per_token_per_layer"].items()}
+    if "host_row_bytes" in raw:
+        stated["host_row_bytes"] = (raw["host_row_bytes"], model.host_row_bytes("fp8"))
     stated["index_bytes_per_token_per_layer"] = (raw["index_bytes_per_token_per_layer"], model.index_bytes)
     stated["anchor_layer_count"] = (raw["anchor_layer_count"], len(model.anchors))
     for field, (given, derived) in stated.items():

@@ -20,6 +20,7 @@ from sglang_hisparse.presets import (
     index_row_bytes,
     kv_row_bytes,
     load_preset,
+    load_preset_raw,
     model_from_config,
     preset_names,
 )
@@ -54,7 +55,7 @@ def test_row_bytes_match_the_dsa_layouts():
 
 
 def test_presets_load_and_name_their_shapes():
-    assert preset_names() == ["DeepSeek-V3.2", "GLM-5.1", "GLM-5.2"]
+    assert preset_names() == ["DeepSeek-V3.2", "DeepSeek-V4-Flash", "GLM-5.1", "GLM-5.2"]
     glm = load_preset("glm-5.1")  # case-insensitive
     assert (glm.layers, glm.index_topk, len(glm.anchors)) == (78, 2048, 78)
     assert load_preset("DeepSeek-V3.2").layers == 61
@@ -281,7 +282,7 @@ def test_json_output(capsys):
     ("argv", "pattern"),
     [
         (["--buffer", "1024"], r"--buffer 1024 must be >= the model's top-k 2048.*--buffer 4096"),
-        (["--model", "llama-3"], r"--model 'llama-3' is not a preset\. Valid presets: DeepSeek-V3\.2, GLM-5\.1, GLM-5\.2"),
+        (["--model", "llama-3"], r"--model 'llama-3' is not a preset\. Valid presets: DeepSeek-V3\.2, DeepSeek-V4-Flash, GLM-5\.1, GLM-5\.2"),
         (["--context", "0"], r"--context 0 must be in \[1, 2147483647\] tokens"),
         (["--kv-share", "1.5"], r"--kv-share 1\.5 must be in \(0, 1\]"),
         (["--miss-rate", "13.4"], r"--miss-rate 13\.4 must be in \[0, 1\]"),
@@ -471,3 +472,56 @@ def test_minimax_m3_config_through_the_cli(tmp_path, capsys):
                      "--context", "128K", "--kv-budget-gib", "60"]) == 0
     out = capsys.readouterr().out
     assert "512 B/token/layer x 7 layers (MiniMax-M3's sparse layers" in out and "2560 B per token of index cache" in out
+
+
+def test_deepseek_v4_flash_is_planned_per_c4_entry():
+    """DeepSeek-V4-Flash: the 21 C4 layers' entries (one per 4 tokens, 585 B a FlashMLA page's
+    share on the device, 592 B flat in host DRAM) go through HiSparse at top-512 / B 1024; the
+    C4 indexer keys (132 B per entry), the 20 C128 layers' entries (one per 128 tokens) and the
+    43 layers' 128-token windows stay on the device in both modes; fp8 only, no shared prefix."""
+    m = load_preset("DeepSeek-V4-Flash")
+    assert (m.family, m.layers, m.c128_layers, m.window_layers, m.window, m.index_topk) == (
+        "deepseek-v4", 21, 20, 43, 128, 512)
+    assert (m.kv_bytes("fp8"), m.host_row_bytes("fp8"), m.index_bytes, m.default_kv_dtype) == (585, 592, 132, "fp8")
+    n = 32768
+    p = planner.plan(planner.PlanInputs(model=m, contexts=(n,), kv_dtype="fp8", kv_budget_gib=60))
+    r = p.contexts[0]
+    e = n // 4
+    resident = 585 * (20 * (n // 128) + 43 * 128)
+    assert r.full_bytes_per_request == (21 * 585 + 21 * 132) * e + resident
+    assert r.hisparse_kv_bytes_per_request == 21 * 585 * (1024 + 1)
+    assert r.hisparse_index_bytes_per_request == 21 * 132 * e + resident
+    assert r.host_bytes_per_request == 21 * 592 * e
+    assert r.h2d_bytes_per_token == pytest.approx(21 * 512 * 0.134 * 592)
+    assert p.suggested_config == {"top_k": 512, "device_buffer_size": 1024, "host_to_device_ratio": 8}
+    # a context whose entries fit the hot buffer needs no HiSparse
+    short = planner.plan(planner.PlanInputs(model=m, contexts=(4096,), kv_dtype="fp8")).contexts[0]
+    assert not short.turn_on and "1024 C4 entries (4096 tokens) <= B = 1024" in short.reason
+    even = p.break_even_context
+    assert even is not None and 4 * 1025 <= even
+    assert planner._full_bytes(p.inputs, even) >= 1.5 * sum(planner._hisparse_bytes(p.inputs, even))
+    assert planner._full_bytes(p.inputs, even - 1) < 1.5 * sum(planner._hisparse_bytes(p.inputs, even - 1))
+    with pytest.raises(ValueError, match="--kv-dtype bf16: DeepSeek-V4's C4 pool stores fp8_e4m3 entries only"):
+        planner.plan(planner.PlanInputs(model=m, contexts=(n,), kv_dtype="bf16"))
+    with pytest.raises(ValueError, match="--shared-prefix 1024 with DeepSeek-V4-Flash.*radix cache off"):
+        planner.plan(planner.PlanInputs(model=m, contexts=(n,), kv_dtype="fp8", shared_prefix=1024))
+
+
+def test_deepseek_v4_config_through_the_cli(tmp_path, capsys):
+    """A V4 config.json plans as the preset does (fp8 by default); bad compress_ratios are named."""
+    import json as _json
+
+    from sglang_hisparse.cli.main import main as cli_main
+
+    raw = load_preset_raw("DeepSeek-V4-Flash")
+    cfg = {"num_hidden_layers": 43, "compress_ratios": raw["compress_ratios"], "sliding_window": 128,
+           "index_topk": 512, "index_head_dim": 128, "architectures": ["DeepseekV4ForCausalLM"]}
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(cfg))
+    assert cli_main(["plan", "--model-config", str(path), "--context", "32K", "--kv-budget-gib", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "585 B per C4 entry (one per 4 tokens) x 21 C4 layers" in out and "fp8 KV" in out
+    assert cli_main(["plan", "--model", "DeepSeek-V4-Flash", "--context", "32K", "--kv-budget-gib", "60"]) == 0
+    assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]  # the same plan, named apart
+    with pytest.raises(ValueError, match=r"compress_ratios = .* must list 0, 4 or 128 for each of the 43 layers"):
+        model_from_config({**cfg, "compress_ratios": [4, 64]}, name="bad")
