@@ -16,7 +16,8 @@ from typing import Any
 from sglang_hisparse.config import IN_TREE_HINT
 
 #: what the refusals say sglang-hisparse does serve
-SUPPORTED = "DSA models (DeepSeek-V3.2, GLM-5.x) and MiniMax-M3 (bf16 / fp8 KV) on CUDA"
+SUPPORTED = ("DSA models (DeepSeek-V3.2, GLM-5.x), MiniMax-M3 (bf16 / fp8 KV) and DeepSeek-V4 (fp8_e4m3 KV) "
+             "on CUDA")
 
 #: (platform fact of SGLang's ``get_platform()``, name in the message); CUDA is the default
 NON_CUDA = (("is_hip", "ROCm"), ("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_musa", "MUSA"))
@@ -50,18 +51,7 @@ def check_model(cfg: Any, model_config: Any) -> int:
     hf_config = model_config.hf_config
     label = model_label(cfg, hf_config)
     if is_deepseek_v4(hf_config):
-        from sglang_hisparse import envs
-
-        if envs.get("SGLANG_HISPARSE_EXPERIMENTAL_V4"):
-            return _check_v4(cfg, label, model_config)
-        raise ValueError(
-            f"--enable-hisparse: model {label} is DeepSeek-V4, for which SGLang builds its own V4 "
-            f"pools and allocator (DeepSeekV4HiSparseTokenToKVPoolAllocator, "
-            f"kv_cache_configurator.py:2939) that sglang-hisparse does not replace, so its "
-            f"coordinator would fail after the weights load. sglang-hisparse serves {SUPPORTED}. "
-            f"Drop --enable-hisparse, or {IN_TREE_HINT} (which serves DeepSeek-V4); "
-            f"SGLANG_HISPARSE_EXPERIMENTAL_V4=1 accepts it co-located (experimental, docs/v4-m3.md)."
-        )
+        return _check_v4(cfg, label, model_config)
     if is_minimax_sparse(hf_config):
         return _check_m3(cfg, label, model_config)
     index_topk = hf_attr(hf_config, "index_topk")
@@ -127,7 +117,8 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
             f"run. Drop --enable-hisparse for this model."
         )
     _refuse_paths(cfg, f"MiniMax-M3 ({label})",
-                  pd="SGLang's PD transfer for M3 registers only the sparse layers' K/V, not the dense and index pools",
+                  pd=("SGLang's PD transfer writes M3's sparse K and V into separate host buffers (every sparse "
+                      "layer's K, then its V), while sglang-hisparse's M3 host rows hold a token's K and V together"),
                   spec="swap_in_selected_blocks has no target-verify form")
     tp = int(getattr(cfg, "tp_size", 1) or 1)
     if getattr(cfg, "enable_dp_attention", False):
@@ -155,11 +146,12 @@ def _refuse_paths(cfg: Any, model: str, *, pd: str, spec: str) -> None:
 
 
 def _check_v4(cfg: Any, label: str, model_config: Any) -> int:
-    """DeepSeek-V4 under SGLANG_HISPARSE_EXPERIMENTAL_V4: the first slice (docs/v4-m3.md D5):
-    co-located, no speculative decoding, the radix cache off; the C4 top-k is the model's
-    ``index_topk`` (the KV dtype is checked with the others, ``arg_hook``)."""
+    """DeepSeek-V4 (docs/v4-m3.md D5): no speculative decoding and the radix cache off, as
+    SGLang's in-tree HiSparse serves it; the C4 top-k is the model's ``index_topk`` (the KV
+    dtype is checked with the others, ``arg_hook``)."""
     _refuse_paths(cfg, f"DeepSeek-V4 ({label})",
-                  pd="SGLang's PD path ships whole C4 pages into the host pool, whose rows are flat here",
+                  pd=("SGLang's PD transfer writes whole C4 pages (64 entries in FlashMLA's 37,440-byte layout) "
+                      "into the host pool, whose C4 rows are flat 592-byte rows here"),
                   spec="the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)")
     if not getattr(cfg, "disable_radix_cache", False):
         raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) needs --disable-radix-cache: SGLang's "

@@ -90,14 +90,6 @@ _REGISTRY: dict[str, EnvVar] = {
             "Off: misses are fetched after it (A/B switch; outputs are the same either way).",
         ),
         EnvVar(
-            "SGLANG_HISPARSE_EXPERIMENTAL_V4",
-            bool,
-            False,
-            "Accept DeepSeek-V4 (co-located, fp8_e4m3 KV, radix cache off, no speculative decoding "
-            "or PD) instead of refusing it. Experimental: SGLang's scheduler drives it in the CPU "
-            "rig, but it has not run a real V4 model on a GPU (docs/v4-m3.md).",
-        ),
-        EnvVar(
             "SGLANG_HISPARSE_UNFUSED_BOOKKEEPING",
             bool,
             False,

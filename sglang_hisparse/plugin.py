@@ -76,12 +76,12 @@ TARGETS: tuple[HookTarget, ...] = (
     HookTarget(
         "sglang.srt.mem_cache.deepseek_v4_memory_pool.HiSparseC4DevicePool",
         "sglang_hisparse.sglang_adapter.memory_v4:HiSparseC4Pool",
-        "DeepSeek-V4's C4 entries at device rows (built only with SGLANG_HISPARSE_EXPERIMENTAL_V4)",
+        "DeepSeek-V4's C4 entries at device rows in FlashMLA's pages, by compressed logical id",
     ),
     HookTarget(
         "sglang.srt.mem_cache.allocator.hisparse.DeepSeekV4HiSparseTokenToKVPoolAllocator",
         "sglang_hisparse.sglang_adapter.memory_v4:HiSparseV4Allocator",
-        "DeepSeek-V4's allocator: SGLang's SWA allocator + C4 entries by compressed id (experimental)",
+        "DeepSeek-V4's allocator: SGLang's SWA allocator + C4 entries by compressed id",
     ),
     HookTarget(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",

@@ -121,7 +121,7 @@ def validate_hisparse(server_args: Any) -> None:
         config.to_json(),
         kv_dtype,
         "MiniMax-M3 block top-k over the sparse layers' K/V" if m3 else
-        "DeepSeek-V4 C4 entries (experimental)" if v4 else
+        "DeepSeek-V4 C4 layers' compressed entries (one per 4 tokens; windows, C128 and indexer keys on the device)" if v4 else
         f"DSA backends {getattr(view, 'dsa_prefill_backend', None)}/{getattr(view, 'dsa_decode_backend', None)}",
     )
 

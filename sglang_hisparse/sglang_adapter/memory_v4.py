@@ -20,10 +20,10 @@ reallocated, its trailing -1 maps SGLang's -1 to -1.
 ``HiSparseV4Allocator`` wraps SGLang's SWA allocator for the token spaces and binds the C4
 entries' device rows by compressed id (docs/v4-m3.md D6).
 
-Status: experimental. Both are plugin targets, built only when ``arg_scope`` accepts DeepSeek-V4
-(``SGLANG_HISPARSE_EXPERIMENTAL_V4=1``); with the coordinator's V4 branch
-(``SGLangHiSparseCoordinator.is_v4``) SGLang's real scheduler drives them in the rig
-(``testing/rig_v4.py``); no real V4 model has run on a GPU yet.
+Both are plugin targets, built when ``arg_scope`` accepts DeepSeek-V4; with the coordinator's
+V4 branch (``SGLangHiSparseCoordinator.is_v4``) SGLang's real scheduler drives them in the rig
+(``testing/rig_v4.py``). No real V4 model has run on a GPU with them (the device machine cannot
+hold SGLang); the kernels' C4 layout is checked there bit for bit.
 """
 
 from __future__ import annotations

@@ -517,8 +517,6 @@ GROUP_ENV: dict[str, dict[str, str]] = {
     "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "pd_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "radix_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
-    "v4": {"SGLANG_HISPARSE_EXPERIMENTAL_V4": "1"},
-    "v4_overlap": {"SGLANG_HISPARSE_EXPERIMENTAL_V4": "1"},
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
@@ -589,7 +587,7 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
                   max_running_requests=8, staging_polls=3),
         [radix_shared_prefix, radix_multi_turn, abort_mid_decode],
     ),
-    # DeepSeek-V4 (SGLANG_HISPARSE_EXPERIMENTAL_V4): C4 entries, 16 a step from B 64 hot slots,
+    # DeepSeek-V4: C4 entries, 16 a step from B 64 hot slots,
     # through SGLang's own V4 pools and SWA allocator; hot buffers on the normal loop
     "v4": (
         RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024,

@@ -96,8 +96,7 @@ class RigConfig:
     #: of one head of M3_HEAD_DIM (``rig_worker.write_toy_model``)
     m3_block: int = 0
     #: DeepSeek-V4 instead of DSA: C4 entries (one per 4 tokens, top_k of them a step in each
-    #: of the toy's two C4 layers) through SGLang's own V4 pools (``testing.rig_v4``); needs
-    #: SGLANG_HISPARSE_EXPERIMENTAL_V4=1 in the group's environment
+    #: of the toy's two C4 layers) through SGLang's own V4 pools (``testing.rig_v4``)
     v4: bool = False
 
     def model(self) -> Any:

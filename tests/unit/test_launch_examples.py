@@ -134,11 +134,13 @@ def test_every_flag_parses_in_sglang(server_parser, script, hisparse):
     preset, _, _ = DEFAULTS.search(script.read_text()).groups()
     # the planner's batch in both arms, so they differ only in HiSparse
     assert ns.max_running_requests == _planner_batch(_planner(preset)[1])
-    assert not ns.disable_radix_cache  # RADIX=on by default, in both arms
+    # RADIX=on by default, in both arms; DeepSeek-V4 is served with it off
+    assert ns.disable_radix_cache is ("dsv4" in script.name)
     assert ns.enable_hisparse is (hisparse == "on")
     if hisparse == "on":
-        config = HiSparseConfig.from_json(ns.hisparse_config, model_top_k=2048)
-        assert config.device_buffer_size == 4096
+        planned = json.loads(_planner(preset)[0])
+        config = HiSparseConfig.from_json(ns.hisparse_config, model_top_k=planned["top_k"])
+        assert config.device_buffer_size == planned["device_buffer_size"] == 2 * planned["top_k"]
     if "pd_decode" in script.name:
         assert ns.disaggregation_mode == "decode"
         # sglang-hisparse refuses PD decode retraction with a backup (arg_scope.check_serving_paths)

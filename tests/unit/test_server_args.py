@@ -159,7 +159,7 @@ def test_m3_is_served_with_one_kv_head_per_rank(m3_model_dir):
     "extra, match",
     [
         ([], r"MiniMax-M3.*4 KV heads per attention rank at attention TP 1.*one KV head per rank.*Raise --tp-size to 4"),
-        (["--tp-size", "4", *PD_DECODE_ARGS], r"MiniMax-M3.*--disaggregation-mode decode is not supported.*registers only the sparse layers"),
+        (["--tp-size", "4", *PD_DECODE_ARGS], r"MiniMax-M3.*--disaggregation-mode decode is not supported.*separate host buffers"),
         (["--tp-size", "4", "--speculative-algorithm", "EAGLE"], r"MiniMax-M3.*--speculative-algorithm EAGLE is not supported.*no target-verify form"),
     ],
 )
@@ -168,10 +168,7 @@ def test_m3_refusals_name_the_rule(m3_model_dir, extra, match):
         check(m3_model_dir, *OK, *extra)
 
 
-def test_deepseek_v4_is_accepted_only_behind_the_experimental_switch(v4_model_dir, monkeypatch):
-    with pytest.raises(ValueError, match=r"is DeepSeek-V4.*SGLANG_HISPARSE_EXPERIMENTAL_V4=1 accepts it"):
-        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3")
-    monkeypatch.setenv("SGLANG_HISPARSE_EXPERIMENTAL_V4", "1")
+def test_deepseek_v4_is_accepted_with_the_paths_sglang_serves_it_on(v4_model_dir):
     check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3")
     with pytest.raises(ValueError, match=r"DeepSeek-V4: --kv-cache-dtype bfloat16 is not supported.*fp8_e4m3"):
         check(v4_model_dir, *OK, "--kv-cache-dtype", "bfloat16")
@@ -179,17 +176,6 @@ def test_deepseek_v4_is_accepted_only_behind_the_experimental_switch(v4_model_di
         check(v4_model_dir, "--kv-cache-dtype", "fp8_e4m3")
     with pytest.raises(ValueError, match=r"DeepSeek-V4.*--disaggregation-mode decode is not supported.*whole C4 pages"):
         check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", *PD_DECODE_ARGS)
-
-
-@pytest.mark.parametrize(
-    "fixture, match",
-    [
-        ("v4_model_dir", rf"\(DeepseekV4ForCausalLM\) is DeepSeek-V4.*builds its own V4 pools and allocator.*DeepSeek-V3.2, GLM-5.x.*on CUDA.*{IN_TREE}"),
-    ],
-)
-def test_models_sglang_serves_with_its_own_hisparse_are_refused(request, fixture, match):
-    with pytest.raises(ValueError, match=match):
-        check(request.getfixturevalue(fixture), *OK)
 
 
 @pytest.mark.parametrize("fact, name", [("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_hip", "ROCm")])
