@@ -1,5 +1,6 @@
-"""DeepSeek-V4's C4 row layout through the resolve and replay kernels: the C4 build (entries
-paged as FlashMLA reads them, ``kernels.row_layout.C4_PAGED``) against the token build on the
+"""DeepSeek-V4's C4 row layouts through the resolve and replay kernels: the C4 builds (entries
+paged as FlashMLA reads them, ``kernels.row_layout.C4_PAGED``; with the host rows in the same
+pages, ``C4_PAGED_HOST``, as SGLang's PD transfer writes them) against the token build on the
 same 592-byte rows and against the same-run gather ceiling, in one run (issue 31).
 
 ```
@@ -15,6 +16,7 @@ over the graph's 20 resolves (median of ``--reps`` replays, per resolve):
 ```
 token   the token build: device rows [D, 592] (the layout a flat C4 pool would have)
 c4      the C4 build: device rows paged, 64 entries per 37440-byte page (data, then tails)
+c4 host the C4 build with the host rows in the same pages (a miss reads 576 + 8 B apart)
 gather  the ceiling: each step's misses copied by the plain scattered gather (token rows)
 replay  the copy-only replay of one step's plan into another layer, token and C4 builds
 ```
@@ -46,7 +48,7 @@ from bench_resolve_blocks import (  # noqa: E402
 
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
-from sglang_hisparse.kernels.row_layout import C4_PAGED, TOKEN  # noqa: E402
+from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST, TOKEN  # noqa: E402
 from sglang_hisparse.kernels.synthetic import make_state  # noqa: E402
 from sglang_hisparse.testing.engine import warm_and_capture  # noqa: E402
 
@@ -76,16 +78,18 @@ def run(bs: int, churn: float, args) -> dict:
     plan = MissPlan.empty(bs, k, dev)
     rec: dict = dict(batch=bs, churn=churn)
     finals, steady = {}, None
+    paged_host = _paged(st.host_cache).pin_memory()
     for mode in (ResolveMode.NO_IO, ResolveMode.COPY):
-        for layout in (TOKEN, C4_PAGED):
+        for layout in (TOKEN, C4_PAGED, C4_PAGED_HOST):
             state = {name: t.clone() for name, t in base.items()}
             dc = token_cache.clone() if layout is TOKEN else _paged(token_cache)
+            hc = paged_host if layout.host_paged else st.host_cache
 
-            def steps(state=state, dc=dc, mode=mode, layout=layout) -> None:
+            def steps(state=state, dc=dc, hc=hc, mode=mode, layout=layout) -> None:
                 for i in range(STEPS_PER_GRAPH):
                     ops.resolve(top_k=sels[i], req_index=req, seq_lens=lens, num_real_reqs=nr,
                                 slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
-                                host_rows=state["host_rows"], host_cache=st.host_cache, device_cache=dc,
+                                host_rows=state["host_rows"], host_cache=hc, device_cache=dc,
                                 out_rows=out, plan=plan, mode=mode, validate=False, row_layout=layout)
 
             graph = warm_and_capture(steps)
@@ -98,17 +102,19 @@ def run(bs: int, churn: float, args) -> dict:
                 rec["misses_per_row"] = round(float(plan.count.float().mean()), 1)
                 if layout is C4_PAGED:
                     steady = ({name: t.clone() for name, t in state.items()}, dc.clone())
-        a, b = finals[(mode, "token")], finals[(mode, "c4_paged")]
-        rec[f"{mode.name.lower()}_exact"] = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    rec.update(_copies(steady, sels, req, lens, nr, st.host_cache, k, args))
+        a = finals[(mode, "token")]
+        rec[f"{mode.name.lower()}_exact"] = all(
+            torch.equal(x, y) for name in ("c4_paged", "c4_paged_host") for x, y in zip(a, finals[(mode, name)], strict=True))
+    rec.update(_copies(steady, sels, req, lens, nr, st.host_cache, k, args, paged_host))
     for mode in ("no_io", "copy"):
         rec[f"{mode}_c4_over_token"] = round(rec[f"{mode}_c4_paged_us"] / rec[f"{mode}_token_us"], 4)
+        rec[f"{mode}_host_paged_over_c4"] = round(rec[f"{mode}_c4_paged_host_us"] / rec[f"{mode}_c4_paged_us"], 4)
     if rec.get("gather_us"):
         rec["copy_c4_over_gather"] = round(rec["copy_c4_paged_us"] / rec["gather_us"], 3)
     return rec
 
 
-def _copies(steady, sels, req, lens, nr, host_cache, k: int, args) -> dict:
+def _copies(steady, sels, req, lens, nr, host_cache, k: int, args, paged_host) -> dict:
     """Each step's plan recorded eagerly from the C4 build's steady state; the gather ceiling
     over those rows, and the replay of the same plans (token and C4 builds) into other buffers."""
     _, dc = steady
@@ -124,15 +130,19 @@ def _copies(steady, sels, req, lens, nr, host_cache, k: int, args) -> dict:
     rec["gather_us"] = graph_us(warm_and_capture(lambda: [gather(s, d, host_cache, token_dst) for s, d in flat]),
                                 args.reps)
     rec["gather_gbps"] = round(rows * ITEM / (rec["gather_us"] * 1e-6) / 1e9, 2)
-    paged_dst = torch.zeros_like(dc)
-    for name, layout, target in (("token", TOKEN, token_dst), ("c4_paged", C4_PAGED, paged_dst)):
-        graph = warm_and_capture(lambda layout=layout, target=target: [
-            ops.replay(plan=p, num_real_reqs=nr, host_cache=host_cache, device_cache=target, row_layout=layout)
+    paged_dst, host_paged_dst = torch.zeros_like(dc), torch.zeros_like(dc)
+    for name, layout, target in (("token", TOKEN, token_dst), ("c4_paged", C4_PAGED, paged_dst),
+                                 ("c4_paged_host", C4_PAGED_HOST, host_paged_dst)):
+        hc = paged_host if layout.host_paged else host_cache
+        graph = warm_and_capture(lambda layout=layout, target=target, hc=hc: [
+            ops.replay(plan=p, num_real_reqs=nr, host_cache=hc, device_cache=target, row_layout=layout)
             for p in plans])
         rec[f"replay_{name}_us"] = graph_us(graph, args.reps)
     rows_all = torch.arange(token_dst.shape[0], device=dev)
-    rec["replay_exact"] = torch.equal(C4_PAGED.read(paged_dst, rows_all)[:, :584], token_dst[:, :584])
+    rec["replay_exact"] = all(torch.equal(C4_PAGED.read(t, rows_all)[:, :584], token_dst[:, :584])
+                              for t in (paged_dst, host_paged_dst))
     rec["replay_c4_over_token"] = round(rec["replay_c4_paged_us"] / rec["replay_token_us"], 3)
+    rec["replay_host_paged_over_c4"] = round(rec["replay_c4_paged_host_us"] / rec["replay_c4_paged_us"], 3)
     return rec
 
 

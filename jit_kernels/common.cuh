@@ -221,11 +221,13 @@ __device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) 
   return arrive_decide(arrive_issue(arrivals, b, ctas), arrivals, b, ctas);
 }
 
-// Device row layouts (template ROWL; sglang_hisparse/kernels/row_layout.py is the spec). 0: token
+// Row layouts (template ROWL; sglang_hisparse/kernels/row_layout.py is the spec). 0: token
 // rows, row r at dev + r * dstride. 1: DeepSeek-V4's C4 entries as FlashMLA pages them, dstride
 // = one page (64 entries): entry r's 576 data bytes at page r/64 + (r%64)*576, its 8 tail bytes
 // (scales) at page + 36864 + (r%64)*8, the page padded to 37440 B; host rows are 592 B, whose
-// last 8 bytes are not stored.
+// last 8 bytes are not stored. 2: the same pages on both sides (host_cache [pages, 37440]: what
+// SGLang's PD transfer writes into the decode host pool); a row is still read and stored as the
+// 37 16-byte pieces of the 592-byte row, the last one's low 8 bytes being the tail.
 constexpr int kC4Entries = 64, kC4Data = 576, kC4Tail = 8, kC4Page = 37440;
 
 // Store piece `piece` (16 bytes of the host row) of device row `row`.
@@ -235,7 +237,7 @@ __device__ __forceinline__ void store_piece(uint8_t* dev, int64_t dstride, int32
   if constexpr (ROWL == 0) {
     reinterpret_cast<int4*>(dev + static_cast<int64_t>(row) * dstride)[piece] = v;
   } else {
-    static_assert(ROWL == 1 && ITEM == kC4Data + 16, "the C4 layout takes 592-byte host rows");
+    static_assert((ROWL == 1 || ROWL == 2) && ITEM == kC4Data + 16, "the C4 layout takes 592-byte rows");
     uint8_t* page = dev + static_cast<int64_t>(row / kC4Entries) * dstride;
     const int e = row % kC4Entries;
     if (piece < kC4Data / 16)
@@ -252,7 +254,7 @@ __device__ __forceinline__ int4 load_piece(const uint8_t* base, int64_t stride, 
   if constexpr (ROWL == 0) {
     return __ldg(reinterpret_cast<const int4*>(base + row * stride) + piece);
   } else {
-    static_assert(ROWL == 1 && ITEM == kC4Data + 16, "the C4 layout takes 592-byte host rows");
+    static_assert((ROWL == 1 || ROWL == 2) && ITEM == kC4Data + 16, "the C4 layout takes 592-byte rows");
     const uint8_t* page = base + (row / kC4Entries) * stride;
     const int e = static_cast<int>(row % kC4Entries);
     if (piece < kC4Data / 16) return __ldg(reinterpret_cast<const int4*>(page + e * kC4Data) + piece);
@@ -264,6 +266,20 @@ __device__ __forceinline__ int4 load_piece(const uint8_t* base, int64_t stride, 
 // Bytes of one row of a device buffer of this layout (one KV row, or one page of C4 entries).
 template <int ROWL, int ITEM>
 constexpr int64_t device_row_bytes() { return ROWL == 0 ? ITEM : kC4Page; }
+
+// Bytes of one row of the host buffer: the row itself, or one page of C4 entries (ROWL 2).
+template <int ROWL, int ITEM>
+constexpr int64_t host_row_bytes() { return ROWL == 2 ? kC4Page : ITEM; }
+
+// Load piece `piece` of host row `row`: flat rows (ROWL 0, 1), or an entry of a C4 page (2).
+template <int ROWL, int ITEM>
+__device__ __forceinline__ int4 load_host_piece(const uint8_t* host, int64_t hstride, int64_t row, int piece) {
+  if constexpr (ROWL == 2) {
+    return load_piece<1, ITEM>(host, hstride, row, piece);
+  } else {
+    return __ldg(reinterpret_cast<const int4*>(host + row * hstride) + piece);
+  }
+}
 
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory (with
 // `list`, rows list[q0..q1) instead). The rows are flattened into 16-byte pieces spread over all
@@ -288,7 +304,7 @@ __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst
       const int x = base + u * T;
       if (x < total) {
         const int q = list ? list[q0 + x / kPieces] : q0 + x / kPieces, piece = x % kPieces;
-        v[u] = __ldg(reinterpret_cast<const int4*>(host + src[q] * hstride) + piece);
+        v[u] = load_host_piece<ROWL, ITEM>(host, hstride, src[q], piece);
       }
     }
 #pragma unroll

@@ -47,7 +47,7 @@ __global__ void replay_kernel(ReplayArgs a) {
           if (prefix[mid] <= g) lo = mid; else hi = mid - 1;
         }
         const int64_t e = lo * a.stride + (g - prefix[lo]);
-        v[u] = __ldg(reinterpret_cast<const int4*>(a.host + a.src[e] * a.hstride) + piece);
+        v[u] = load_host_piece<ROWL, ITEM>(a.host, a.hstride, a.src[e], piece);
         dst_row[u] = a.dst[e];
         dst_piece[u] = piece;
       }
@@ -80,9 +80,9 @@ void replay_launch(TensorView plan_src, TensorView plan_dst, TensorView plan_cou
                plan_count.size(0) == bs && plan_dst.stride(0) == plan_src.stride(0) &&
                (bs <= 1 || plan_count.stride(0) == 1),
            "plan must be src [bs, k] int64, dst like src (same strides), count [bs]");
-  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>();
-  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == kDevRow,
-           "host_cache rows must be " << ITEM << " bytes and device_cache rows "
+  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>(), kHostRow = host_row_bytes<ROWL, ITEM>();
+  HS_CHECK(host_cache.size(1) == kHostRow && device_cache.size(1) == kDevRow,
+           "host_cache rows must be " << kHostRow << " bytes and device_cache rows "
            << kDevRow << " bytes for this build");
   HS_CHECK(block >= 32 && block <= 1024 && block % 32 == 0,
            "block size " << block << " must be a multiple of 32 in [32, 1024]");

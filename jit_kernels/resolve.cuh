@@ -2,7 +2,7 @@
 //
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
 // Compile-time K (top-k), B (hot slots), ITEM (host row bytes), POLICY, ROWL (device row layout,
-// common.cuh store_piece: 0 token rows, 1 DeepSeek-V4's paged C4 entries), BLK (selection layout: 0 =
+// common.cuh store_piece: 0 token rows, 1 DeepSeek-V4's paged C4 entries, 2 those pages on the host side too), BLK (selection layout: 0 =
 // token positions, > 0 = block ids of BLK positions, expanded in the kernel); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
@@ -867,10 +867,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
   for (int t = 0; t < kHold; ++t) {
     if (t < taken) {
-      const int4* s = reinterpret_cast<const int4*>(a.host_cache + src_row[t] * a.hc_stride);
 #pragma unroll
       for (int v = 0; v < kHeld; ++v)
-        if (lane + 32 * v < kPieces) held[t][v] = __ldg(s + lane + 32 * v);
+        if (lane + 32 * v < kPieces)
+          held[t][v] = load_host_piece<ROWL, ITEM>(a.host_cache, a.hc_stride, src_row[t], lane + 32 * v);
     }
   }
   named_sync(3, T_all);
@@ -919,9 +919,9 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   const int64_t R = check_hot_state(num_real, slot_tokens, slot_rows, lru, host_rows, host_cache,
                                     device_cache, out_rows, 2, B, 1, "B+1", dev);
   HS_CHECK(host_rows.size(0) == R, "host_rows must have R=" << R << " rows");
-  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>();
-  HS_CHECK(host_cache.size(1) == ITEM && device_cache.size(1) == kDevRow,
-           "host_cache rows must be " << ITEM << " bytes and device_cache rows "
+  constexpr int64_t kDevRow = device_row_bytes<ROWL, ITEM>(), kHostRow = host_row_bytes<ROWL, ITEM>();
+  HS_CHECK(host_cache.size(1) == kHostRow && device_cache.size(1) == kDevRow,
+           "host_cache rows must be " << kHostRow << " bytes and device_cache rows "
            << kDevRow << " bytes (" << (ROWL ? "one page of C4 entries" : "one KV row")
            << ") for this build");
   HS_CHECK(out_rows.size(0) == bs && out_rows.size(1) == K, "out_rows must be [bs, k]");

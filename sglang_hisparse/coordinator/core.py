@@ -132,8 +132,9 @@ class HiSparseCore:
     (``DualSpaceAllocator.cache_resident``) until an allocation or the watermark takes them.
     ``row_layout``: where a row lives in a ``device_kv`` layer (``kernels.row_layout``; default
     token rows): ``C4_PAGED`` for DeepSeek-V4's compressed entries, each layer uint8 [pages,
-    37440] with host rows of 592 B (not with speculative decoding: the verify kernel has no
-    layout parameter).
+    37440] with host rows of 592 B, or ``C4_PAGED_HOST`` with the host layers in the same pages
+    (the host rows SGLang's PD transfer writes); not with speculative decoding: the verify
+    kernel has no layout parameter.
     """
 
     def __init__(
@@ -186,7 +187,10 @@ class HiSparseCore:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
             )
-        item = int(host_kv[0].shape[1])
+        if row_layout.host_paged:
+            for layer in host_kv:
+                row_layout.host_proxy(layer)  # raises naming the layout
+        item = row_layout.host_item() if row_layout.host_paged else int(host_kv[0].shape[1])
         if row_layout.paged and num_draft_tokens:
             raise ValueError(
                 f"row_layout {row_layout.name} with num_draft_tokens = {num_draft_tokens}: the verify "

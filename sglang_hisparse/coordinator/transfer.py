@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang_hisparse.kernels.layer_copy import LayerTable, copy_rows
-from sglang_hisparse.kernels.row_layout import TOKEN
 
 if TYPE_CHECKING:
     from sglang_hisparse.coordinator.context import CoreContext
@@ -104,8 +103,9 @@ def layer_tables(ctx: CoreContext) -> tuple[LayerTable, LayerTable] | None:
         if unfused or no_view:
             ctx.layer_tables = False
         else:
-            ctx.layer_tables = (LayerTable.build(ctx.device_kv, "device_kv", layout=ctx.row_layout),
-                                LayerTable.build(_host_layers(ctx), "host_kv"))
+            rl = ctx.row_layout
+            ctx.layer_tables = (LayerTable.build(ctx.device_kv, "device_kv", layout=rl.device_side),
+                                LayerTable.build(_host_layers(ctx), "host_kv", layout=rl.host_side))
     return ctx.layer_tables or None
 
 
@@ -119,7 +119,7 @@ def _copy(ctx: CoreContext, src: str, src_rows: torch.Tensor, dst: str, dst_rows
                   dst_rows=dst_rows.to(ctx.device, torch.int64))
         return
     layers = {"device": ctx.device_kv, "host": _host_layers(ctx)}
-    layout = {"device": ctx.row_layout, "host": TOKEN}
+    layout = {"device": ctx.row_layout.device_side, "host": ctx.row_layout.host_side}
     for s_kv, d_kv in zip(layers[src], layers[dst], strict=True):
         if ctx.row_layout.paged and src_rows.numel():
             layout[dst].write(d_kv, dst_rows, layout[src].read(s_kv, src_rows))

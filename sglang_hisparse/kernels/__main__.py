@@ -33,6 +33,10 @@ TEST_GRID: tuple[tuple[int, int, int], ...] = (
     (2048, 8192, 656),
 )
 ITEMS = (656, 1152)
+#: DeepSeek-V4's C4 builds of the test grid ((k, B) at 592-byte rows, row layouts 1 and 2:
+#: tests/kernels/test_resolve_c4_gpu.py, the CUDA harness's toy V4, bench_resolve_c4.py)
+C4_GRID = ((512, 1024), (512, 2048), (64, 128), (32, 64))
+C4_ITEM = 592
 
 
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
@@ -45,10 +49,15 @@ def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=pr
     tasks += [("replay", (i,)) for i in items]
     tasks += [("verify", s) for s in verify_specs] + [("layer_copy", (i,)) for i in items]
     tasks += [("gather", (i,)) for i in items] if gather else []
+    if gather:  # the test grid: DeepSeek-V4's C4 builds too
+        tasks += [("resolve_c4", (k, b, C4_ITEM, r)) for k, b in C4_GRID for r in (0, 1, 2)]
+        tasks += [("replay", (C4_ITEM, r)) for r in (0, 1, 2)] + [("gather", (C4_ITEM,))]
+        tasks += [("layer_copy", (C4_ITEM, sl, dl)) for sl, dl in ((0, 0), (1, 0), (0, 1), (1, 1))]
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
                "gather": _jit.gather_module, "verify": _jit.verify_module,
                "layer_copy": _jit.layer_copy_module,
-               "resolve_policy": lambda k, b, i, p: _jit.resolve_module(k, b, i, policy=p)}
+               "resolve_policy": lambda k, b, i, p: _jit.resolve_module(k, b, i, policy=p),
+               "resolve_c4": lambda k, b, i, r: _jit.resolve_module(k, b, i, rowl=r)}
 
     def one(task):
         kind, args = task

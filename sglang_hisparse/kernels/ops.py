@@ -139,14 +139,16 @@ def resolve(
             standing for ``selection_block`` positions; the kernel expands them
             (``reference.expand_blocks``; no expanded top-k in HBM) and ``out_rows`` is [bs, k].
         row_layout: where a row lives in ``device_cache`` (``kernels.row_layout``): ``TOKEN``
-            (uint8 [D, I]) or ``C4_PAGED`` (DeepSeek-V4: uint8 [pages, 37440], 592-byte host rows).
+            (uint8 [D, I]) or ``C4_PAGED`` (DeepSeek-V4: uint8 [pages, 37440], 592-byte host rows),
+            or ``C4_PAGED_HOST`` (those pages on the host side too: ``host_cache`` [pages, 37440]).
     Semantics: :mod:`sglang_hisparse.kernels.reference` (of the expanded top-k).
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
     # the checks and the validator read token rows: a paged layout is shown as its row view
-    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache)}
+    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache),
+               "host_cache": row_layout.host_proxy(host_cache)}
     if selection_block:
         k_out = out_rows.shape[-1]
         if selection_block < 0 or k_out % selection_block or top_k.dim() != 2 or top_k.shape[1] * selection_block != k_out:
@@ -217,16 +219,16 @@ def replay(
                          device_cache=device_cache, validate=validate, row_layout=row_layout)
         return
     if validation_enabled(validate):
-        validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
+        validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=row_layout.host_proxy(host_cache),
                         device_cache=row_layout.proxy(device_cache, host_cache))
         _check_pinned(host_cache)
     elif row_layout.paged:
-        row_layout.check_device(device_cache, host_cache.shape[1])
+        row_layout.check_device(device_cache, row_layout.host_item() if row_layout.host_paged else host_cache.shape[1])
     check_plan_shapes(plan)
     block = check_block_size(block_size)
     if not 1 <= ctas <= 65535:
         raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
-    replay_module(host_cache.shape[1], row_layout.kind).replay(
+    replay_module(row_layout.host_item() if row_layout.paged else host_cache.shape[1], row_layout.kind).replay(
         plan.src, plan.dst, plan.count, num_real_reqs, host_cache, device_cache, ctas, block,
     )
 

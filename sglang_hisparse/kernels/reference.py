@@ -220,7 +220,7 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
     dst = slot_rows[r, victims].long()
     if copy and m:
         dc, hc = st["device_cache"], st["host_cache"]
-        st["row_layout"].write(dc, dst, hc[src.to(hc.device)])
+        st["row_layout"].write(dc, dst, st["row_layout"].host_read(hc, src))
     if resident is not None:
         words = resident.shape[1]
         old = resident[r].long() & 0xFFFFFFFF
@@ -313,7 +313,8 @@ def resolve(
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
-    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache)}
+    checked = {**kw, "device_cache": row_layout.proxy(device_cache, host_cache),
+               "host_cache": row_layout.host_proxy(host_cache)}
     if validation_enabled(validate):
         validate_resolve(**checked)
     else:
@@ -385,7 +386,7 @@ def replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache,
     uint8 [H, I], ``device_cache`` uint8 [D, I].
     """
     if validation_enabled(validate):
-        validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=host_cache,
+        validate_replay(plan=plan, num_real_reqs=num_real_reqs, host_cache=row_layout.host_proxy(host_cache),
                         device_cache=row_layout.proxy(device_cache, host_cache))
     else:
         check_plan_shapes(plan)
@@ -398,4 +399,4 @@ def replay(*, plan: MissPlan, num_real_reqs, host_cache, device_cache,
     src = plan.src[:nr][cols]
     dst = plan.dst[:nr][cols].long()
     if src.numel():
-        row_layout.write(device_cache, dst, host_cache[src.to(host_cache.device)])
+        row_layout.write(device_cache, dst, row_layout.host_read(host_cache, src))

@@ -1,8 +1,9 @@
 """Where a KV row lives in a layer's device buffer: the resolve and replay kernels' row layout.
 
-Host rows are always flat (``host_cache`` uint8 [H, I], row ``h`` at ``h * I``). The device
-side comes in two layouts, a compile-time parameter of the kernels (``ROWL`` in
-``jit_kernels/common.cuh``), whose pure-torch reading and writing here is the contract:
+Host rows are flat (``host_cache`` uint8 [H, I], row ``h`` at ``h * I``) except in
+``C4_PAGED_HOST``, whose host pages are the device's. The layouts are a compile-time parameter
+of the kernels (``ROWL`` in ``jit_kernels/common.cuh``), whose pure-torch reading and writing
+here is the contract:
 
 ```
 TOKEN     device_cache uint8 [D, I]: row r = bytes [r*I, r*I + I)         DSA (656 / 1152 B),
@@ -13,6 +14,9 @@ C4_PAGED  device_cache uint8 [pages, 37440]: 64 entries a page,           DeepSe
             tail    8 B at  36864 + e*8          (7 ue8m0 scales + 1 pad)
           bytes 37376 .. 37439 of a page: padding (the page is 65 x 576 B)
           host row I = 592 = data | tail | 8 zero bytes (a whole 16-byte piece)
+C4_PAGED_HOST  the C4_PAGED device pages, and the host side in the same pages:  DeepSeek-V4 with
+          host_cache uint8 [pages, 37440]; a row is still read and written    the host rows SGLang's
+          as the 592 bytes above (its 8 padding bytes read 0)               PD transfer writes
 ```
 
 A C4_PAGED miss therefore moves 36 16-byte pieces to the entry's data and the low 8 bytes of
@@ -26,14 +30,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["C4_PAGED", "TOKEN", "RowLayout"]
+__all__ = ["C4_PAGED", "C4_PAGED_HOST", "TOKEN", "RowLayout"]
 
 
 @dataclass(frozen=True)
 class RowLayout:
     """``kind`` 0: token rows; 1: paged rows split into a data and a tail piece (``entries``
     per page, ``data`` and ``tail`` bytes each, data of all entries first, then their tails,
-    the page padded to ``page`` bytes)."""
+    the page padded to ``page`` bytes); 2: those pages on the host side too (``host_paged``).
+    :meth:`read` / :meth:`write` address the device side; :meth:`host_read` /
+    :meth:`host_write` the host side, :attr:`device_side` / :attr:`host_side` name each side's
+    own layout (what the all-layer row copy takes, which knows kinds 0 and 1)."""
 
     name: str
     kind: int
@@ -42,9 +49,39 @@ class RowLayout:
     tail: int = 0
     page: int = 0
 
+    host_paged: bool = False
+
     @property
     def paged(self) -> bool:
         return self.kind != 0
+
+    @property
+    def device_side(self) -> RowLayout:
+        return C4_PAGED if self.host_paged else self
+
+    @property
+    def host_side(self) -> RowLayout:
+        return C4_PAGED if self.host_paged else TOKEN
+
+    def host_rows_of(self, host_cache: torch.Tensor) -> int:
+        """Rows (entries) ``host_cache`` holds."""
+        return self.host_side.device_rows(host_cache)
+
+    def host_read(self, host_cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 [n, host item] of host rows ``rows``."""
+        return self.host_side.read(host_cache, rows)
+
+    def host_write(self, host_cache: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """``values`` uint8 [n, host item] into host rows ``rows``."""
+        self.host_side.write(host_cache, rows, values)
+
+    def host_proxy(self, host_cache: torch.Tensor) -> torch.Tensor:
+        """What the token-row shape checks read of ``host_cache``: itself, or for paged host
+        rows a meta tensor uint8 [host rows, host item] (the pages checked here first)."""
+        if not self.host_paged:
+            return host_cache
+        C4_PAGED.check_device(host_cache, C4_PAGED.host_item())
+        return torch.empty((self.host_rows_of(host_cache), self.host_item()), dtype=torch.uint8, device="meta")
 
     @property
     def page_bytes(self) -> int:
@@ -81,7 +118,7 @@ class RowLayout:
         tensor uint8 [device rows, host item] for a paged layout (checked here first)."""
         if not self.paged:
             return device_cache
-        item = host_cache.shape[1]
+        item = self.host_item() if self.host_paged else host_cache.shape[1]
         self.check_device(device_cache, item)
         return torch.empty((self.device_rows(device_cache), item), dtype=torch.uint8, device="meta")
 
@@ -121,3 +158,5 @@ class RowLayout:
 TOKEN = RowLayout("token", 0)
 #: DeepSeek-V4's C4 compressed KV in FlashMLA's page layout (module docstring)
 C4_PAGED = RowLayout("c4_paged", 1, entries=64, data=576, tail=8, page=37440)
+#: the same pages on the host side (DeepSeek-V4 served PD: SGLang's transfer writes whole pages)
+C4_PAGED_HOST = RowLayout("c4_paged_host", 2, entries=64, data=576, tail=8, page=37440, host_paged=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.memory.budget import GIB, check_host_budget
 
 __all__ = ["HostKVPool", "host_pool_bytes"]
@@ -44,10 +45,13 @@ _REGISTER_FLAGS = 0x1 | 0x2
 
 
 def host_pool_bytes(
-    *, num_layers: int, item_bytes: int, capacity_tokens: int, page_size: int
+    *, num_layers: int, item_bytes: int, capacity_tokens: int, page_size: int, layout: RowLayout = TOKEN
 ) -> int:
-    """Bytes of the KV buffer for ``capacity_tokens`` usable rows (+ the padding page)."""
+    """Bytes of the KV buffer for ``capacity_tokens`` usable rows (+ the padding page); with
+    ``layout.host_paged`` the rows live in ``layout``'s pages (``page_size`` = its entries)."""
     rows_total = (capacity_tokens // page_size + 1) * page_size
+    if layout.host_paged:
+        return num_layers * -(-rows_total // layout.entries) * layout.page_bytes
     return num_layers * rows_total * item_bytes
 
 
@@ -68,6 +72,9 @@ class HostKVPool:
                      counts all of them; ``budget.ranks_per_host``)
     storage:         an existing uint8 [L, host_rows_total, I] buffer to use instead of
                      allocating (already budget-checked and pinned by its owner)
+    layout:          a ``kernels.row_layout`` with ``host_paged`` (``C4_PAGED_HOST``): each layer
+                     is uint8 [ceil(host_rows_total / entries), page bytes] of its pages (row h in
+                     page h // entries, as the device's); ``item_bytes`` is still the row's (592)
     """
 
     def __init__(
@@ -84,7 +91,14 @@ class HostKVPool:
         available_bytes: int | None = None,
         ranks_per_host: int = 1,
         storage: torch.Tensor | None = None,
+        layout: RowLayout = TOKEN,
     ):
+        if layout.host_paged and (item_bytes != layout.host_item() or storage is not None):
+            raise ValueError(
+                f"HostKVPool: the {layout.name} layout holds rows of {layout.host_item()} B in its own pages; "
+                f"build it with item_bytes = {layout.host_item()} and no storage (got {item_bytes}, "
+                f"storage {'given' if storage is not None else 'none'}).")
+        self.layout = layout
         for name, value in (
             ("num_layers", num_layers),
             ("max_requests", max_requests),
@@ -112,6 +126,7 @@ class HostKVPool:
             item_bytes=item_bytes,
             capacity_tokens=capacity_tokens,
             page_size=page_size,
+            layout=layout,
         )
         if storage is not None:
             # Someone else (SGLang's HiCache pool) sized, budget-checked, allocated and pinned it.
@@ -134,9 +149,12 @@ class HostKVPool:
             ranks_per_host=ranks_per_host,
         )
         self.nbytes = required
-        #: uint8 [L, host_rows_total, I]; kv[l] is layer l
-        self.kv = torch.empty((num_layers, self.total_rows, item_bytes), dtype=torch.uint8)
-        self.kv[:, : self.page_size].zero_()  # padding rows read as zeros
+        #: uint8 [L, host_rows_total, I] (or [L, pages, page bytes]); kv[l] is layer l
+        shape = ((num_layers, -(-self.total_rows // layout.entries), layout.page_bytes) if layout.host_paged
+                 else (num_layers, self.total_rows, item_bytes))
+        self.kv = torch.empty(shape, dtype=torch.uint8)
+        # the padding page reads as zeros (the pages holding its rows, in a paged layout)
+        self.kv[:, : -(-self.page_size // layout.entries) if layout.host_paged else self.page_size].zero_()
         #: int64 [R, max_ctx]: host row (= logical id) of each position, -1 unbound
         self.host_rows = torch.full(
             (max_requests, max_context), -1, dtype=torch.int64, device=self.device
@@ -262,7 +280,10 @@ class HostKVPool:
         """Store rows: ``data`` uint8 [L, n, I] (all layers) or [n, I] (``layer_id``), any device."""
         idx = host_rows.to("cpu", torch.int64)
         src = data.to("cpu")
-        if layer_id is None:
+        if self.layout.host_paged:
+            for li in range(self.num_layers) if layer_id is None else (layer_id,):
+                self.layout.host_write(self.kv[li], idx, src[li] if layer_id is None else src)
+        elif layer_id is None:
             self.kv[:, idx] = src
         else:
             self.kv[layer_id, idx] = src
@@ -270,6 +291,10 @@ class HostKVPool:
     def read(self, host_rows: torch.Tensor, layer_id: int | None = None) -> torch.Tensor:
         """uint8 [L, n, I] (or [n, I] for one layer), CPU."""
         idx = host_rows.to("cpu", torch.int64)
+        if self.layout.host_paged:
+            if layer_id is not None:
+                return self.layout.host_read(self.kv[layer_id], idx)
+            return torch.stack([self.layout.host_read(kv, idx) for kv in self.kv])
         return self.kv[:, idx] if layer_id is None else self.kv[layer_id, idx]
 
     # ---- integrity -------------------------------------------------------------------------

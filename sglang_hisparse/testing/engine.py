@@ -203,7 +203,7 @@ class DecodeEngine:
         self.host = HostKVPool(
             num_layers=L, item_bytes=item, capacity_tokens=sizes.device_rows * sizes.host_to_device_ratio,
             page_size=sizes.page_size, max_requests=sizes.num_reqs, max_context=sizes.max_ctx,
-            device=self.device,
+            device=self.device, layout=row_layout,
         )
         self.core = HiSparseCore(
             top_k=model.top_k, buffer_size=sizes.buffer_size, num_reqs=sizes.num_reqs,
@@ -382,8 +382,8 @@ class DecodeEngine:
         self.host.bind(r, 0, ids)  # alloc_paged_token_slots: the host rows are the ids
         host_rows = self.host.host_rows[r, :n]
         pos = torch.arange(n, device=self.device)
-        for layer, kv in enumerate(self.host.kv):
-            kv[host_rows.to(kv.device)] = self._kv(req, pos, layer).to(kv.device)
+        for layer in range(self.host.num_layers):
+            self.host.write(host_rows, self._kv(req, pos, layer), layer)
         self.core.admit_direct(r, n)
         req.status = ReqStatus.RUNNING
         self.running.append(req)

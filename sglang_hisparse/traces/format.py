@@ -306,10 +306,11 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
                 out["header"] = z["header"]
     except _NotATrace as e:
         raise ValueError(str(e)) from None
-    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, NotImplementedError) as e:
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, NotImplementedError, RuntimeError) as e:
         # ValueError: numpy's refusals of a damaged member (bad .npy header, object arrays);
         # its own advice (allow_pickle=True) is wrong for a trace, so it is not repeated.
-        # NotImplementedError: zipfile's for a damaged header's version or compression method.
+        # NotImplementedError: zipfile's for a damaged header's version or compression method;
+        # RuntimeError: zipfile's "is encrypted, password required" for a flipped flag bit.
         raise ValueError(
             f"trace file {path!r} is a damaged .npz archive ({type(e).__name__}); it is probably "
             "truncated: copy or record it again"

@@ -95,6 +95,28 @@ def test_c4_pages_copy_like_the_reference(num_layers, n, direction):
         assert_kernel_equals_reference(dtab, dtab, dev, perm[:m].cuda(), perm[m : 2 * m].cuda())
 
 
+@pytest.mark.parametrize("num_layers,n", [(1, 1), (43, 300)])
+@pytest.mark.parametrize("direction", ["to_host", "to_device"])
+def test_c4_pages_on_both_sides_copy_like_the_reference(num_layers, n, direction):
+    """``C4_PAGED_HOST``: the host layers in the same C4 pages (pinned uint8 [pages, 37440],
+    the host rows SGLang's PD transfer writes); staging, backup and PD preload copy page to page
+    (ROWL 1 on both sides), every byte as the reference leaves it."""
+    from sglang_hisparse.kernels.row_layout import C4_PAGED
+
+    g = torch.Generator().manual_seed(num_layers + n + 1)
+    pages = torch.randint(0, 256, (num_layers, 9, C4_PAGED.page_bytes), dtype=torch.uint8, generator=g).cuda()
+    dev = [pages[li] for li in range(num_layers)]
+    hpages = torch.randint(0, 256, (num_layers, 12, C4_PAGED.page_bytes), dtype=torch.uint8, generator=g).pin_memory()
+    host = [cuda_alias(hpages[li], torch.device("cuda")) for li in range(num_layers)]
+    dtab, htab = LayerTable.build(dev, "dev", layout=C4_PAGED), LayerTable.build(host, "host", layout=C4_PAGED)
+    if direction == "to_host":
+        s_rows, d_rows = rows_pair(n, 9 * 64, 12 * 64, seed=n)
+        assert_kernel_equals_reference(dtab, htab, host, s_rows, d_rows)
+    else:
+        s_rows, d_rows = rows_pair(n, 12 * 64, 9 * 64, seed=n)
+        assert_kernel_equals_reference(htab, dtab, dev, s_rows, d_rows)
+
+
 @pytest.mark.parametrize("num_layers,n", [(1, 1), (61, 64), (78, 300)])
 def test_device_to_device_within_one_table_matches_reference(num_layers, n):
     """A collect's private copies of rows another request holds (transfer.device_to_device):

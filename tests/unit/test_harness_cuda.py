@@ -75,19 +75,22 @@ def test_random_lifecycles_on_cuda_are_exact(which: str, prefetch: bool, residen
 
 
 @pytest.mark.parametrize("residency", ["always_hot", "pressure"])
-def test_a_toy_v4_in_c4_pages_on_cuda_is_exact(residency: str) -> None:
+@pytest.mark.parametrize("host_paged", [False, True], ids=["host_flat", "host_paged"])
+def test_a_toy_v4_in_c4_pages_on_cuda_is_exact(residency: str, host_paged: bool) -> None:
     """DeepSeek-V4's shape on the GPU: compress ratio 4, device rows in FlashMLA's C4 pages
     (``kernels.row_layout.C4_PAGED``: the resolve, replay and all-layer copy kernels' ROWL 1
-    builds), 592-byte host rows, a shared layer; exact through random lifecycles."""
-    from sglang_hisparse.kernels.row_layout import C4_PAGED
+    builds), 592-byte host rows or (``C4_PAGED_HOST``, ROWL 2) host rows in the same pages, a
+    shared layer; exact through random lifecycles."""
+    from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST
 
+    layout = C4_PAGED_HOST if host_paged else C4_PAGED
     model = ToyModel(num_layers=3, top_k=32, item_bytes=592, shared=(False, True, False))
     sizes = EngineSizes(num_reqs=6, buffer_size=64, device_rows=2048 if residency == "always_hot" else 640,
                         max_ctx=512, page_size=64)
     misses = shrinks = 0
     for seed in range(2):
         engine = DecodeEngine(model, sizes, device="cuda", prefetch=True, skip_io=False, compress_ratio=4,
-                              residency=residency, watermark_rows=2 * sizes.page_size, row_layout=C4_PAGED)
+                              residency=residency, watermark_rows=2 * sizes.page_size, row_layout=layout)
         try:
             stats = run_scenario(engine, random.Random(seed), ScenarioSpec(max_prompt=300, max_new=96))
             torch.cuda.synchronize()

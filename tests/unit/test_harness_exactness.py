@@ -218,24 +218,30 @@ def test_a_compressed_layout_steps_the_core_only_on_aligned_tokens(config: str, 
     assert lifecycles >= 8
 
 
+@pytest.mark.parametrize("host_paged", [False, True], ids=["host_flat", "host_paged"])
 @pytest.mark.parametrize("residency", ["always_hot", "pressure"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_c4_entries_in_flashmla_pages_are_resolved_exactly(page_size: int, residency: str) -> None:
+def test_c4_entries_in_flashmla_pages_are_resolved_exactly(page_size: int, residency: str, host_paged: bool) -> None:
     """The toy DeepSeek-V4 with its device rows in the C4 layout FlashMLA reads (64 entries per
-    37440-byte page, ``kernels.row_layout.C4_PAGED``; 592-byte host rows): every core path that
-    moves rows (resolve misses, shared-layer replay, staging backup, residency shrink, PD
-    preload) goes through the layout, bit-exact through random lifecycles, leak-free."""
-    from sglang_hisparse.kernels.row_layout import C4_PAGED
+    37440-byte page, ``kernels.row_layout.C4_PAGED``; 592-byte host rows, or with
+    ``C4_PAGED_HOST`` the host rows in the same pages, as SGLang's PD transfer writes them):
+    every core path that moves rows (resolve misses, shared-layer replay, staging backup,
+    residency shrink, PD preload) goes through the layout, bit-exact through random
+    lifecycles, leak-free."""
+    from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST
 
+    layout = C4_PAGED_HOST if host_paged else C4_PAGED
     model = ToyModel(num_layers=3, top_k=8, item_bytes=592, shared=(False, True, False))
     sizes = EngineSizes(num_reqs=5, buffer_size=16, device_rows=320, max_ctx=96, page_size=page_size)
     lifecycles = 0
     for seed in range(2):
         engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, compress_ratio=4, residency=residency,
-                              watermark_rows=sizes.page_size * 8, row_layout=C4_PAGED)
+                              watermark_rows=sizes.page_size * 8, row_layout=layout)
         assert tuple(engine.pool.kv.shape) == (3, 6, 37440)  # 321 + padding rows in 64-entry pages
+        host_rows = 320 * 4 + page_size  # ratio 4, the padding page
+        assert tuple(engine.host.kv.shape) == ((3, -(-host_rows // 64), 37440) if host_paged else (3, host_rows, 592))
         stats = _run(engine, BASE_SEED + 17 * seed + page_size, ScenarioSpec(max_prompt=48, max_new=32),
-                     f"tests/unit/test_harness_exactness.py::test_c4_entries_in_flashmla_pages_are_resolved_exactly[{page_size}-{residency}]")
+                     f"tests/unit/test_harness_exactness.py::test_c4_entries_in_flashmla_pages_are_resolved_exactly[{page_size}-{residency}-{host_paged}]")
         lifecycles += stats.lifecycles
         assert stats.checked_outputs > 0
     assert lifecycles >= 8
