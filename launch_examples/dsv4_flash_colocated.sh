@@ -16,8 +16,7 @@
 # A/B:   HISPARSE=off ./dsv4_flash_colocated.sh        full KV on the GPU
 #        ./ab_plugin_off.sh ./dsv4_flash_colocated.sh  SGLang's in-tree HiSparse
 #        (every C4 layer runs its own indexer: no prefetch groups, ab_prefetch_off.sh is a no-op.)
-#        PD decode with DeepSeek-V4 is refused by sglang-hisparse (docs/v4-m3.md D7); the in-tree
-#        HiSparse serves it.
+#        PD: dsv4_flash_pd_prefill.sh + dsv4_flash_pd_decode.sh.
 # Env:   MODEL_PATH PORT(30000) CONTEXT_LENGTH HISPARSE PLAN HISPARSE_CONFIG MAX_RUNNING_REQUESTS
 #        EXTRA_ARGS PYTHON, see _common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"

@@ -134,25 +134,30 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
     return block * blocks
 
 
-def _refuse_paths(cfg: Any, model: str, *, pd: str, spec: str) -> None:
-    """Refuse PD (``--disaggregation-mode``) and speculative decoding for a family whose first
-    slice serves neither, each with the family's reason."""
+def _refuse_paths(cfg: Any, model: str, *, pd: str | None, spec: str) -> None:
+    """Refuse PD (``--disaggregation-mode``; ``pd`` None: served) and speculative decoding for
+    a family that does not serve them, each with the family's reason."""
     for flag, attr, why in (("--disaggregation-mode", "disaggregation_mode", pd),
                             ("--speculative-algorithm", "speculative_algorithm", spec)):
         value = getattr(cfg, attr, None)
-        if value not in (None, "null", "NONE"):
+        if why is not None and value not in (None, "null", "NONE"):
             raise ValueError(f"--enable-hisparse with {model} and {flag} {value} is not supported by "
                              f"sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}.")
 
 
 def _check_v4(cfg: Any, label: str, model_config: Any) -> int:
-    """DeepSeek-V4 (docs/v4-m3.md D5): no speculative decoding and the radix cache off, as
-    SGLang's in-tree HiSparse serves it; the C4 top-k is the model's ``index_topk`` (the KV
-    dtype is checked with the others, ``arg_hook``)."""
-    _refuse_paths(cfg, f"DeepSeek-V4 ({label})",
-                  pd=("SGLang's PD transfer writes whole C4 pages (64 entries in FlashMLA's 37,440-byte layout) "
-                      "into the host pool, whose C4 rows are flat 592-byte rows here"),
+    """DeepSeek-V4 (docs/v4-m3.md D5, D7): co-located or PD decode, no speculative decoding and
+    the radix cache off, as SGLang's in-tree HiSparse serves it; the C4 top-k is the model's
+    ``index_topk`` (the KV dtype is checked with the others, ``arg_hook``)."""
+    _refuse_paths(cfg, f"DeepSeek-V4 ({label})", pd=None,
                   spec="the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)")
+    backend = getattr(cfg, "disaggregation_transfer_backend", None)
+    if getattr(cfg, "disaggregation_mode", "null") == "decode" and backend not in ("mooncake", "mooncake_tcp", "fake"):
+        raise ValueError(
+            f"--enable-hisparse with DeepSeek-V4 ({label}) as a PD decode server and "
+            f"--disaggregation-transfer-backend {backend}: the C4 indexer keys and C128 entries go device "
+            f"to device, which SGLang 0.5.23 sends only over Mooncake (decode.py:1808, NotImplementedError at "
+            f"the first request otherwise). Use --disaggregation-transfer-backend mooncake (or mooncake_tcp).")
     if not getattr(cfg, "disable_radix_cache", False):
         raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) needs --disable-radix-cache: SGLang's "
                          f"V4 radix tree (its SWA component) is not wired to sglang-hisparse's C4 ids yet.")

@@ -137,8 +137,14 @@ class Lifecycle:
         self._require(r, Phase.FREE, "admit_staging")
         ids = logical_ids.to(ctx.device, torch.int64).reshape(-1)
         n = ids.numel()
-        if n < 1:
-            raise ValueError(f"admit_staging: request slot {r} has an empty prompt; nothing to stage.")
+        if n == 0:
+            # a compressed layout's prompt with no entry yet (a DeepSeek-V4 prompt under 4
+            # tokens): nothing to copy; it is ready at the next collect, its hot buffer empty
+            event = ctx.streams.new_event()
+            event.record()
+            st.phase[r], st.seq_len[r] = Phase.STAGING, 0
+            self.queue.append(StagingEntry(r, ids, event, req))
+            return
         if not 0 <= own_start <= n:
             raise ValueError(f"admit_staging: own_start = {own_start} outside 0..{n} (prompt of request slot {r}).")
         ctx.host.bind(r, 0, ids)
@@ -187,6 +193,10 @@ class Lifecycle:
         ctx, B = self.ctx, self.ctx.buffer_size
         r, ids = entry.req_slot, entry.logical_ids.cpu()
         n = ids.numel()
+        if n == 0:  # no entry yet (admit_staging): an empty hot buffer, grown by its first entry
+            slot_rows = ctx.allocator.hot.alloc(r, 0, B)
+            ctx.state.install(r, slot_rows[slot_rows >= 0].to(ctx.device), 0, resident=True)
+            return True
         if ctx.allocator.host_pending(ids):
             # it shares pages with a prefill whose staging has not run (a chunked prompt still
             # prefilling): its misses would read their host rows before they are written
@@ -231,10 +241,10 @@ class Lifecycle:
         misses everything else it selects)."""
         ctx, B = self.ctx, self.ctx.buffer_size
         self._require(r, Phase.FREE, "admit_direct")
-        if seq_len < 1:
-            raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 1.")
+        if seq_len < 0:
+            raise ValueError(f"admit_direct: request slot {r} has seq_len = {seq_len}; need >= 0.")
         self._require_bound(r, seq_len, "admit_direct")
-        if ctx.residency is not None and ctx.residency.admit_direct(r, seq_len):
+        if seq_len and ctx.residency is not None and ctx.residency.admit_direct(r, seq_len):
             return
         slot_rows = ctx.allocator.hot.alloc(r, seq_len, B)
         if slot_rows is None and ctx.residency is not None:
@@ -250,8 +260,9 @@ class Lifecycle:
         short = seq_len <= B
         # NOTE: on the caller's stream, not a side stream: the first resolve of this request
         # reads these rows, and stream order is the cheapest way to guarantee it.
-        if short:
-            transfer.to_device(ctx, ctx.host.host_rows[r, :seq_len], rows.to(torch.int64))
+        if short:  # (seq_len 0: a compressed layout's request with no entry yet, nothing to load)
+            if seq_len:
+                transfer.to_device(ctx, ctx.host.host_rows[r, :seq_len], rows.to(torch.int64))
             preload = seq_len
         else:
             # slot B holds the newest token for the resolve (install marks it so): a step maps a

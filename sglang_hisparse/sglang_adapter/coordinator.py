@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
-from sglang_hisparse.kernels.row_layout import C4_PAGED, TOKEN
+from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST, TOKEN
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
@@ -227,7 +227,7 @@ class SGLangHiSparseCoordinator:
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
             residency=mode, watermark_rows=watermark, policy=policy,
             cache_finished=_radix_cache_on(),
-            row_layout=C4_PAGED if self.is_v4 else TOKEN,
+            row_layout=C4_PAGED_HOST if self.is_v4 else TOKEN,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -239,7 +239,10 @@ class SGLangHiSparseCoordinator:
         self.req_to_host_pool = self.host_pool.host_rows
         # the radix hooks (radix_hooks.py) reach the coordinator through the allocator
         token_to_kv_pool_allocator.hisparse_coordinator = self
-        self.host_pool.logical_source = lambda: self.dual.last_logical_extend
+        if self.is_v4:  # the C4 entries' compressed ids of the prealloc's token locations
+            self.host_pool.logical_source = lambda: self._hisparse_ids(token_to_kv_pool_allocator.last_logical_only)
+        else:
+            self.host_pool.logical_source = lambda: self.dual.last_logical_extend
         self.padded_buffer_size = self.dual.hot.max_pages(device_buffer_size) * self.dual.page_size
         if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
             # check_decode_mem then counts hot-buffer growth, so SGLang retracts before a step
@@ -392,7 +395,7 @@ class SGLangHiSparseCoordinator:
         return self.core.has_ongoing_staging()
 
     def admit_request_direct(self, req: Any) -> None:
-        r, n = req.kv.req_pool_idx, _seq_len_of(req)
+        r, n = req.kv.req_pool_idx, self.host_token_len(_seq_len_of(req))
         have = self.host_pool.allocated_len(r)
         if have < n:
             raise ValueError(

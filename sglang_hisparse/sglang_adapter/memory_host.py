@@ -12,10 +12,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sglang_hisparse.kernels.row_layout import TOKEN
 from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
-__all__ = ["HiCacheHostPool", "build_host_pool", "server_ranks_per_host"]
+__all__ = ["C4HostPool", "HiCacheHostPool", "build_host_pool", "server_ranks_per_host"]
 
 
 def server_ranks_per_host() -> int:
@@ -55,49 +56,14 @@ def _agreed_budget(per_rank_bytes: int) -> tuple[int, int]:
     return -int(figures[0]), int(figures[1])
 
 
-class HiCacheHostPool(HostKVPool):
-    """Core host pool over the buffer of SGLang's HiCache ``MLATokenToKVPoolHost``.
+class _PDHostRows:
+    """PD decode's ``alloc_paged_token_slots`` over a :class:`HostKVPool` whose host row of a
+    logical id is the id: the rows are the ids ``logical_source()`` names (the allocator's
+    latest logical-only allocation, which ``alloc_for_decode_prealloc_hisparse`` made just
+    before), bound as the request's host rows."""
 
-    HiCache provides the storage, its pinning and the PD registration info
-    (``get_contiguous_buf_infos``); rows are addressed by logical id (``HostKVPool``).
-    ``logical_source``: () -> the allocator's latest logical-only ids (set by the
-    coordinator), which PD decode's ``alloc_paged_token_slots`` binds.
-    """
-
-    def __init__(
-        self,
-        hicache: Any,
-        *,
-        max_requests: int,
-        max_context: int,
-        device: str | torch.device,
-        capacity_tokens: int,
-    ):
-        buf = hicache.kv_buffer
-        storage = buf.view(torch.uint8).reshape(buf.shape[0], buf.shape[1], -1)
-        super().__init__(
-            num_layers=storage.shape[0],
-            item_bytes=storage.shape[2],
-            capacity_tokens=capacity_tokens,
-            page_size=hicache.page_size,
-            max_requests=max_requests,
-            max_context=max_context,
-            device=device,
-            storage=storage,
-        )
-        self.hicache = hicache
-        self.logical_source: Any = None
-
-    @property
-    def layer_num(self) -> int:
-        return self.hicache.layer_num
-
-    @property
-    def kv_buffer(self) -> torch.Tensor:
-        return self.kv
-
-    def get_contiguous_buf_infos(self):
-        return self.hicache.get_contiguous_buf_infos()
+    #: () -> int64 ids of the latest logical-only allocation (set by the coordinator)
+    logical_source: Any = None
 
     def alloc_paged_token_slots(
         self,
@@ -134,9 +100,76 @@ class HiCacheHostPool(HostKVPool):
             req_to_host_pool_allocated_len[req_pool_idx] = self.allocated_len(req_pool_idx)
         return req_to_host_pool[req_pool_idx, start_pos:end]
 
+
+class HiCacheHostPool(_PDHostRows, HostKVPool):
+    """Core host pool over the buffer of SGLang's HiCache ``MLATokenToKVPoolHost``.
+
+    HiCache provides the storage, its pinning and the PD registration info
+    (``get_contiguous_buf_infos``); rows are addressed by logical id (``HostKVPool``).
+    ``logical_source``: () -> the allocator's latest logical-only ids (set by the
+    coordinator), which PD decode's ``alloc_paged_token_slots`` binds.
+    """
+
+    def __init__(
+        self,
+        hicache: Any,
+        *,
+        max_requests: int,
+        max_context: int,
+        device: str | torch.device,
+        capacity_tokens: int,
+    ):
+        buf = hicache.kv_buffer
+        storage = buf.view(torch.uint8).reshape(buf.shape[0], buf.shape[1], -1)
+        super().__init__(
+            num_layers=storage.shape[0],
+            item_bytes=storage.shape[2],
+            capacity_tokens=capacity_tokens,
+            page_size=hicache.page_size,
+            max_requests=max_requests,
+            max_context=max_context,
+            device=device,
+            storage=storage,
+        )
+        self.hicache = hicache
+        self.logical_source = None
+
+    @property
+    def layer_num(self) -> int:
+        return self.hicache.layer_num
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+    def get_contiguous_buf_infos(self):
+        return self.hicache.get_contiguous_buf_infos()
+
     def destroy(self) -> None:
         super().destroy()
         self.hicache.destroy()
+
+
+class C4HostPool(_PDHostRows, HostKVPool):
+    """DeepSeek-V4's host pool: every C4 layer's entries in FlashMLA's 37,440-byte pages
+    (``kernels.row_layout.C4_PAGED_HOST``), the host row of a compressed logical id the id. PD
+    decode registers each layer's pages as the C4 destination (``get_contiguous_buf_infos``:
+    the first ``layer_num`` transfer buffers, one item a page, decode.py:621-645) and sends the
+    host page of each 64 compressed slots ``alloc_paged_token_slots`` returns (slot // 64, which
+    is the request's compressed page: compressed ids are page-aligned, docs/v4-m3.md D6/D7)."""
+
+    @property
+    def layer_num(self) -> int:
+        return self.num_layers
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        layers = [self.kv[li] for li in range(self.num_layers)]
+        return ([t.data_ptr() for t in layers], [t.nbytes for t in layers],
+                [self.layout.page_bytes] * self.num_layers)
 
 
 def build_host_pool(
@@ -208,20 +241,22 @@ def _flat_host_pool(
     device_pool: Any, *, capacity: int, page_size: int, max_requests: int, max_context: int,
     device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None,
 ) -> HostKVPool:
-    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows) and DeepSeek-V4 (``HiSparseC4Pool``: a C4
-    entry's 592-byte host row, ``kernels.row_layout.C4_PAGED``): our own pinned pool, one row
-    per logical id and layer. It serves co-located decode only (PD decode with M3 or V4 is
-    refused at argument validation), so no HiCache buffer and no transfer registration. The
-    budget (``HostKVPool``'s check, with the free memory agreed across ranks) runs before anything
-    is allocated or pinned."""
+    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows, one per logical id and layer) and
+    DeepSeek-V4 (``HiSparseC4Pool``: its C4 entries in the device's pages,
+    ``device_pool.host_layout`` = ``C4_PAGED_HOST``, a :class:`C4HostPool`): our own pinned
+    pool, no HiCache buffer. The budget (``HostKVPool``'s check, with the free memory agreed
+    across ranks) runs before anything is allocated or pinned."""
     item = device_pool.row_bytes
+    layout = getattr(device_pool, "host_layout", TOKEN)
     _, avail = _agreed_budget(host_pool_bytes(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity, page_size=page_size,
+        layout=layout,
     ))
     ranks = server_ranks_per_host() if ranks_per_host is None else ranks_per_host
-    return HostKVPool(
+    cls = C4HostPool if layout.host_paged else HostKVPool
+    return cls(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity,
         page_size=page_size, max_requests=max_requests, max_context=max_context, device=device,
         pin=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        available_bytes=avail, ranks_per_host=ranks,
+        available_bytes=avail, ranks_per_host=ranks, layout=layout,
     )

@@ -34,7 +34,7 @@ import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4SingleKVPool
 
-from sglang_hisparse.kernels.row_layout import C4_PAGED
+from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.sglang_adapter.memory import NoCpuSnapshots
 
@@ -62,6 +62,8 @@ class HiSparseC4Pool(NoCpuSnapshots, DeepSeekV4SingleKVPool):
         self.compress_ratio = COMPRESS_RATIO
         #: bytes of an entry's host row (its 584 bytes in a whole number of 16-byte pieces)
         self.row_bytes = C4_PAGED.host_item()
+        #: the host pool keeps the same pages (what SGLang's PD transfer writes, docs/v4-m3.md D7)
+        self.host_layout = C4_PAGED_HOST
         self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
 
     def device_rows(self) -> list[torch.Tensor]:
@@ -152,6 +154,9 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
             device=c4.device, logical_capacity=max(compressed, c4.size),
         )
         self.free_pages = self.release_pages = self.free_group = None
+        #: the full-token locations of the latest logical-only allocation (PD decode's
+        #: prealloc; the coordinator's host pool binds their C4 entries' compressed ids)
+        self.last_logical_only: torch.Tensor | None = None
         self.full_free_group: list[torch.Tensor] = []
         c4.register_mapping(self.core.mapping)
 
@@ -159,6 +164,12 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
     @property
     def full_to_hisparse_device_index_mapping(self) -> torch.Tensor:
         return self.core.mapping
+
+    @property
+    def hisparse_attn_allocator(self) -> Any:
+        """The C4 device rows (PD decode admits against their ``available_size()`` in hot
+        buffers, decode.py:1414-1431)."""
+        return self.core.rows
 
     #: the token spaces' sizes and SWA map are the SWA allocator's
     size = _from_swa("size")
@@ -250,8 +261,24 @@ class HiSparseV4Allocator(BaseTokenToKVPoolAllocator):
 
     def alloc_logical_only(self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
                            seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int) -> Any:
-        return self.logical_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu,
+        """PD decode's prealloc: token locations only (the C4 entries arrive in the host pool,
+        their device rows come with the hot buffer at admission)."""
+        locs = self.logical_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu,
                                                         last_loc, extend_num_tokens)
+        self.last_logical_only = locs
+        return locs
+
+    def alloc_extend_swa_tail(self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
+                              seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int,
+                              swa_tail_len: int) -> Any:
+        """PD decode's prealloc as SGLang makes it for SWA models (decode.py:2411): full-token
+        locations for the prompt, SWA locations for its window tail only; as
+        :meth:`alloc_logical_only`, no C4 device row."""
+        locs = self.logical_attn_allocator.alloc_extend_swa_tail(
+            prefix_lens=prefix_lens, prefix_lens_cpu=prefix_lens_cpu, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
+            last_loc=last_loc, extend_num_tokens=extend_num_tokens, swa_tail_len=swa_tail_len)
+        self.last_logical_only = locs
+        return locs
 
     def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
         """The compressed id of the last complete 4-token group ending at or before each

@@ -403,6 +403,33 @@ def pd_success(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs, reference=_pd_reference), "published": len(rig.prefill.published), **_stats(rig)}
 
 
+def v4_tiny_prompts(rig: Rig) -> dict[str, Any]:
+    """DeepSeek-V4 prompts of 1-7 tokens: those under 4 have no C4 entry when they join decode
+    (nothing to stage or transfer), and gain their first at the 4th token."""
+    rnd = random.Random(43)
+    reqs = {f"tiny{n}": ([rnd.randrange(1000) for _ in range(n)], 12) for n in range(1, 8)}
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    ref = _pd_reference if rig.pd_decode else _full_kv
+    return {"requests": _check_tokens(rig, reqs, reference=ref), **_stats(rig)}
+
+
+def v4_pd_mixed_lengths(rig: Rig) -> dict[str, Any]:
+    """DeepSeek-V4 PD decode: prompts of 5-700 tokens (1-175 C4 entries, past B = 64 for the
+    long ones: admitted with the newest entry in slot B and every other selection a miss from
+    the host pages the transfer wrote), short and long outputs."""
+    rnd = random.Random(41)
+    reqs = _random_requests(rnd, 8, (5, 700), (2, 40), "v4pd")
+    _submit_all(rig, reqs)
+    rig.run_until_idle()
+    rig.check_idle()
+    stats = _stats(rig)
+    if not stats["misses"]:
+        raise AssertionError("v4_pd_mixed_lengths: no request missed; the long prompts must exceed B")
+    return {"requests": _check_tokens(rig, reqs, reference=_pd_reference), **stats}
+
+
 def pd_radix_suffix_only(rig: Rig) -> dict[str, Any]:
     """PD decode with its radix cache: a request finishes, then requests whose prompts start
     with its prompt (and a follow-up turn on its prompt + output) match it on the decode
@@ -592,7 +619,7 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     "v4": (
         RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024,
                   residency="always_hot", chunked_prefill_size=256, max_running_requests=4, staging_polls=2),
-        [v4_mixed_lengths, abort_while_staging, abort_mid_decode],
+        [v4_mixed_lengths, v4_tiny_prompts, abort_while_staging, abort_mid_decode],
     ),
     # V4 under pressure residency (requests start resident, shrink as C4 rows run short) on
     # SGLang's overlap loop
@@ -600,6 +627,15 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=320, overlap=True,
                   max_running_requests=4, staging_polls=2),
         [v4_mixed_lengths],
+    ),
+    # DeepSeek-V4 PD decode: the prompt's C4 entries land in the host pool's C4 pages (the
+    # pages SGLang's transfer addresses), then decode as co-located; hot buffers
+    "v4_pd": (
+        RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024,
+                  residency="always_hot", max_running_requests=4, extra_args=(
+                      "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+                      "--disaggregation-decode-retraction-backup", "none")),
+        [v4_pd_mixed_lengths, v4_tiny_prompts, pd_success, pd_transfer_failure, pd_abort_before_admission],
     ),
     "pd_decode": (
         RigConfig(max_running_requests=8, extra_args=(

@@ -196,6 +196,9 @@ class V4StandInRunner(StandInRunner):
             gathered = []
             for layer in range(self.toy.c4_layers):
                 sel = self.toy.select(keys, last, layer)
+                if clen == 0:  # under 4 tokens: no entry to select (FlashMLA reads none)
+                    gathered.append(torch.zeros((sel.numel(), C4_PAGED.host_item()), dtype=torch.uint8))
+                    continue
                 compressed = torch.where(sel >= 0, ends[sel.clamp(min=0).to(torch.int64)] // RATIO, -1)
                 rows = c4.translate_loc_to_hisparse_device(compressed)
                 gathered.append(self._read_check(layer, rows, sel, groups, f"prefill: request {req.rid}"))

@@ -214,6 +214,11 @@ class Rig:
             self.scheduler._war_barrier_enabled = False  # is_cuda() is False here
         self.steps = 0
         self.pd_decode = "--disaggregation-mode" in config.extra_args
+        if config.v4:
+            # NOTE: the stand-in worker reports no hybrid SWA (SGLang's SWA radix and per-layer
+            # token accounting are not stood in), so the scheduler has no window; PD decode's
+            # SWA state payload reads it (decode.py:1674): the toy's, as a V4 worker reports it
+            self.scheduler.sliding_window_size = self.scheduler.tp_worker.model_runner.sliding_window_size
         #: PD: bootstrap room -> prompt, for the stand-in prefill side (:class:`FakePrefill`)
         self.prefill = FakePrefill(self) if self.pd_decode else None
 
@@ -477,6 +482,29 @@ class FakePrefill:
         self.held.discard(rid)
         self.receivers[rid].abort()
 
+    def _deliver_c4(self, rid: str, host: Any, kv_indices: Any, tokens: torch.Tensor) -> None:
+        """DeepSeek-V4: the prompt's C4 entries (one per completed 4-token group) into the
+        published host slots, as the prefill's C4 pages land in the decode host pool's pages;
+        the rest of a V4 transfer (windows, C128, indexer keys) goes device to device, which
+        the toy does not read (its keys are functions of the tokens)."""
+        from sglang_hisparse.testing.rig_v4 import RATIO
+
+        clen = tokens.numel() // RATIO
+        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[:clen]
+        if rows.numel() != clen:
+            raise AssertionError(f"FakePrefill: {rid} got {rows.numel()} destination slots for {clen} C4 entries")
+        if clen:
+            # what the transfer addresses: the host page of every 64 slots (slot // 64, decode.py
+            # _transfer_page_indices); the slots must be those pages' entries, in order
+            page = host.layout.entries
+            pages = rows[::page] // page
+            spanned = (pages.repeat_interleave(page) * page + torch.arange(pages.numel() * page) % page)[:clen]
+            if not torch.equal(spanned, rows):
+                raise AssertionError(f"FakePrefill: {rid}'s host slots are not whole pages in order: {rows[:8].tolist()}...")
+            groups, c = tokens[: clen * RATIO].view(clen, RATIO), torch.arange(clen)
+            for layer in range(self.rig.toy.c4_layers):
+                host.write(rows, self.rig.toy.entry(groups, c, layer), layer)
+
     def _deliver(self, decode_req: Any, kv_indices: Any) -> None:
         req = decode_req.req
         rid, prompt = self.rooms[int(req.bootstrap_room)]
@@ -484,21 +512,24 @@ class FakePrefill:
         # with the decode radix cache the destination covers only the unmatched suffix
         m = int(req.kv.cache_protected_len)
         host = self.rig.coordinator.host_pool
-        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[: n - m]
-        if rows.numel() != n - m:
-            raise AssertionError(f"FakePrefill: {rid} got {rows.numel()} destination rows for positions {m}..{n - 1}")
-        pos = torch.arange(n, dtype=torch.int64)
         tokens = torch.tensor(prompt, dtype=torch.int64)
-        for layer in range(self.rig.toy.num_layers):
-            kv = self.rig.toy.kv(tokens, pos, layer).contiguous().view(torch.uint8).reshape(n, -1)
-            host.kv[layer][rows] = kv[m:]
+        runner = self.rig.scheduler.tp_worker.model_runner
+        logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+        if self.rig.config.v4:
+            self._deliver_c4(rid, host, kv_indices, tokens)
+        else:
+            rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[: n - m]
+            if rows.numel() != n - m:
+                raise AssertionError(f"FakePrefill: {rid} got {rows.numel()} destination rows for positions {m}..{n - 1}")
+            pos = torch.arange(n, dtype=torch.int64)
+            for layer in range(self.rig.toy.num_layers):
+                kv = self.rig.toy.kv(tokens, pos, layer).contiguous().view(torch.uint8).reshape(n, -1)
+                host.write(rows, kv[m:], layer)
+            runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)
         self.delivered[rid] = n - m
         # SGLang never inserts a fake-bootstrap request into the radix tree (its KV is not
         # written, schedule_batch.py: skip_radix_cache_insert); here it is, as a real transfer's
         req.skip_radix_cache_insert = False
-        runner = self.rig.scheduler.tp_worker.model_runner
-        logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
-        runner.index_keys[logical] = self.rig.toy.index_key(tokens, pos)
         runner.token_at[logical] = tokens
         self.receivers[rid] = decode_req.kv_receiver
         self.published[rid] = n

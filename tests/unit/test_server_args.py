@@ -174,8 +174,12 @@ def test_deepseek_v4_is_accepted_with_the_paths_sglang_serves_it_on(v4_model_dir
         check(v4_model_dir, *OK, "--kv-cache-dtype", "bfloat16")
     with pytest.raises(ValueError, match=r"DeepSeek-V4.*needs --disable-radix-cache"):
         check(v4_model_dir, "--kv-cache-dtype", "fp8_e4m3")
-    with pytest.raises(ValueError, match=r"DeepSeek-V4.*--disaggregation-mode decode is not supported.*whole C4 pages"):
-        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", *PD_DECODE_ARGS)
+    check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", *PD_DECODE_ARGS)  # PD decode (docs/v4-m3.md D7)
+    with pytest.raises(ValueError, match=r"DeepSeek-V4.*--disaggregation-transfer-backend nixl.*only over Mooncake"):
+        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", *PD_DECODE_ARGS, "--disaggregation-transfer-backend", "nixl")
+    with pytest.raises(ValueError, match=r"DeepSeek-V4.*--speculative-algorithm EAGLE is not supported.*no C4 row layout"):
+        check(v4_model_dir, *OK, "--kv-cache-dtype", "fp8_e4m3", "--speculative-algorithm", "EAGLE",
+              "--speculative-eagle-topk", "1", "--speculative-num-steps", "1", "--speculative-num-draft-tokens", "2")
 
 
 @pytest.mark.parametrize("fact, name", [("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_hip", "ROCm")])
