@@ -16,6 +16,8 @@ token       the token build on positions expanded beforehand (the expansion not 
 token+exp   the same plus reference.expand_blocks in torch (what swap_in_blocks did before the
             block build: an expanded [bs, k] index tensor in HBM per layer)
 block       the block build on the block ids (no expanded tensor)
+block_split the block build over the host rows' K and V halves in separate arrays (KV_SPLIT_HOST:
+            MiniMax-M3 served PD, ROWL 3)
 ```
 
 in NO_IO (bookkeeping only) and COPY modes. Every block-build result is compared bit for bit
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
+from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST, TOKEN
 from sglang_hisparse.kernels.synthetic import make_state
 from sglang_hisparse.testing.engine import warm_and_capture
 
@@ -157,14 +160,18 @@ def run(bs: int, churn: float, args) -> dict:
     plan = MissPlan.empty(bs, k, dev)
     rec: dict = dict(batch=bs, churn=churn)
     finals = {}
+    # the host rows' K and V halves in separate arrays (KV_SPLIT_HOST, MiniMax-M3 served PD)
+    half = item // 2
+    split_host = torch.cat([st.host_cache[:, :half], st.host_cache[:, half:]]).contiguous().pin_memory()
     for mode in (ResolveMode.NO_IO, ResolveMode.COPY):
-        for variant in ("token", "token+exp", "block"):
+        for variant in ("token", "token+exp", "block", "block_split"):
             state = {name: t.clone() for name, t in base.items()}
             dc = dcache.clone()
 
             def steps(state=state, dc=dc, mode=mode, variant=variant) -> None:
                 for i in range(STEPS_PER_GRAPH):
-                    if variant == "block":
+                    layout, hc = (KV_SPLIT_HOST, split_host) if variant == "block_split" else (TOKEN, st.host_cache)
+                    if variant.startswith("block"):
                         tk, blk = sel_blocks[i], block
                     elif variant == "token+exp":
                         tk, blk = ref.expand_blocks(sel_blocks[i], lens, block), 0
@@ -172,8 +179,9 @@ def run(bs: int, churn: float, args) -> dict:
                         tk, blk = sel_pos[i], 0
                     ops.resolve(top_k=tk, req_index=req, seq_lens=lens, num_real_reqs=nr,
                                 slot_tokens=state["slot_tokens"], slot_rows=state["slot_rows"], lru=state["lru"],
-                                host_rows=state["host_rows"], host_cache=st.host_cache, device_cache=dc,
-                                out_rows=out, plan=plan, mode=mode, validate=False, selection_block=blk)
+                                host_rows=state["host_rows"], host_cache=hc, device_cache=dc,
+                                out_rows=out, plan=plan, mode=mode, validate=False, selection_block=blk,
+                                row_layout=layout)
 
             # NOTE: a CUDA graph of STEPS_PER_GRAPH resolves (A, B, A, ...), replayed: GPU time
             # without the Python launch gaps a single small launch would be timed with.
@@ -186,14 +194,16 @@ def run(bs: int, churn: float, args) -> dict:
             finals[(mode, variant)] = (out.clone(), state["slot_tokens"].clone(), state["lru"].clone(), dc.clone())
             if mode is ResolveMode.COPY and variant == "block":
                 steady = ({name: t.clone() for name, t in state.items()}, dc.clone())
-        a, b = finals[(mode, "token")], finals[(mode, "block")]
-        rec[f"{mode.name.lower()}_exact"] = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        a = finals[(mode, "token")]
+        rec[f"{mode.name.lower()}_exact"] = all(
+            torch.equal(x, y) for v in ("block", "block_split") for x, y in zip(a, finals[(mode, v)], strict=True))
     rec.update(_ceiling(steady, sel_blocks, req, lens, nr, st.host_cache, block, k, args))
     rec["copy_block_over_ceiling"] = (round(rec["copy_block_us"] / rec["ceiling_us"], 3)
                                       if rec.get("ceiling_us") else None)
     for mode in ("no_io", "copy"):
         rec[f"{mode}_block_over_token"] = round(rec[f"{mode}_block_us"] / rec[f"{mode}_token_us"], 4)
         rec[f"{mode}_block_over_token_exp"] = round(rec[f"{mode}_block_us"] / rec[f"{mode}_token+exp_us"], 4)
+        rec[f"{mode}_split_over_block"] = round(rec[f"{mode}_block_split_us"] / rec[f"{mode}_block_us"], 4)
     return rec
 
 

@@ -227,14 +227,17 @@ __device__ __forceinline__ bool arrive_last(int32_t* arrivals, int b, int ctas) 
 // (scales) at page + 36864 + (r%64)*8, the page padded to 37440 B; host rows are 592 B, whose
 // last 8 bytes are not stored. 2: the same pages on both sides (host_cache [pages, 37440]: what
 // SGLang's PD transfer writes into the decode host pool); a row is still read and stored as the
-// 37 16-byte pieces of the 592-byte row, the last one's low 8 bytes being the tail.
+// 37 16-byte pieces of the 592-byte row, the last one's low 8 bytes being the tail. 3: token rows
+// on the device, the host side split in halves (MiniMax-M3's K and V as SGLang's PD transfer
+// writes them): host_cache [2H, ITEM/2], row h's first half at h, its second at H + h (hvoff =
+// H * hstride bytes further).
 constexpr int kC4Entries = 64, kC4Data = 576, kC4Tail = 8, kC4Page = 37440;
 
 // Store piece `piece` (16 bytes of the host row) of device row `row`.
 template <int ROWL, int ITEM>
 __device__ __forceinline__ void store_piece(uint8_t* dev, int64_t dstride, int32_t row, int piece,
                                             const int4& v) {
-  if constexpr (ROWL == 0) {
+  if constexpr (ROWL == 0 || ROWL == 3) {
     reinterpret_cast<int4*>(dev + static_cast<int64_t>(row) * dstride)[piece] = v;
   } else {
     static_assert((ROWL == 1 || ROWL == 2) && ITEM == kC4Data + 16, "the C4 layout takes 592-byte rows");
@@ -251,7 +254,7 @@ __device__ __forceinline__ void store_piece(uint8_t* dev, int64_t dstride, int32
 // bytes and 8 zero bytes, as the host row holds them).
 template <int ROWL, int ITEM>
 __device__ __forceinline__ int4 load_piece(const uint8_t* base, int64_t stride, int64_t row, int piece) {
-  if constexpr (ROWL == 0) {
+  if constexpr (ROWL == 0 || ROWL == 3) {
     return __ldg(reinterpret_cast<const int4*>(base + row * stride) + piece);
   } else {
     static_assert((ROWL == 1 || ROWL == 2) && ITEM == kC4Data + 16, "the C4 layout takes 592-byte rows");
@@ -265,20 +268,37 @@ __device__ __forceinline__ int4 load_piece(const uint8_t* base, int64_t stride, 
 
 // Bytes of one row of a device buffer of this layout (one KV row, or one page of C4 entries).
 template <int ROWL, int ITEM>
-constexpr int64_t device_row_bytes() { return ROWL == 0 ? ITEM : kC4Page; }
+constexpr int64_t device_row_bytes() { return ROWL == 0 || ROWL == 3 ? ITEM : kC4Page; }
 
-// Bytes of one row of the host buffer: the row itself, or one page of C4 entries (ROWL 2).
+// Bytes of one row of the host buffer: the row itself, one page of C4 entries (ROWL 2), or a
+// half row (3).
 template <int ROWL, int ITEM>
-constexpr int64_t host_row_bytes() { return ROWL == 2 ? kC4Page : ITEM; }
+constexpr int64_t host_row_bytes() { return ROWL == 2 ? kC4Page : ROWL == 3 ? ITEM / 2 : ITEM; }
 
-// Load piece `piece` of host row `row`: flat rows (ROWL 0, 1), or an entry of a C4 page (2).
+// Load piece `piece` of host row `row`: flat rows (ROWL 0, 1), an entry of a C4 page (2), or
+// a half of the split rows, the second `hvoff` bytes after the first's array (3).
 template <int ROWL, int ITEM>
-__device__ __forceinline__ int4 load_host_piece(const uint8_t* host, int64_t hstride, int64_t row, int piece) {
+__device__ __forceinline__ int4 load_host_piece(const uint8_t* host, int64_t hstride, int64_t row, int piece,
+                                                int64_t hvoff = 0) {
   if constexpr (ROWL == 2) {
     return load_piece<1, ITEM>(host, hstride, row, piece);
+  } else if constexpr (ROWL == 3) {
+    static_assert(ITEM % 32 == 0, "a split row's halves are whole 16-byte pieces");
+    constexpr int kHalf = ITEM / 32;
+    const uint8_t* half = piece < kHalf ? host : host + hvoff;
+    return __ldg(reinterpret_cast<const int4*>(half + row * hstride) + (piece < kHalf ? piece : piece - kHalf));
   } else {
     return __ldg(reinterpret_cast<const int4*>(host + row * hstride) + piece);
   }
+}
+
+// Store piece `piece` of host row `row` of split rows (the inverse of load_host_piece<3>).
+template <int ITEM>
+__device__ __forceinline__ void store_split_piece(uint8_t* host, int64_t hstride, int64_t row, int piece,
+                                                  int64_t hvoff, const int4& v) {
+  constexpr int kHalf = ITEM / 32;
+  uint8_t* half = piece < kHalf ? host : host + hvoff;
+  reinterpret_cast<int4*>(half + row * hstride)[piece < kHalf ? piece : piece - kHalf] = v;
 }
 
 // Copy rows [q0, q1) of (src, dst) with 16-byte loads straight from pinned host memory (with
@@ -290,7 +310,7 @@ template <int ITEM, int UNROLL = kUnroll, int ROWL = 0>
 __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst, int q0, int q1,
                                           const uint8_t* host, int64_t hstride, uint8_t* dev,
                                           int64_t dstride, const int32_t* list = nullptr,
-                                          int tid = -1, int T = 0) {
+                                          int tid = -1, int T = 0, int64_t hvoff = 0) {
   constexpr int kPieces = ITEM / 16;
   if (tid < 0) {
     tid = threadIdx.x;
@@ -304,7 +324,7 @@ __device__ __forceinline__ void copy_rows(const int64_t* src, const int32_t* dst
       const int x = base + u * T;
       if (x < total) {
         const int q = list ? list[q0 + x / kPieces] : q0 + x / kPieces, piece = x % kPieces;
-        v[u] = load_host_piece<ROWL, ITEM>(host, hstride, src[q], piece);
+        v[u] = load_host_piece<ROWL, ITEM>(host, hstride, src[q], piece, hvoff);
       }
     }
 #pragma unroll

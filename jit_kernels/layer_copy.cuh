@@ -27,7 +27,8 @@ struct LayerCopyArgs {
 // the caller passes (the reference skips them too).
 // SL / DL: the row layout of the source / destination layers (common.cuh store_piece: 0 token
 // rows, 1 DeepSeek-V4's paged C4 entries; a table's "rows" then counts entries, its stride is
-// one page). SL = DL = 0 is the code before the layouts (if constexpr).
+// one page; 3 rows split in halves, a table row's stride one half and its second halves `rows`
+// x stride bytes after the first's). SL = DL = 0 is the code before the layouts (if constexpr).
 template <int ITEM, int SL = 0, int DL = 0>
 __global__ void layer_copy_kernel(LayerCopyArgs a) {
   constexpr int kPieces = ITEM / 16;
@@ -54,7 +55,10 @@ __global__ void layer_copy_kernel(LayerCopyArgs a) {
       const int64_t* dt = a.dst_table + l * kTableCols;
       const int64_t s = a.src_rows[j], d = a.dst_rows[j];
       if (s < 0 || s >= st[2] || d < 0 || d >= dt[2]) continue;
-      v[u] = load_piece<SL, ITEM>(reinterpret_cast<const uint8_t*>(st[0]), st[1], s, piece);
+      if constexpr (SL == 3)
+        v[u] = load_host_piece<3, ITEM>(reinterpret_cast<const uint8_t*>(st[0]), st[1], s, piece, st[2] * st[1]);
+      else
+        v[u] = load_piece<SL, ITEM>(reinterpret_cast<const uint8_t*>(st[0]), st[1], s, piece);
       if constexpr (DL == 0) {
         dst[u] = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(dt[0]) + d * dt[1]) + piece;
       } else {
@@ -68,8 +72,12 @@ __global__ void layer_copy_kernel(LayerCopyArgs a) {
       if constexpr (DL == 0) {
         if (dst[u] != nullptr) *dst[u] = v[u];
       } else if (dtab[u] != nullptr) {
-        store_piece<DL, ITEM>(reinterpret_cast<uint8_t*>(dtab[u][0]), dtab[u][1],
-                              static_cast<int32_t>(drow[u]), dpiece[u], v[u]);
+        if constexpr (DL == 3)
+          store_split_piece<ITEM>(reinterpret_cast<uint8_t*>(dtab[u][0]), dtab[u][1], drow[u], dpiece[u],
+                                  dtab[u][2] * dtab[u][1], v[u]);
+        else
+          store_piece<DL, ITEM>(reinterpret_cast<uint8_t*>(dtab[u][0]), dtab[u][1],
+                                static_cast<int32_t>(drow[u]), dpiece[u], v[u]);
       }
     }
   }

@@ -8,7 +8,7 @@ namespace hisparse {
 struct ReplayArgs {
   const int64_t* src; const int32_t* dst; const int32_t* count; int64_t stride;
   const int32_t* num_real; int bs, k;
-  const uint8_t* host; int64_t hstride;
+  const uint8_t* host; int64_t hstride, hvoff;
   uint8_t* dev; int64_t dstride;
 };
 
@@ -47,7 +47,7 @@ __global__ void replay_kernel(ReplayArgs a) {
           if (prefix[mid] <= g) lo = mid; else hi = mid - 1;
         }
         const int64_t e = lo * a.stride + (g - prefix[lo]);
-        v[u] = load_host_piece<ROWL, ITEM>(a.host, a.hstride, a.src[e], piece);
+        v[u] = load_host_piece<ROWL, ITEM>(a.host, a.hstride, a.src[e], piece, a.hvoff);
         dst_row[u] = a.dst[e];
         dst_piece[u] = piece;
       }
@@ -94,6 +94,7 @@ void replay_launch(TensorView plan_src, TensorView plan_dst, TensorView plan_cou
   a.num_real = ptr<const int32_t>(num_real);
   a.bs = static_cast<int>(bs); a.k = static_cast<int>(plan_src.size(1));
   a.host = ptr<const uint8_t>(host_cache); a.hstride = host_cache.stride(0);
+  a.hvoff = ROWL == 3 ? host_cache.size(0) / 2 * host_cache.stride(0) : 0;
   a.dev = ptr<uint8_t>(device_cache); a.dstride = device_cache.stride(0);
   const size_t bytes = (40 + bs + 1) * sizeof(int);
   auto kernel = replay_kernel<ITEM, ROWL>;

@@ -2,7 +2,8 @@
 //
 // Semantics: sglang_hisparse/kernels/reference.py, bit for bit; design: docs/kernels.md.
 // Compile-time K (top-k), B (hot slots), ITEM (host row bytes), POLICY, ROWL (device row layout,
-// common.cuh store_piece: 0 token rows, 1 DeepSeek-V4's paged C4 entries, 2 those pages on the host side too), BLK (selection layout: 0 =
+// common.cuh store_piece: 0 token rows, 1 DeepSeek-V4's paged C4 entries, 2 those pages on the host side too,
+// 3 token rows with the host's split in halves), BLK (selection layout: 0 =
 // token positions, > 0 = block ids of BLK positions, expanded in the kernel); runtime batch, block size (any
 // multiple of 32 up to 1024; 512 and 1024 also have builds with it fixed at compile time),
 // CTAs per request, plan/copy flags; shared memory grows with host_rows' columns (the position
@@ -25,7 +26,7 @@ struct ResolveArgs {
   const int32_t* slot_rows; int64_t sr_stride;
   int16_t* lru; int64_t lru_stride;
   const int64_t* host_rows; int64_t hr_stride;
-  const uint8_t* host_cache; int64_t hc_stride;
+  const uint8_t* host_cache; int64_t hc_stride, hc_voff;
   uint8_t* device_cache; int64_t dc_stride;
   int32_t* out_rows; int64_t out_stride;
   int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
@@ -815,7 +816,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     HS_PHASE(10);
     if (a.copy)
       copy_rows<ITEM, kCopyUnroll, ROWL>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
-                                   a.device_cache, a.dc_stride, direct, tid, TC);
+                                   a.device_cache, a.dc_stride, direct, tid, TC, a.hc_voff);
     HS_PHASE(11);
     return;
   }
@@ -870,7 +871,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 #pragma unroll
       for (int v = 0; v < kHeld; ++v)
         if (lane + 32 * v < kPieces)
-          held[t][v] = load_host_piece<ROWL, ITEM>(a.host_cache, a.hc_stride, src_row[t], lane + 32 * v);
+          held[t][v] = load_host_piece<ROWL, ITEM>(a.host_cache, a.hc_stride, src_row[t], lane + 32 * v, a.hc_voff);
     }
   }
   named_sync(3, T_all);
@@ -878,7 +879,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // way), then the held rows.
   if constexpr (kFetchCopies)
     copy_rows<ITEM, kCopyUnroll, ROWL>(msrc, mdst, 0, s_direct, a.host_cache, a.hc_stride,
-                                 a.device_cache, a.dc_stride, first, tid, T_all);
+                                 a.device_cache, a.dc_stride, first, tid, T_all, a.hc_voff);
 #pragma unroll
   for (int t = 0; t < kHold; ++t) {
     const int dst = t < taken ? sdst[fw * kHold + t] : -1;
@@ -997,6 +998,8 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
   a.host_rows = ptr<const int64_t>(host_rows); a.hr_stride = host_rows.stride(0);
   // Pinned memory is mapped at the same address on the device (UVA, 64-bit Linux).
   a.host_cache = ptr<const uint8_t>(host_cache); a.hc_stride = host_cache.stride(0);
+  // ROWL 3: the second halves start half-way down host_cache's rows
+  a.hc_voff = ROWL == 3 ? host_cache.size(0) / 2 * host_cache.stride(0) : 0;
   a.device_cache = ptr<uint8_t>(device_cache); a.dc_stride = device_cache.stride(0);
   a.out_rows = ptr<int32_t>(out_rows); a.out_stride = out_rows.stride(0);
   a.write_plan = write_plan != 0;

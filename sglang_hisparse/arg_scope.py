@@ -100,7 +100,7 @@ def m3_sparse_layers(hf_config: Any) -> list[int]:
 
 
 def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
-    """MiniMax-M3: refuse what the first slice does not serve (docs/v4-m3.md D5); the
+    """MiniMax-M3: refuse what it does not serve (docs/v4-m3.md D5, D7); the
     positions a decode step selects (:func:`m3_selection`)."""
     hf_config = model_config.hf_config
     if getattr(model_config, "quantization", None) == "minimax_m3_nvfp4":
@@ -116,10 +116,23 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
             f"addresses its layers as layer_id - first sparse layer, so they must be one contiguous "
             f"run. Drop --enable-hisparse for this model."
         )
-    _refuse_paths(cfg, f"MiniMax-M3 ({label})",
-                  pd=("SGLang's PD transfer writes M3's sparse K and V into separate host buffers (every sparse "
-                      "layer's K, then its V), while sglang-hisparse's M3 host rows hold a token's K and V together"),
-                  spec="swap_in_selected_blocks has no target-verify form")
+    _refuse_paths(cfg, f"MiniMax-M3 ({label})", pd=None, spec="swap_in_selected_blocks has no target-verify form")
+    if _pd_decode(cfg):
+        from sglang.srt.configs.model_config import (
+            get_minimax_sparse_attention_config,
+            get_minimax_sparse_disable_value_layer_ids,
+        )
+
+        keep_value = sorted(set(sparse) - set(get_minimax_sparse_disable_value_layer_ids(
+            get_minimax_sparse_attention_config(hf_config))))
+        if keep_value:
+            raise ValueError(
+                f"--enable-hisparse with MiniMax-M3 ({label}) as a PD decode server: sparse layers "
+                f"{keep_value} keep an index value (sparse_disable_index_value unset for them), whose "
+                f"transfer SGLang 0.5.23 does not implement (disaggregation/utils.py:1528, with or without "
+                f"HiSparse). Serve this checkpoint co-located (drop --disaggregation-mode).")
+        _require_mooncake(cfg, f"MiniMax-M3 ({label})", "the dense layers' K/V and the index keys go device to "
+                          "device as MiniMax state, which SGLang 0.5.23 sends only over Mooncake")
     tp = int(getattr(cfg, "tp_size", 1) or 1)
     if getattr(cfg, "enable_dp_attention", False):
         tp = max(1, tp // int(getattr(cfg, "dp_size", 1) or 1))
@@ -145,19 +158,30 @@ def _refuse_paths(cfg: Any, model: str, *, pd: str | None, spec: str) -> None:
                              f"sglang-hisparse: {why}. Remove {flag}, or {IN_TREE_HINT}.")
 
 
+def _pd_decode(cfg: Any) -> bool:
+    return getattr(cfg, "disaggregation_mode", "null") == "decode"
+
+
+def _require_mooncake(cfg: Any, model: str, why: str) -> None:
+    """A PD decode server of ``model`` whose transfer needs SGLang's Mooncake backend (``fake``,
+    SGLang's test stand-in, moves nothing and passes)."""
+    backend = getattr(cfg, "disaggregation_transfer_backend", None)
+    if backend not in ("mooncake", "mooncake_tcp", "fake"):
+        raise ValueError(
+            f"--enable-hisparse with {model} as a PD decode server and --disaggregation-transfer-backend "
+            f"{backend}: {why} (NotImplementedError at the first request otherwise). Use "
+            f"--disaggregation-transfer-backend mooncake (or mooncake_tcp).")
+
+
 def _check_v4(cfg: Any, label: str, model_config: Any) -> int:
     """DeepSeek-V4 (docs/v4-m3.md D5, D7): co-located or PD decode, no speculative decoding and
     the radix cache off, as SGLang's in-tree HiSparse serves it; the C4 top-k is the model's
     ``index_topk`` (the KV dtype is checked with the others, ``arg_hook``)."""
     _refuse_paths(cfg, f"DeepSeek-V4 ({label})", pd=None,
                   spec="the verify kernel has no C4 row layout (and SGLang refuses it at coordinator construction)")
-    backend = getattr(cfg, "disaggregation_transfer_backend", None)
-    if getattr(cfg, "disaggregation_mode", "null") == "decode" and backend not in ("mooncake", "mooncake_tcp", "fake"):
-        raise ValueError(
-            f"--enable-hisparse with DeepSeek-V4 ({label}) as a PD decode server and "
-            f"--disaggregation-transfer-backend {backend}: the C4 indexer keys and C128 entries go device "
-            f"to device, which SGLang 0.5.23 sends only over Mooncake (decode.py:1808, NotImplementedError at "
-            f"the first request otherwise). Use --disaggregation-transfer-backend mooncake (or mooncake_tcp).")
+    if _pd_decode(cfg):
+        _require_mooncake(cfg, f"DeepSeek-V4 ({label})", "the C4 indexer keys and C128 entries go device to "
+                          "device, which SGLang 0.5.23 sends only over Mooncake (decode.py:1808)")
     if not getattr(cfg, "disable_radix_cache", False):
         raise ValueError(f"--enable-hisparse with DeepSeek-V4 ({label}) needs --disable-radix-cache: SGLang's "
                          f"V4 radix tree (its SWA component) is not wired to sglang-hisparse's C4 ids yet.")

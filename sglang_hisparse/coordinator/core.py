@@ -187,11 +187,10 @@ class HiSparseCore:
             raise ValueError(
                 f"device_kv has {len(device_kv)} layers and host_kv {len(host_kv)}; need the same, >= 1."
             )
-        if row_layout.host_paged:
-            for layer in host_kv:
-                row_layout.host_proxy(layer)  # raises naming the layout
-        item = row_layout.host_item() if row_layout.host_paged else int(host_kv[0].shape[1])
-        if row_layout.paged and num_draft_tokens:
+        for layer in host_kv:
+            row_layout.host_proxy(layer)  # raises naming the layout
+        item = int(row_layout.host_proxy(host_kv[0]).shape[1])
+        if row_layout.kind and num_draft_tokens:
             raise ValueError(
                 f"row_layout {row_layout.name} with num_draft_tokens = {num_draft_tokens}: the verify "
                 f"kernel stores token rows only; run the paged layout without speculative decoding."

@@ -110,7 +110,7 @@ class Resolver:
         self._replay_extra = {"ctas": replay_ctas} if replay_ctas else {}
         if anchor_slices < 1:
             raise ValueError(f"anchor_slices = {anchor_slices} must be >= 1 (1: one launch per anchor).")
-        if ctx.row_layout.paged:  # where the device rows live (token rows: the ops' default)
+        if ctx.row_layout.kind:  # where the rows live (token rows on both sides: the ops' default)
             self._replay_extra["row_layout"] = ctx.row_layout
         self.anchor_slices = anchor_slices
         st, k = ctx.state, ctx.top_k
@@ -124,7 +124,7 @@ class Resolver:
         self._fixed: dict = {"mode": mode}
         if block_size and ctx.device.type == "cuda":
             self._fixed["block_size"] = block_size
-        if ctx.row_layout.paged:
+        if ctx.row_layout.kind:
             self._fixed["row_layout"] = ctx.row_layout
         #: the decode kernel reads and keeps the resident hint (verify has none)
         self._hint = st.resident is not None

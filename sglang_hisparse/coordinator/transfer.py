@@ -121,7 +121,7 @@ def _copy(ctx: CoreContext, src: str, src_rows: torch.Tensor, dst: str, dst_rows
     layers = {"device": ctx.device_kv, "host": _host_layers(ctx)}
     layout = {"device": ctx.row_layout.device_side, "host": ctx.row_layout.host_side}
     for s_kv, d_kv in zip(layers[src], layers[dst], strict=True):
-        if ctx.row_layout.paged and src_rows.numel():
+        if ctx.row_layout.kind and src_rows.numel():
             layout[dst].write(d_kv, dst_rows, layout[src].read(s_kv, src_rows))
         else:
             _copy_rows(s_kv, src_rows, d_kv, dst_rows)

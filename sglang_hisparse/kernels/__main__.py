@@ -37,6 +37,9 @@ ITEMS = (656, 1152)
 #: tests/kernels/test_resolve_c4_gpu.py, the CUDA harness's toy V4, bench_resolve_c4.py)
 C4_GRID = ((512, 1024), (512, 2048), (64, 128), (32, 64))
 C4_ITEM = 592
+#: MiniMax-M3's block builds over split host rows (ROWL 3): (k, B, item, block) of
+#: test_resolve_blocks_gpu.py's split test and the CUDA harness's toy M3
+M3_SPLIT_GRID = ((2176, 4352, 512, 128), (2176, 4352, 256, 128), (64, 128, 1152, 8), (32, 64, 512, 8))
 
 
 def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=print,
@@ -53,11 +56,16 @@ def precompile(resolve_specs, items, jobs: int = 4, gather: bool = False, log=pr
         tasks += [("resolve_c4", (k, b, C4_ITEM, r)) for k, b in C4_GRID for r in (0, 1, 2)]
         tasks += [("replay", (C4_ITEM, r)) for r in (0, 1, 2)] + [("gather", (C4_ITEM,))]
         tasks += [("layer_copy", (C4_ITEM, sl, dl)) for sl, dl in ((0, 0), (1, 0), (0, 1), (1, 1))]
+        tasks += [("resolve_m3", spec) for spec in M3_SPLIT_GRID]
+        items3 = sorted({i for _, _, i, _ in M3_SPLIT_GRID})
+        tasks += [("replay", (i, 3)) for i in items3]
+        tasks += [("layer_copy", (i, sl, dl)) for i in items3 for sl, dl in ((0, 3), (3, 0))]
     getters = {"resolve": _jit.resolve_module, "replay": _jit.replay_module,
                "gather": _jit.gather_module, "verify": _jit.verify_module,
                "layer_copy": _jit.layer_copy_module,
                "resolve_policy": lambda k, b, i, p: _jit.resolve_module(k, b, i, policy=p),
-               "resolve_c4": lambda k, b, i, r: _jit.resolve_module(k, b, i, rowl=r)}
+               "resolve_c4": lambda k, b, i, r: _jit.resolve_module(k, b, i, rowl=r),
+               "resolve_m3": lambda k, b, i, blk: _jit.resolve_module(k, b, i, blocks=blk, rowl=3)}
 
     def one(task):
         kind, args = task

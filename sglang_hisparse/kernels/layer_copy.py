@@ -65,6 +65,11 @@ class LayerTable:
             rows = [[t.data_ptr(), t.stride(0), layout.device_rows(t)] for t in layers]
             table = torch.tensor(rows, dtype=torch.int64).to(layers[0].device)
             return cls(layers=tuple(layers), table=table, item=layout.host_item(), layout=layout)
+        if layout.kind == 3:  # rows split in halves: uint8 [2H, I/2], a table row (address, half, H)
+            halves = LayerTable.build(layers, name)  # the token checks, on the half rows
+            rows = [[t.data_ptr(), t.stride(0), t.shape[0] // 2] for t in layers]
+            table = torch.tensor(rows, dtype=torch.int64).to(layers[0].device)
+            return cls(layers=halves.layers, table=table, item=2 * halves.item, layout=layout)
         first = layers[0]
         item = int(first.shape[1]) if first.dim() == 2 else -1
         for i, t in enumerate(layers):
@@ -116,7 +121,7 @@ def reference_copy_rows(
     if src_rows.numel() == 0:
         return
     for s, d in zip(src.layers, dst.layers, strict=True):
-        if src.layout.paged or dst.layout.paged:
+        if src.layout.kind or dst.layout.kind:
             dst.layout.write(d, dst_rows, src.layout.read(s, src_rows))
         else:
             d.index_copy_(0, dst_rows.to(d.device), s.index_select(0, src_rows.to(s.device)))

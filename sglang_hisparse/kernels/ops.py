@@ -140,7 +140,8 @@ def resolve(
             (``reference.expand_blocks``; no expanded top-k in HBM) and ``out_rows`` is [bs, k].
         row_layout: where a row lives in ``device_cache`` (``kernels.row_layout``): ``TOKEN``
             (uint8 [D, I]) or ``C4_PAGED`` (DeepSeek-V4: uint8 [pages, 37440], 592-byte host rows),
-            or ``C4_PAGED_HOST`` (those pages on the host side too: ``host_cache`` [pages, 37440]).
+            or ``C4_PAGED_HOST`` (those pages on the host side too: ``host_cache`` [pages, 37440]),
+            or ``KV_SPLIT_HOST`` (token rows; ``host_cache`` [2H, I/2], MiniMax-M3's K and V apart).
     Semantics: :mod:`sglang_hisparse.kernels.reference` (of the expanded top-k).
     """
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
@@ -228,7 +229,7 @@ def replay(
     block = check_block_size(block_size)
     if not 1 <= ctas <= 65535:
         raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
-    replay_module(row_layout.host_item() if row_layout.paged else host_cache.shape[1], row_layout.kind).replay(
+    replay_module(int(row_layout.host_proxy(host_cache).shape[1]), row_layout.kind).replay(
         plan.src, plan.dst, plan.count, num_real_reqs, host_cache, device_cache, ctas, block,
     )
 

@@ -17,6 +17,10 @@ C4_PAGED  device_cache uint8 [pages, 37440]: 64 entries a page,           DeepSe
 C4_PAGED_HOST  the C4_PAGED device pages, and the host side in the same pages:  DeepSeek-V4 with
           host_cache uint8 [pages, 37440]; a row is still read and written    the host rows SGLang's
           as the 592 bytes above (its 8 padding bytes read 0)               PD transfer writes
+KV_SPLIT_HOST  token rows on the device; the host side in halves,            MiniMax-M3 (K then V)
+          host_cache uint8 [2H, I/2]: row h's first half (K) at row h,      with the host K and V
+          its second (V) at row H + h                                       arrays SGLang's PD
+                                                                            transfer writes
 ```
 
 A C4_PAGED miss therefore moves 36 16-byte pieces to the entry's data and the low 8 bytes of
@@ -30,14 +34,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["C4_PAGED", "C4_PAGED_HOST", "TOKEN", "RowLayout"]
+__all__ = ["C4_PAGED", "C4_PAGED_HOST", "KV_SPLIT_HOST", "TOKEN", "RowLayout"]
 
 
 @dataclass(frozen=True)
 class RowLayout:
     """``kind`` 0: token rows; 1: paged rows split into a data and a tail piece (``entries``
     per page, ``data`` and ``tail`` bytes each, data of all entries first, then their tails,
-    the page padded to ``page`` bytes); 2: those pages on the host side too (``host_paged``).
+    the page padded to ``page`` bytes); 2: those pages on the host side too (``host_paged``);
+    3: token rows on the device, host rows split in halves (``host_split``: a host layer is
+    uint8 [2H, I/2], row h's halves at rows h and H + h).
     :meth:`read` / :meth:`write` address the device side; :meth:`host_read` /
     :meth:`host_write` the host side, :attr:`device_side` / :attr:`host_side` name each side's
     own layout (what the all-layer row copy takes, which knows kinds 0 and 1)."""
@@ -50,18 +56,25 @@ class RowLayout:
     page: int = 0
 
     host_paged: bool = False
+    host_split: bool = False
 
     @property
     def paged(self) -> bool:
-        return self.kind != 0
+        """The device rows are paged (kinds 1 and 2)."""
+        return self.kind in (1, 2)
+
+    @property
+    def _halves(self) -> bool:
+        """This layout addresses split halves itself (the host side of ``KV_SPLIT_HOST``)."""
+        return self.kind == 3 and not self.host_split
 
     @property
     def device_side(self) -> RowLayout:
-        return C4_PAGED if self.host_paged else self
+        return C4_PAGED if self.host_paged else TOKEN if self.host_split else self
 
     @property
     def host_side(self) -> RowLayout:
-        return C4_PAGED if self.host_paged else TOKEN
+        return C4_PAGED if self.host_paged else _SPLIT if self.host_split else TOKEN
 
     def host_rows_of(self, host_cache: torch.Tensor) -> int:
         """Rows (entries) ``host_cache`` holds."""
@@ -76,12 +89,18 @@ class RowLayout:
         self.host_side.write(host_cache, rows, values)
 
     def host_proxy(self, host_cache: torch.Tensor) -> torch.Tensor:
-        """What the token-row shape checks read of ``host_cache``: itself, or for paged host
-        rows a meta tensor uint8 [host rows, host item] (the pages checked here first)."""
-        if not self.host_paged:
-            return host_cache
-        C4_PAGED.check_device(host_cache, C4_PAGED.host_item())
-        return torch.empty((self.host_rows_of(host_cache), self.host_item()), dtype=torch.uint8, device="meta")
+        """What the token-row shape checks read of ``host_cache``: itself, or for paged or
+        split host rows a meta tensor uint8 [host rows, row bytes] (checked here first)."""
+        if self.host_paged:
+            C4_PAGED.check_device(host_cache, C4_PAGED.host_item())
+            return torch.empty((self.host_rows_of(host_cache), self.host_item()), dtype=torch.uint8, device="meta")
+        if self.host_split:
+            if host_cache.dim() != 2 or host_cache.shape[0] % 2 or host_cache.shape[1] % 16:
+                raise ValueError(
+                    f"host_cache {tuple(host_cache.shape)} is not the {self.name} layout: uint8 [2H, I/2] with "
+                    f"halves of a multiple of 16 bytes (row h's first half at row h, its second at H + h).")
+            return torch.empty((host_cache.shape[0] // 2, 2 * host_cache.shape[1]), dtype=torch.uint8, device="meta")
+        return host_cache
 
     @property
     def page_bytes(self) -> int:
@@ -97,6 +116,8 @@ class RowLayout:
 
     def device_rows(self, device_cache: torch.Tensor) -> int:
         """Rows (entries) ``device_cache`` holds."""
+        if self._halves:
+            return device_cache.shape[0] // 2
         return device_cache.shape[0] * (self.entries if self.paged else 1)
 
     def check_device(self, device_cache: torch.Tensor, item: int) -> None:
@@ -134,6 +155,11 @@ class RowLayout:
         """``values`` uint8 [n, host item] into device rows ``rows`` (int [n])."""
         rows = rows.to(device=device_cache.device, dtype=torch.int64)
         values = values.to(device_cache.device)
+        if self._halves:  # halves at rows h and H + h
+            half, H = device_cache.shape[1], device_cache.shape[0] // 2
+            device_cache[rows] = values[:, :half]
+            device_cache[H + rows] = values[:, half:]
+            return
         if not self.paged:
             device_cache[rows] = values
             return
@@ -145,6 +171,8 @@ class RowLayout:
     def read(self, device_cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """uint8 [n, host item] of device rows ``rows``; a paged row's padding bytes read 0."""
         rows = rows.to(device=device_cache.device, dtype=torch.int64)
+        if self._halves:
+            return torch.cat([device_cache[rows], device_cache[device_cache.shape[0] // 2 + rows]], 1)
         if not self.paged:
             return device_cache[rows]
         data, tail = self._pieces(device_cache)
@@ -160,3 +188,7 @@ TOKEN = RowLayout("token", 0)
 C4_PAGED = RowLayout("c4_paged", 1, entries=64, data=576, tail=8, page=37440)
 #: the same pages on the host side (DeepSeek-V4 served PD: SGLang's transfer writes whole pages)
 C4_PAGED_HOST = RowLayout("c4_paged_host", 2, entries=64, data=576, tail=8, page=37440, host_paged=True)
+#: MiniMax-M3 served PD: token rows on the device, the host's K and V halves in separate arrays
+KV_SPLIT_HOST = RowLayout("kv_split_host", 3, host_split=True)
+#: the host side of KV_SPLIT_HOST (what its host layers' tables and reads take)
+_SPLIT = RowLayout("kv_split", 3)

@@ -52,7 +52,7 @@ def host_pool_bytes(
     rows_total = (capacity_tokens // page_size + 1) * page_size
     if layout.host_paged:
         return num_layers * -(-rows_total // layout.entries) * layout.page_bytes
-    return num_layers * rows_total * item_bytes
+    return num_layers * rows_total * item_bytes  # (split halves: the same bytes)
 
 
 class HostKVPool:
@@ -74,7 +74,9 @@ class HostKVPool:
                      allocating (already budget-checked and pinned by its owner)
     layout:          a ``kernels.row_layout`` with ``host_paged`` (``C4_PAGED_HOST``): each layer
                      is uint8 [ceil(host_rows_total / entries), page bytes] of its pages (row h in
-                     page h // entries, as the device's); ``item_bytes`` is still the row's (592)
+                     page h // entries, as the device's); ``item_bytes`` is still the row's (592);
+                     or ``host_split`` (``KV_SPLIT_HOST``): uint8 [2 x host_rows_total, I/2],
+                     row h's halves at rows h and host_rows_total + h
     """
 
     def __init__(
@@ -93,6 +95,9 @@ class HostKVPool:
         storage: torch.Tensor | None = None,
         layout: RowLayout = TOKEN,
     ):
+        if layout.host_split and (item_bytes % 32 or storage is not None):
+            raise ValueError(f"HostKVPool: the {layout.name} layout splits rows in halves of whole 16-byte pieces; "
+                             f"item_bytes = {item_bytes} must be a multiple of 32, and no storage given.")
         if layout.host_paged and (item_bytes != layout.host_item() or storage is not None):
             raise ValueError(
                 f"HostKVPool: the {layout.name} layout holds rows of {layout.host_item()} B in its own pages; "
@@ -150,11 +155,17 @@ class HostKVPool:
         )
         self.nbytes = required
         #: uint8 [L, host_rows_total, I] (or [L, pages, page bytes]); kv[l] is layer l
-        shape = ((num_layers, -(-self.total_rows // layout.entries), layout.page_bytes) if layout.host_paged
-                 else (num_layers, self.total_rows, item_bytes))
+        if layout.host_paged:
+            shape = (num_layers, -(-self.total_rows // layout.entries), layout.page_bytes)
+        elif layout.host_split:
+            shape = (num_layers, 2 * self.total_rows, item_bytes // 2)
+        else:
+            shape = (num_layers, self.total_rows, item_bytes)
         self.kv = torch.empty(shape, dtype=torch.uint8)
         # the padding page reads as zeros (the pages holding its rows, in a paged layout)
         self.kv[:, : -(-self.page_size // layout.entries) if layout.host_paged else self.page_size].zero_()
+        if layout.host_split:
+            self.kv[:, self.total_rows : self.total_rows + self.page_size].zero_()
         #: int64 [R, max_ctx]: host row (= logical id) of each position, -1 unbound
         self.host_rows = torch.full(
             (max_requests, max_context), -1, dtype=torch.int64, device=self.device
@@ -280,7 +291,7 @@ class HostKVPool:
         """Store rows: ``data`` uint8 [L, n, I] (all layers) or [n, I] (``layer_id``), any device."""
         idx = host_rows.to("cpu", torch.int64)
         src = data.to("cpu")
-        if self.layout.host_paged:
+        if self.layout.kind:
             for li in range(self.num_layers) if layer_id is None else (layer_id,):
                 self.layout.host_write(self.kv[li], idx, src[li] if layer_id is None else src)
         elif layer_id is None:
@@ -291,7 +302,7 @@ class HostKVPool:
     def read(self, host_rows: torch.Tensor, layer_id: int | None = None) -> torch.Tensor:
         """uint8 [L, n, I] (or [n, I] for one layer), CPU."""
         idx = host_rows.to("cpu", torch.int64)
-        if self.layout.host_paged:
+        if self.layout.kind:
             if layer_id is not None:
                 return self.layout.host_read(self.kv[layer_id], idx)
             return torch.stack([self.layout.host_read(kv, idx) for kv in self.kv])

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
-from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST, TOKEN
+from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
@@ -73,6 +73,17 @@ def _radix_cache_on() -> bool:
 
         return not bool(get_memory().disable_radix_cache)
     except Exception:  # no published server config (unit tests build the coordinator directly)
+        return False
+
+
+def _pd_decode_server() -> bool:
+    """This server is a PD decode instance (``--disaggregation-mode decode``); False when no
+    server config is published (unit tests build the coordinator directly)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return getattr(get_server_args(), "disaggregation_mode", "null") == "decode"
+    except Exception:
         return False
 
 
@@ -205,7 +216,7 @@ class SGLangHiSparseCoordinator:
         self.host_pool = build_host_pool(
             kvcache, ratio=host_to_device_ratio, page_size=self.dual.page_size,
             max_requests=num_reqs, max_context=max_ctx, device=device,
-            capacity=self.dual.size_full if self.is_v4 else None,
+            capacity=self.dual.size_full if self.is_v4 else None, pd_decode=_pd_decode_server(),
         )
         #: V4: the indexer writes each request's selected compressed positions here (int32
         #: [R, top_k], -1 padded; a captured address, never reallocated) before swap_in
@@ -227,7 +238,7 @@ class SGLangHiSparseCoordinator:
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
             residency=mode, watermark_rows=watermark, policy=policy,
             cache_finished=_radix_cache_on(),
-            row_layout=C4_PAGED_HOST if self.is_v4 else TOKEN,
+            row_layout=C4_PAGED_HOST if self.is_v4 else self.host_pool.layout,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics

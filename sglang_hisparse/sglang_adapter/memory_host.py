@@ -16,7 +16,7 @@ from sglang_hisparse.kernels.row_layout import TOKEN
 from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
-__all__ = ["C4HostPool", "HiCacheHostPool", "build_host_pool", "server_ranks_per_host"]
+__all__ = ["C4HostPool", "HiCacheHostPool", "MHAHostPool", "build_host_pool", "server_ranks_per_host"]
 
 
 def server_ranks_per_host() -> int:
@@ -172,6 +172,29 @@ class C4HostPool(_PDHostRows, HostKVPool):
                 [self.layout.page_bytes] * self.num_layers)
 
 
+class MHAHostPool(_PDHostRows, HostKVPool):
+    """MiniMax-M3's host pool: every sparse layer's K and V halves in separate arrays
+    (``kernels.row_layout.KV_SPLIT_HOST``; a layer is uint8 [2H, I/2], K rows then V rows), the
+    host row of a logical id the id. PD decode registers every sparse layer's K, then every
+    one's V, one item per page of tokens (``get_contiguous_buf_infos``, as SGLang's M3 host pool
+    and the prefill's ``get_sparse_kv_buf_infos`` pair them) and sends the page of each
+    ``page_size`` slots."""
+
+    @property
+    def layer_num(self) -> int:
+        return self.num_layers
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        half = self.kv.shape[2]
+        k = [(self.kv[li].data_ptr(), self.total_rows * half) for li in range(self.num_layers)]
+        v = [(ptr + self.total_rows * half, n) for ptr, n in k]
+        return ([p for p, _ in k + v], [n for _, n in k + v], [half * self.page_size] * (2 * self.num_layers))
+
+
 def build_host_pool(
     device_pool: Any,
     *,
@@ -183,6 +206,7 @@ def build_host_pool(
     pin_memory: bool | None = None,
     ranks_per_host: int | None = None,
     capacity: int | None = None,
+    pd_decode: bool = False,
 ) -> HiCacheHostPool:
     """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
 
@@ -198,7 +222,7 @@ def build_host_pool(
         return _flat_host_pool(
             device_pool, capacity=capacity, page_size=page_size, max_requests=max_requests,
             max_context=max_context, device=device, pin_memory=pin_memory,
-            ranks_per_host=ranks_per_host,
+            ranks_per_host=ranks_per_host, pd_decode=pd_decode,
         )
     item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
     per_rank = host_pool_bytes(
@@ -239,21 +263,24 @@ def build_host_pool(
 
 def _flat_host_pool(
     device_pool: Any, *, capacity: int, page_size: int, max_requests: int, max_context: int,
-    device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None,
+    device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None, pd_decode: bool = False,
 ) -> HostKVPool:
-    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows, one per logical id and layer) and
-    DeepSeek-V4 (``HiSparseC4Pool``: its C4 entries in the device's pages,
-    ``device_pool.host_layout`` = ``C4_PAGED_HOST``, a :class:`C4HostPool`): our own pinned
+    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows co-located; as a PD decode server
+    (``pd_decode``) K and V apart, ``device_pool.pd_host_layout`` = ``KV_SPLIT_HOST``, a
+    :class:`MHAHostPool`: its split reads cost up to 1.8x the resolve at batch 64,
+    benchmarks/RESOLVE.md) and DeepSeek-V4 (``HiSparseC4Pool``: its C4 entries in the device's
+    pages, ``C4_PAGED_HOST``, a :class:`C4HostPool`, both ways: at most +1.6 %): our own pinned
     pool, no HiCache buffer. The budget (``HostKVPool``'s check, with the free memory agreed
     across ranks) runs before anything is allocated or pinned."""
     item = device_pool.row_bytes
-    layout = getattr(device_pool, "host_layout", TOKEN)
+    layout = getattr(device_pool, "host_layout", None) or (
+        getattr(device_pool, "pd_host_layout", TOKEN) if pd_decode else TOKEN)
     _, avail = _agreed_budget(host_pool_bytes(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity, page_size=page_size,
         layout=layout,
     ))
     ranks = server_ranks_per_host() if ranks_per_host is None else ranks_per_host
-    cls = C4HostPool if layout.host_paged else HostKVPool
+    cls = C4HostPool if layout.host_paged else MHAHostPool if layout.host_split else HostKVPool
     return cls(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity,
         page_size=page_size, max_requests=max_requests, max_context=max_context, device=device,

@@ -628,6 +628,16 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
                   max_running_requests=4, staging_polls=2),
         [v4_mixed_lengths],
     ),
+    # MiniMax-M3 PD decode (K-only index layers, as SGLang's transfer needs): the sparse
+    # layers' K and V land in the host pool's K and V arrays, the dense layer's K/V at logical
+    # locations; hot buffers, prompts past B (48 tokens) all-miss at admission
+    "m3_pd": (
+        RigConfig(num_layers=3, top_k=24, buffer_size=48, m3_block=8, m3_index_values=False,
+                  residency="always_hot", max_running_requests=8, extra_args=(
+                      "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+                      "--disaggregation-decode-retraction-backup", "none")),
+        [pd_success, pd_transfer_failure, pd_abort_before_admission, pd_many_failures],
+    ),
     # DeepSeek-V4 PD decode: the prompt's C4 entries land in the host pool's C4 pages (the
     # pages SGLang's transfer addresses), then decode as co-located; hot buffers
     "v4_pd": (

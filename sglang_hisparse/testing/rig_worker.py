@@ -91,10 +91,13 @@ def allow_fake_transfer_with_decode_radix() -> None:
 M3_HEAD_DIM = 64
 
 
-def toy_m3_config(*, num_layers: int, top_k: int, block: int) -> dict[str, Any]:
+def toy_m3_config(*, num_layers: int, top_k: int, block: int, index_values: bool = True) -> dict[str, Any]:
     """A MiniMax-M3 config (``is_minimax_sparse``): layer 0 dense, the rest sparse; each
     decode step selects ``top_k / block`` blocks, the indexer's ``top_k / block - 1`` and one
-    forced local block (``arg_scope.m3_selection`` counts them)."""
+    forced local block (``arg_scope.m3_selection`` counts them). ``index_values`` False: every
+    layer drops its index value (``sparse_disable_index_value``), which SGLang's PD transfer
+    needs."""
+    extra = {} if index_values else {"sparse_disable_index_value": [1] * num_layers}
     return {
         "architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax",
         "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -104,13 +107,13 @@ def toy_m3_config(*, num_layers: int, top_k: int, block: int) -> dict[str, Any]:
         "sparse_attention_config": {
             "sparse_attention_freq": [0] + [1] * (num_layers - 1), "sparse_block_size": block,
             "sparse_topk_blocks": top_k // block - 1, "sparse_init_block": 0, "sparse_local_block": 1,
-            "sparse_index_dim": 32, "sparse_num_index_heads": 1,
+            "sparse_index_dim": 32, "sparse_num_index_heads": 1, **extra,
         },
     }
 
 
 def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 0, v4: bool = False,
-                    **overrides: Any) -> Path:
+                    m3_index_values: bool = True, **overrides: Any) -> Path:
     """A config-only model directory SGLang's ModelConfig accepts as a DSA model (or, with
     ``m3_block``, as MiniMax-M3: :func:`toy_m3_config`; with ``v4``, as DeepSeek-V4:
     ``rig_v4.toy_v4_config``)."""
@@ -120,7 +123,8 @@ def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 
 
         cfg = dict(toy_v4_config(top_k=top_k, base=TOY_DSA_CONFIG), **overrides)
     elif m3_block:
-        cfg = dict(toy_m3_config(num_layers=num_layers, top_k=top_k, block=m3_block), **overrides)
+        cfg = dict(toy_m3_config(num_layers=num_layers, top_k=top_k, block=m3_block,
+                                 index_values=m3_index_values), **overrides)
     else:
         cfg = dict(TOY_DSA_CONFIG, num_hidden_layers=num_layers, index_topk=top_k, **overrides)
     (root / "config.json").write_text(json.dumps(cfg))
@@ -278,6 +282,7 @@ class StandInRunner:
         (SGLang's ``MiniMaxSparseKVPool``, whose HiSparse main pool is the plugin's)."""
         from sglang.srt.configs.model_config import (
             get_minimax_sparse_attention_config,
+            get_minimax_sparse_disable_value_layer_ids,
             get_minimax_sparse_layer_ids,
         )
         from sglang.srt.mem_cache import kv_cache_configurator as kvc
@@ -294,6 +299,7 @@ class StandInRunner:
             size=rows, page_size=get_schedule().page_size, dtype=torch.bfloat16, index_dtype=torch.bfloat16,
             head_num=1, head_dim=self.toy.nope_dim, idx_head_dim=sparse_cfg["sparse_index_dim"],
             dense_layer_ids=dense, sparse_layer_ids=sparse, device="cpu", enable_memory_saver=False,
+            disable_value_sparse_layer_ids=get_minimax_sparse_disable_value_layer_ids(sparse_cfg),
             start_layer=0, end_layer=self.toy.num_layers, enable_hisparse=self.enable_hisparse, **extra,
         )
 

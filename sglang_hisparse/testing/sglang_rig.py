@@ -95,6 +95,8 @@ class RigConfig:
     #: top_k / m3_block blocks of m3_block positions (the last a forced local block), MHA K/V
     #: of one head of M3_HEAD_DIM (``rig_worker.write_toy_model``)
     m3_block: int = 0
+    #: M3: whether its sparse layers keep an index value (False: K-only, as PD decode needs)
+    m3_index_values: bool = True
     #: DeepSeek-V4 instead of DSA: C4 entries (one per 4 tokens, top_k of them a step in each
     #: of the toy's two C4 layers) through SGLang's own V4 pools (``testing.rig_v4``)
     v4: bool = False
@@ -161,7 +163,8 @@ class Rig:
         self.config = config
         self.toy = config.model()
         model_dir = write_toy_model(workdir / "model", num_layers=config.num_layers, top_k=config.top_k,
-                                    m3_block=config.m3_block, v4=config.v4)
+                                    m3_block=config.m3_block, v4=config.v4,
+                                    m3_index_values=config.m3_index_values)
         if config.draft_tokens and not config.overlap:
             raise ValueError("RigConfig: draft_tokens needs overlap=True (HiSparse with speculative "
                              "decoding runs on SGLang's overlap scheduler; arg_scope refuses it without)")
@@ -505,6 +508,32 @@ class FakePrefill:
             for layer in range(self.rig.toy.c4_layers):
                 host.write(rows, self.rig.toy.entry(groups, c, layer), layer)
 
+    def _deliver_m3(self, rid: str, host: Any, kv_indices: Any, tokens: torch.Tensor, logical: torch.Tensor,
+                    m: int) -> None:
+        """MiniMax-M3: the sparse layers' K and V into the published host rows (the host pool's
+        K and V arrays, as the prefill's ``get_sparse_kv_buf_infos`` pairs them); the dense
+        layers' K/V at the request's logical locations (the MINIMAX_DENSE_KV state a real
+        transfer sends device to device; the index keys likewise)."""
+        from sglang_hisparse.testing.rig_worker import _Layer
+
+        n = tokens.numel()
+        if not host.layout.host_split:
+            raise AssertionError("FakePrefill: a PD decode server's M3 host pool must keep K and V apart")
+        rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[: n - m]
+        if rows.numel() != n - m:
+            raise AssertionError(f"FakePrefill: {rid} got {rows.numel()} destination rows for positions {m}..{n - 1}")
+        toy, pos = self.rig.toy, torch.arange(n, dtype=torch.int64)
+        pool = self.rig.scheduler.tp_worker.model_runner.token_to_kv_pool
+        sparse = 0
+        for layer in range(toy.num_layers):
+            kv = toy.kv(tokens, pos, layer)[:, None, :]
+            if toy.selects_blocks(layer):  # K then V: the HiSparse row
+                host.write(rows, kv.reshape(n, -1).contiguous().view(torch.uint8).reshape(n, -1)[m:], sparse)
+                sparse += 1
+            else:
+                pool.set_kv_buffer(_Layer(layer), logical, kv[..., : toy.nope_dim].contiguous(),
+                                   kv[..., toy.nope_dim:].contiguous())
+
     def _deliver(self, decode_req: Any, kv_indices: Any) -> None:
         req = decode_req.req
         rid, prompt = self.rooms[int(req.bootstrap_room)]
@@ -517,6 +546,9 @@ class FakePrefill:
         logical = runner.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
         if self.rig.config.v4:
             self._deliver_c4(rid, host, kv_indices, tokens)
+        elif self.rig.config.m3_block:
+            self._deliver_m3(rid, host, kv_indices, tokens, logical, m)
+            runner.index_keys[logical] = self.rig.toy.index_key(tokens, torch.arange(n, dtype=torch.int64))
         else:
             rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[: n - m]
             if rows.numel() != n - m:

@@ -117,6 +117,27 @@ def test_c4_pages_on_both_sides_copy_like_the_reference(num_layers, n, direction
         assert_kernel_equals_reference(htab, dtab, dev, s_rows, d_rows)
 
 
+@pytest.mark.parametrize("item", [256, 512])
+@pytest.mark.parametrize("direction", ["to_host", "to_device"])
+def test_split_host_rows_copy_like_the_reference(item, direction):
+    """``KV_SPLIT_HOST`` (MiniMax-M3 served PD): host layers uint8 [2H, I/2], a row's K half at
+    row h and its V half at H + h; staging, backup and PD preload move both halves of every row
+    (ROWL 3 on the host side), every byte as the reference leaves it."""
+    from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST
+
+    num_layers, n = 7, 300
+    dev, _d = make_side(num_layers, 512, item, host=False, seed=11)
+    host, _h = make_side(num_layers, 2 * 700, item // 2, host=True, seed=12)
+    dtab, htab = LayerTable.build(dev), LayerTable.build(host, "host", layout=KV_SPLIT_HOST.host_side)
+    assert htab.item == item
+    if direction == "to_host":
+        s_rows, d_rows = rows_pair(n, 512, 700, seed=n)
+        assert_kernel_equals_reference(dtab, htab, host, s_rows, d_rows)
+    else:
+        s_rows, d_rows = rows_pair(n, 700, 512, seed=n)
+        assert_kernel_equals_reference(htab, dtab, dev, s_rows, d_rows)
+
+
 @pytest.mark.parametrize("num_layers,n", [(1, 1), (61, 64), (78, 300)])
 def test_device_to_device_within_one_table_matches_reference(num_layers, n):
     """A collect's private copies of rows another request holds (transfer.device_to_device):

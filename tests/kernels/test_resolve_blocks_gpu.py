@@ -4,6 +4,8 @@ build on the same positions."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from harness import (
@@ -92,3 +94,42 @@ def test_a_block_selection_of_the_wrong_width_is_refused():
     sc, blocks = block_selection(scenario(64, 128, 1152, 3, seed=1), 8, seed=1)
     with pytest.raises(ValueError, match="block ids"):
         kernel_result(sc, top_k=blocks[:, :-1], selection_block=8)
+
+
+def _split_host(sc):
+    """``sc`` with its host rows' halves in separate arrays (``KV_SPLIT_HOST``: uint8 [2H, I/2],
+    pinned), the bytes unchanged."""
+    host = sc.state.host_cache
+    H, item = host.shape
+    split = torch.cat([host[:, : item // 2], host[:, item // 2 :]]).contiguous().pin_memory()
+    return dataclasses.replace(sc, state=dataclasses.replace(sc.state, host_cache=split))
+
+
+@pytest.mark.parametrize("k,B,item,block,bs", [(2176, 4352, 512, 128, 16), (2176, 4352, 256, 128, 64),
+                                               (64, 128, 1152, 8, 3)])
+def test_block_build_over_split_host_rows_matches_reference(k, B, item, block, bs):
+    """MiniMax-M3 served PD: the host pool's K and V in separate arrays (ROWL 3, the arrays
+    SGLang's transfer writes); the block build and the replay read each row's two halves into
+    the one device row, bit-equal to the reference and to the build over whole host rows."""
+    from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST
+
+    sc, blocks = block_selection(scenario(k, B, item, bs, seed=k + bs + 3, hint="noise"), block, seed=block + 3)
+    ss = _split_host(sc)
+    want = reference_result(sc)
+    assert mismatches(want, reference_result(ss, row_layout=KV_SPLIT_HOST)) == []
+    for kw in ({}, dict(block_size=256, ctas_per_request=5)):
+        assert mismatches(want, kernel_result(ss, top_k=blocks, selection_block=block, row_layout=KV_SPLIT_HOST,
+                                              **kw)) == [], kw
+    _, _, plan = want
+    nr = torch.tensor([sc.num_real], dtype=torch.int32)
+    layer = torch.randint(0, 256, sc.state.device_cache.shape, dtype=torch.uint8)
+    from sglang_hisparse.kernels import reference as ref
+
+    expect = layer.clone()
+    ref.replay(plan=plan, num_real_reqs=nr, host_cache=sc.state.host_cache, device_cache=expect)
+    got = layer.cuda()
+    cplan = dataclasses.replace(plan, src=plan.src.cuda(), dst=plan.dst.cuda(), count=plan.count.cuda())
+    ops.replay(plan=cplan, num_real_reqs=nr.cuda(), host_cache=ss.state.host_cache, device_cache=got,
+               row_layout=KV_SPLIT_HOST, validate=True)
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu(), expect)

@@ -103,6 +103,30 @@ def test_a_toy_v4_in_c4_pages_on_cuda_is_exact(residency: str, host_paged: bool)
 
 
 @pytest.mark.parametrize("residency", ["always_hot", "pressure"])
+def test_a_toy_m3_with_split_host_rows_on_cuda_is_exact(residency: str) -> None:
+    """MiniMax-M3's shape served PD on the GPU: block top-k (blocks of 8) over K-then-V device
+    rows, the host's K and V halves in separate arrays (``KV_SPLIT_HOST``: the resolve, replay
+    and all-layer copy kernels' ROWL 3 builds); exact through random lifecycles."""
+    from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST
+
+    model = ToyModel(num_layers=3, top_k=32, item_bytes=512, shared=(False, True, False))
+    sizes = EngineSizes(num_reqs=6, buffer_size=64, device_rows=2048 if residency == "always_hot" else 640,
+                        max_ctx=512, page_size=64)
+    misses = 0
+    for seed in range(2):
+        engine = DecodeEngine(model, sizes, device="cuda", prefetch=True, skip_io=False, block_size=8,
+                              residency=residency, watermark_rows=2 * sizes.page_size, row_layout=KV_SPLIT_HOST)
+        try:
+            stats = run_scenario(engine, random.Random(seed), ScenarioSpec(max_prompt=300, max_new=96))
+            torch.cuda.synchronize()
+            assert stats.checked_outputs > 0
+            misses += engine.core.telemetry.snapshot().misses
+        finally:
+            engine.close()
+    assert misses > 0
+
+
+@pytest.mark.parametrize("residency", ["always_hot", "pressure"])
 @pytest.mark.parametrize("which", ["small", "realistic"])
 def test_per_step_calls_do_not_sync_on_cuda(which: str, residency: str) -> None:
     """map_last_loc, wait_for_pending_backup and every layer's swap_in run under

@@ -247,18 +247,26 @@ def test_c4_entries_in_flashmla_pages_are_resolved_exactly(page_size: int, resid
     assert lifecycles >= 8
 
 
+@pytest.mark.parametrize("host_split", [False, True], ids=["host_rows", "host_split"])
 @pytest.mark.parametrize("block_size", [2, 4])
-def test_block_top_k_is_expanded_and_resolved_exactly(block_size: int) -> None:
+def test_block_top_k_is_expanded_and_resolved_exactly(block_size: int, host_split: bool) -> None:
     """A toy MiniMax-M3 (docs/v4-m3.md): the indexer's selection as blocks of positions;
     swap_in_blocks expands them (positions past the length -1) and resolves the result, every
-    step bit-exact against the positions computed independently, through random lifecycles."""
+    step bit-exact against the positions computed independently, through random lifecycles;
+    with ``KV_SPLIT_HOST`` the host rows' K and V halves in separate arrays (as SGLang's PD
+    transfer writes them), the device rows K then V."""
+    from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST, TOKEN
+
     model, sizes = CONFIGS["L4-k4-B8-I32-p1"]
     lifecycles = 0
     for seed in range(2):
         engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, block_size=block_size,
-                              residency=("always_hot", "pressure")[seed], watermark_rows=2)
+                              residency=("always_hot", "pressure")[seed], watermark_rows=2,
+                              row_layout=KV_SPLIT_HOST if host_split else TOKEN)
+        if host_split:
+            assert engine.host.kv.shape[1:] == (2 * engine.host.total_rows, 16)
         stats = _run(engine, BASE_SEED + 13 * seed, ScenarioSpec(max_prompt=30, max_new=16),
-                     f"tests/unit/test_harness_exactness.py::test_block_top_k_is_expanded_and_resolved_exactly[{block_size}]")
+                     f"tests/unit/test_harness_exactness.py::test_block_top_k_is_expanded_and_resolved_exactly[{block_size}-{host_split}]")
         lifecycles += stats.lifecycles
         assert stats.checked_outputs > 0
     assert lifecycles >= 8

@@ -75,10 +75,25 @@ def test_writes_land_at_the_translated_rows_and_padding_is_skipped(m3):
 
 
 def test_the_host_pool_holds_one_row_per_logical_id_and_sparse_layer(m3):
+    """Every logical id has a host row per sparse layer: K then V co-located; as a PD decode
+    server its K and V halves in separate arrays (``KV_SPLIT_HOST``), what PD decode registers,
+    every layer's K, then every layer's V, one item per page of tokens (as SGLang's prefill
+    pairs its sparse K/V buffers)."""
     pool, _ = m3
-    host = build_host_pool(pool.main_pool, ratio=RATIO, page_size=PAGE, max_requests=4, max_context=256,
-                           device="cpu", pin_memory=False, ranks_per_host=1)
-    assert tuple(host.kv.shape) == (2, DEVICE_ROWS * RATIO + PAGE, pool.main_pool.row_bytes)
+    kw = dict(ratio=RATIO, page_size=PAGE, max_requests=4, max_context=256, device="cpu", pin_memory=False,
+              ranks_per_host=1)
+    rows, half = DEVICE_ROWS * RATIO + PAGE, pool.main_pool.row_bytes // 2
+    assert tuple(build_host_pool(pool.main_pool, **kw).kv.shape) == (2, rows, 2 * half)
+    host = build_host_pool(pool.main_pool, **kw, pd_decode=True)
+    assert tuple(host.kv.shape) == (2, 2 * rows, half)
+    ptrs, lens, items = host.get_contiguous_buf_infos()
+    base = [host.kv[li].data_ptr() for li in range(2)]
+    assert ptrs == base + [b + rows * half for b in base]
+    assert lens == [rows * half] * 4 and items == [half * PAGE] * 4 and host.layer_num == 2
+    data = torch.randint(0, 256, (3, 2 * half), dtype=torch.uint8)
+    host.write(torch.tensor([5, 9, 70]), data, 1)
+    assert torch.equal(host.kv[1, torch.tensor([5, 9, 70])], data[:, :half])
+    assert torch.equal(host.kv[1, rows + torch.tensor([5, 9, 70])], data[:, half:])
 
 
 def test_what_the_pool_cannot_hold_is_refused():

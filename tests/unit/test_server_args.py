@@ -159,13 +159,26 @@ def test_m3_is_served_with_one_kv_head_per_rank(m3_model_dir):
     "extra, match",
     [
         ([], r"MiniMax-M3.*4 KV heads per attention rank at attention TP 1.*one KV head per rank.*Raise --tp-size to 4"),
-        (["--tp-size", "4", *PD_DECODE_ARGS], r"MiniMax-M3.*--disaggregation-mode decode is not supported.*separate host buffers"),
+        (["--tp-size", "4", *PD_DECODE_ARGS], r"MiniMax-M3.*PD decode server: sparse layers \[1, 2, 3\] keep an index value"),
         (["--tp-size", "4", "--speculative-algorithm", "EAGLE"], r"MiniMax-M3.*--speculative-algorithm EAGLE is not supported.*no target-verify form"),
     ],
 )
 def test_m3_refusals_name_the_rule(m3_model_dir, extra, match):
     with pytest.raises(ValueError, match=match):
         check(m3_model_dir, *OK, *extra)
+
+
+def test_m3_pd_decode_needs_k_only_index_layers_and_mooncake(tmp_path):
+    """PD decode with MiniMax-M3 (docs/v4-m3.md D7): served when every sparse layer drops its
+    index value (SGLang transfers no index value) and the backend is Mooncake (the dense K/V
+    and index keys go as MiniMax state)."""
+    from conftest import M3_CONFIG, write_model
+
+    sc = dict(M3_CONFIG["sparse_attention_config"], sparse_disable_index_value=[0, 1, 1, 1])
+    model = write_model(tmp_path / "m3_k_only", dict(M3_CONFIG, sparse_attention_config=sc))
+    check(model, *OK, "--tp-size", "4", *PD_DECODE_ARGS)
+    with pytest.raises(ValueError, match=r"MiniMax-M3.*--disaggregation-transfer-backend nixl.*only over Mooncake"):
+        check(model, *OK, "--tp-size", "4", *PD_DECODE_ARGS, "--disaggregation-transfer-backend", "nixl")
 
 
 def test_deepseek_v4_is_accepted_with_the_paths_sglang_serves_it_on(v4_model_dir):
