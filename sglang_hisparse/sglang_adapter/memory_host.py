@@ -150,7 +150,20 @@ class HiCacheHostPool(_PDHostRows, HostKVPool):
         self.hicache.destroy()
 
 
-class C4HostPool(_PDHostRows, HostKVPool):
+class _OwnHostPool(_PDHostRows, HostKVPool):
+    """Our own pinned pool as SGLang's PD decode reads a host pool (``layer_num``, ``kv_buffer``;
+    each layout's ``get_contiguous_buf_infos``)."""
+
+    @property
+    def layer_num(self) -> int:
+        return self.num_layers
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv
+
+
+class C4HostPool(_OwnHostPool):
     """DeepSeek-V4's host pool: every C4 layer's entries in FlashMLA's 37,440-byte pages
     (``kernels.row_layout.C4_PAGED_HOST``), the host row of a compressed logical id the id. PD
     decode registers each layer's pages as the C4 destination (``get_contiguous_buf_infos``:
@@ -158,35 +171,19 @@ class C4HostPool(_PDHostRows, HostKVPool):
     host page of each 64 compressed slots ``alloc_paged_token_slots`` returns (slot // 64, which
     is the request's compressed page: compressed ids are page-aligned, docs/v4-m3.md D6/D7)."""
 
-    @property
-    def layer_num(self) -> int:
-        return self.num_layers
-
-    @property
-    def kv_buffer(self) -> torch.Tensor:
-        return self.kv
-
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         layers = [self.kv[li] for li in range(self.num_layers)]
         return ([t.data_ptr() for t in layers], [t.nbytes for t in layers],
                 [self.layout.page_bytes] * self.num_layers)
 
 
-class MHAHostPool(_PDHostRows, HostKVPool):
+class MHAHostPool(_OwnHostPool):
     """MiniMax-M3's host pool: every sparse layer's K and V halves in separate arrays
     (``kernels.row_layout.KV_SPLIT_HOST``; a layer is uint8 [2H, I/2], K rows then V rows), the
     host row of a logical id the id. PD decode registers every sparse layer's K, then every
     one's V, one item per page of tokens (``get_contiguous_buf_infos``, as SGLang's M3 host pool
     and the prefill's ``get_sparse_kv_buf_infos`` pair them) and sends the page of each
     ``page_size`` slots."""
-
-    @property
-    def layer_num(self) -> int:
-        return self.num_layers
-
-    @property
-    def kv_buffer(self) -> torch.Tensor:
-        return self.kv
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         half = self.kv.shape[2]
