@@ -1,16 +1,16 @@
-"""Replacement policy on the H200: fra against lru in the same run (JSON out).
+"""Replacement policies on the H200: fra and slru against lru in the same run (JSON out).
 
 1. Resolve time per call, no-IO (bookkeeping only) and COPY, batch 1 / 16 / 64, k 2048, B 4096,
    32K context, 656- and 1152-byte rows, 5 % and 15 % churn, with an exact resident hint (as the
    coordinator calls it: COPY runs the early fetch): the same selections and state for
-   both policies (the miss count of one step does not depend on the policy, only the victims
-   do), fra with random words. Each call restores the state and flushes L2 (a 256 MB memset)
-   outside the timed region; lru and fra calls alternate, which goes first swapping each rep;
-   medians of ``--reps`` calls, samples kept.
-2. Misses per step on recorded traces replayed through the kernel (NO_IO), both policies,
-   at B = 2k and 4k of each trace's k: what fra saves.
-3. The verdict per batch: fra's extra bookkeeping (no-IO delta) against the IO it saves (lru's
-   IO time per miss x the misses fra avoids at B = 2k on the trace).
+   every policy (the miss count of one step does not depend on the policy, only the victims
+   do), fra with random words, slru with its levels at their caps. Each call restores the
+   state and flushes L2 (a 256 MB memset) outside the timed region; the policies' calls
+   alternate, the order rotating each rep; medians of ``--reps`` calls, samples kept.
+2. Misses per step on recorded traces replayed through the kernel (NO_IO), every policy,
+   at B = 2k and 4k of each trace's k: what each saves against lru.
+3. The verdict per policy and batch: its extra bookkeeping (no-IO delta) against the IO it
+   saves (lru's IO time per miss x the misses it avoids at B = 2k on the traces).
 
     python benchmarks/bench_policy.py --out policy.json
 """
@@ -27,6 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sglang_hisparse import kernel_policy as kp  # noqa: E402
 from sglang_hisparse.kernels import ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
 from sglang_hisparse.kernels.reference import resident_hint  # noqa: E402
@@ -35,6 +36,8 @@ from sglang_hisparse.traces.format import load_trace  # noqa: E402
 from sglang_hisparse.traces.kernel_replay import kernel_misses  # noqa: E402
 
 K, B, CTX = 2048, 4096, 32768
+POLICIES = ("lru", "fra", "slru")
+RIVALS = POLICIES[1:]
 
 
 def random_words(R: int, seq_lens: torch.Tensor, seed: int) -> torch.Tensor:
@@ -59,8 +62,11 @@ def bench_config(st, *, bs: int, item: int, churn: float, reps: int, flush: torc
     init = {"slot_tokens": st.slot_tokens.cuda(), "lru": st.lru.cuda(), "resident": hint.cuda()}
     live = {name: t.clone() for name, t in init.items()}
     device_cache = st.device_cache.cuda()  # its bytes do not matter here: not restored
-    words0 = random_words(R, st.seq_lens, seed).cuda()
-    words = words0.clone()
+    cap1, cap2 = kp.slru_caps(B)
+    state0 = {"fra": random_words(R, st.seq_lens, seed).cuda(),
+              "slru": torch.full((R, 1), kp.slru_pack(B - cap2 - cap1, B - cap2, B), dtype=torch.int32,
+                                 device="cuda")}
+    state = {p: t.clone() for p, t in state0.items()}
     common = dict(top_k=tk, req_index=torch.arange(R, device="cuda"),
                   seq_lens=st.seq_lens.cuda(), num_real_reqs=torch.tensor([R], dtype=torch.int32, device="cuda"),
                   slot_rows=st.slot_rows.cuda(), host_rows=st.host_rows.cuda(), host_cache=st.host_cache,
@@ -68,14 +74,15 @@ def bench_config(st, *, bs: int, item: int, churn: float, reps: int, flush: torc
                   plan=MissPlan.empty(R, K, "cuda"))
 
     def call(policy: str, mode: ResolveMode) -> None:
-        extra = dict(policy="fra", policy_state=words) if policy == "fra" else {}
+        extra = dict(policy=policy, policy_state=state[policy]) if policy != "lru" else {}
         ops.resolve(**common, slot_tokens=live["slot_tokens"], lru=live["lru"], resident=live["resident"],
                     device_cache=device_cache, mode=mode, **extra)
 
     def timed(policy: str, mode: ResolveMode) -> float:
         for name, t in init.items():
             live[name].copy_(t)
-        words.copy_(words0)
+        for p, t in state0.items():
+            state[p].copy_(t)
         flush.zero_()  # cold L2, as in a layer after attention
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -86,18 +93,19 @@ def bench_config(st, *, bs: int, item: int, churn: float, reps: int, flush: torc
 
     rec: dict = {"batch": bs, "item": item, "churn": churn}
     for mode in (ResolveMode.NO_IO, ResolveMode.COPY):
-        for p in ("lru", "fra"):
+        for p in POLICIES:
             timed(p, mode)  # warm-up: builds, workspace
-        samples: dict[str, list[float]] = {"lru": [], "fra": []}
+        samples: dict[str, list[float]] = {p: [] for p in POLICIES}
         for i in range(reps):
-            order = ("lru", "fra") if i % 2 == 0 else ("fra", "lru")
-            for p in order:
+            j = i % len(POLICIES)
+            for p in POLICIES[j:] + POLICIES[:j]:
                 samples[p].append(timed(p, mode))
         key = "no_io" if mode is ResolveMode.NO_IO else "copy"
-        for p in ("lru", "fra"):
+        for p in POLICIES:
             rec[f"{p}_{key}_us"] = statistics.median(samples[p])
             rec[f"{p}_{key}_samples"] = [round(x, 2) for x in samples[p]]
-        rec[f"fra_over_lru_{key}"] = rec[f"fra_{key}_us"] / rec[f"lru_{key}_us"]
+        for p in RIVALS:
+            rec[f"{p}_over_lru_{key}"] = rec[f"{p}_{key}_us"] / rec[f"lru_{key}_us"]
     rec["misses_per_call"] = int(common["plan"].count.sum())
     return rec
 
@@ -109,29 +117,32 @@ def trace_misses(paths: list[Path], mults=(2, 4)) -> list[dict]:
         k = int(trace.header["top_k"])
         for mult in mults:
             row = {"trace": path.name, "k": k, "B": mult * k}
-            for policy in ("lru", "fra"):
+            for policy in POLICIES:
                 got = kernel_misses(trace, mult * k, policy)
                 steps = sum(len(c) for c in got.values())
                 row[f"{policy}_misses"] = int(sum(int(c.sum()) for c in got.values()))
                 row[f"{policy}_misses_per_step"] = row[f"{policy}_misses"] / max(steps, 1)
-            row["fra_saves"] = 1 - row["fra_misses"] / max(row["lru_misses"], 1)
+            for policy in RIVALS:
+                row[f"{policy}_saves"] = 1 - row[f"{policy}_misses"] / max(row["lru_misses"], 1)
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
 
 
 def verdicts(configs: list[dict], traces: list[dict]) -> list[dict]:
-    at2k = [t["fra_saves"] for t in traces if t["B"] == 2 * t["k"]]
-    saves = statistics.mean(at2k) if at2k else 0.0
     out = []
-    for c in configs:
-        io_per_miss = (c["lru_copy_us"] - c["lru_no_io_us"]) / max(c["misses_per_call"], 1)
-        cost = c["fra_no_io_us"] - c["lru_no_io_us"]
-        saving = io_per_miss * c["misses_per_call"] * saves
-        out.append({"batch": c["batch"], "item": c["item"], "churn": c["churn"],
-                    "bookkeeping_cost_us": cost, "bookkeeping_ratio": c["fra_over_lru_no_io"],
-                    "io_saved_us_at_2k": saving, "fra_misses_saved_at_2k": saves,
-                    "within_10pct": c["fra_over_lru_no_io"] <= 1.10, "saves_more_than_costs": saving > cost})
+    for p in RIVALS:
+        at2k = [t[f"{p}_saves"] for t in traces if t["B"] == 2 * t["k"]]
+        saves = statistics.mean(at2k) if at2k else 0.0
+        for c in configs:
+            io_per_miss = (c["lru_copy_us"] - c["lru_no_io_us"]) / max(c["misses_per_call"], 1)
+            cost = c[f"{p}_no_io_us"] - c["lru_no_io_us"]
+            saving = io_per_miss * c["misses_per_call"] * saves
+            out.append({"policy": p, "batch": c["batch"], "item": c["item"], "churn": c["churn"],
+                        "bookkeeping_cost_us": cost, "bookkeeping_ratio": c[f"{p}_over_lru_no_io"],
+                        "copy_ratio": c[f"{p}_over_lru_copy"], "io_saved_us_at_2k": saving,
+                        "misses_saved_at_2k": saves, "within_10pct": c[f"{p}_over_lru_no_io"] <= 1.10,
+                        "saves_more_than_costs": saving > cost})
     return out
 
 

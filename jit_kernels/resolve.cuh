@@ -42,8 +42,8 @@ struct ResolveArgs {
   int words;          // position bitmap words: ceil(host_rows columns / 32)
   int stage_cap;      // rows the fetch warps of each CTA may hold (EARLY builds; else 0)
   bool write_plan, copy;
-  // Replacement policy state (POLICY != 0 builds; null for lru): one int32 word per history
-  // slot, [R, B] (sglang_hisparse/kernel_policy.py).
+  // Replacement policy state (POLICY != 0 builds; null for lru), sglang_hisparse/kernel_policy.py:
+  // fra one int32 word per history slot, [R, B]; slru one word per request, [R, 1].
   int32_t* pstate; int64_t ps_stride;
 };
 
@@ -51,8 +51,12 @@ struct ResolveArgs {
 // whose constants these mirror): 0 = lru, the oldest evictables are the victims; 1 = fra, the
 // evictables with the smallest (bucket, LRU position), bucket a 256-level score of the slot's
 // word (hits: low 8 bits, saturating; last: the seq_len of its latest selection, 0 = none) and
-// its token's distance from the newest.
-constexpr int kPolicyLru = 0, kPolicyFra = 1;
+// its token's distance from the newest; 2 = slru, the oldest evictables as for lru, the LRU array
+// cut into three levels by two boundaries (one word per request: (B - b1) | (B - b2) << 16), a
+// miss entering level 0 and a hit rising one level (the writer's permutation below); levels 1
+// and 2 capped at kSlruCap1 and kSlruCap2 sixteenths of B.
+constexpr int kPolicyLru = 0, kPolicyFra = 1, kPolicySlru = 2;
+constexpr int kSlruCap1 = 3, kSlruCap2 = 10;
 constexpr int kFraBuckets = 256, kFraHitsMax = 255;
 constexpr int kFraWHits = 13, kFraWGap = 16, kFraWAge = 5, kFraShift = 4, kFraOffset = 184;
 
@@ -94,12 +98,14 @@ struct Layout {
   static constexpr size_t reuse_bytes = a16(4 * B > 16 * K + 2 * B ? 4 * B : 16 * K + 2 * B);
   static constexpr size_t lru = reuse + reuse_bytes, bits = a16(lru + 2 * B);
   static constexpr size_t scan = a16(bits + 4 * (kEvWords + kMissWords));
-  // Policy builds only, after the scan scratch: per slot its bucket and hit count (uint8 [B]
-  // each), the evictables' bucket histogram (int32 [kFraBuckets]) and the per-warp counts of
-  // the victim split (int32 [32]). lru builds end at the scan scratch, as before.
+  // Policy builds only, after the scan scratch. fra: per slot its bucket and hit count (uint8
+  // [B] each), the evictables' bucket histogram (int32 [kFraBuckets]) and the per-warp counts of
+  // the victim split (int32 [32]). slru: the per-warp evictable counts of levels 0 and 1 (int32
+  // [32], packed). lru builds end at the scan scratch, as before.
   static constexpr size_t pol = scan + 4 * kScanScratchInts, pol_hits = pol + B;
   static constexpr size_t pol_hist = a16(pol_hits + B), pol_split = pol_hist + 4 * kFraBuckets;
-  static constexpr size_t bytes = POLICY == kPolicyLru ? pol : a16(pol_split + 4 * 32);
+  static constexpr size_t bytes = POLICY == kPolicyFra ? a16(pol_split + 4 * 32)
+                                : POLICY == kPolicySlru ? a16(pol + 4 * 32) : pol;
   // Run-time part for positions [0, 32 * words): bitmap words, then uint16 prefix counts.
   static constexpr size_t bitmap_bytes(size_t words) { return a16(4 * words); }
   static constexpr size_t total(size_t words) { return bytes + bitmap_bytes(words) + a16(2 * words); }
@@ -495,11 +501,19 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     uint8_t* phits = smem + L::pol_hits;
     int* phist = reinterpret_cast<int*>(smem + L::pol_hist);
     int* psplit = reinterpret_cast<int*>(smem + L::pol_split);
-    if constexpr (POLICY != kPolicyLru) {
+    // slru's level boundaries: loaded here, in flight while the staging lands; every CTA of the
+    // request reads them before its arrival, and the writer rewrites them only after the last.
+    int sl_b1 = B, sl_b2 = B;
+    if constexpr (POLICY == kPolicySlru) {
+      const int32_t w = a.pstate[r * a.ps_stride];
+      sl_b1 = B - (w & 0xffff);
+      sl_b2 = B - ((w >> 16) & 0xffff);
+    }
+    if constexpr (POLICY == kPolicyFra) {
       // 0p. Each slot's bucket and hit count, from its policy word and token (plain loads in
       //     flight while the staging lands; the writer rewrites the words only after every CTA
       //     of the request has arrived, so all compute the same buckets).
-      fill_smem(phist, kFraBuckets / 4, make_int4(0, 0, 0, 0), tid, T);
+      fill_smem(phist, kFraBuckets / 4, make_int4(0, 0, 0, 0), tid, T);  // (fra)
       const int32_t* pst = a.pstate + r * a.ps_stride;
       for (int s0 = tid; s0 < B; s0 += T * kBatch) {
         int32_t w[kBatch], p[kBatch];
@@ -591,7 +605,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     //     segment of LRU positions, a multiple of 32 long, and records one ballot word per 32.
     const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
     const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
-    int n_ev = 0;
+    int n_ev = 0, sl_n0 = 0, sl_n1 = 0;
     for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 1.8 -> 2.2 us)
       const int j = j0 + lane;
       bool ev = j < je;
@@ -604,11 +618,15 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
             ev = false;
           }
         }
-        if constexpr (POLICY != kPolicyLru) if (ev) atomicAdd(&phist[pbucket[sl]], 1);
+        if constexpr (POLICY == kPolicyFra) if (ev) atomicAdd(&phist[pbucket[sl]], 1);
       }
       const unsigned bal = __ballot_sync(kFull, ev);
       if (lane == 0) evbits[j0 >> 5] = bal;
       n_ev += __popc(bal);
+      if constexpr (POLICY == kPolicySlru) {  // evictables in levels 0 and 1
+        sl_n0 += __popc(__ballot_sync(kFull, ev && j < sl_b1));
+        sl_n1 += __popc(__ballot_sync(kFull, ev && j >= sl_b1 && j < sl_b2));
+      }
     }
     bk_sync();
     HS_PHASE(5);
@@ -656,7 +674,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         n_miss += __popc(bal);
       }
     }
+    int* slcnt = reinterpret_cast<int*>(smem + L::pol);  // (slru builds)
     if (lane == 0) scratch[warp] = n_ev | (n_miss << 16);
+    if constexpr (POLICY == kPolicySlru) if (lane == 0) slcnt[warp] = sl_n0 | (sl_n1 << 16);
     if (tid == 0) s_writer = arrive_decide(ticket, a.arrivals, b, a.ctas);
     bk_sync();
     const int mine = lane < nw ? scratch[lane] : 0;
@@ -664,8 +684,14 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int off = __shfl_sync(kFull, both - mine, warp);
     both = __shfl_sync(kFull, both, 31);
     const int n_evict = both & 0xffff, m = both >> 16;
+    if constexpr (POLICY == kPolicySlru) {  // the levels' totals (each < 2**15: no carry)
+      const int t = warp_inclusive_scan(lane < nw ? slcnt[lane] : 0);
+      const int tot = __shfl_sync(kFull, t, 31);
+      sl_n0 = tot & 0xffff;
+      sl_n1 = tot >> 16;
+    }
     int e = off & 0xffff, q = off >> 16;
-    if (POLICY == kPolicyLru || m == 0) {  // (m is the same for every thread)
+    if (POLICY != kPolicyFra || m == 0) {  // (m is the same for every thread)
     for (int j0 = jb; j0 < je; j0 += 32 * kRounds) {
       unsigned bal[kRounds];
       int sl[kRounds];
@@ -781,11 +807,28 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
         for (int u = 0; u < kBatch; ++u) if (i0 + u * T < k1) out[i0 + u * T] = row[u];
       }
     }
-    if (writer) {
+    if (writer && POLICY == kPolicySlru) {
+      // order = evictables (levels 0, 1, 2, old order) | hits (level 0, then 1-2); victims are
+      // order[0, m). New array: level-0 evictables left | misses | level-1 evictables left |
+      // level-0 hits | level-2 evictables left | level-1/2 hits (kernel_policy.py).
+      const int h0 = sl_b1 - sl_n0;  // positions < b1 hold evictables or hits
+      const int e1 = max(sl_n0, m), e2 = max(m, sl_n0 + sl_n1), a0 = e1 - m;
+      for (int j = tid; j < B; j += T) {
+        const int at = j < a0 ? m + j : j < e1 ? j - a0 : j < e2 ? j
+                     : j < e2 + h0 ? n_evict + (j - e2) : j < n_evict + h0 ? j - h0 : j;
+        lru[j] = order[at];
+      }
+      if (tid == 0) {
+        int nb2 = e2 + h0;
+        nb2 = max(nb2, B - kSlruCap2 * B / 16);
+        const int nb1 = max(e1, nb2 - kSlruCap1 * B / 16);
+        a.pstate[r * a.ps_stride] = (B - nb1) | ((B - nb2) << 16);
+      }
+    } else if (writer) {
       for (int j = tid; j < B; j += T) {
         const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
         lru[j] = order[at];
-        if constexpr (POLICY != kPolicyLru) {
+        if constexpr (POLICY == kPolicyFra) {
           // New LRU positions [n_evict - m, n_evict) are the fresh misses, [n_evict, B) the hits.
           if (j >= n_evict - m) {
             const int sl = order[at];
@@ -893,7 +936,8 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
 
 using tvm::ffi::TensorView;
 
-// POLICY != kPolicyLru builds take the policy state, int32 [R, B] (one layer's view).
+// POLICY != kPolicyLru builds take the policy state (one layer's view): fra int32 [R, B], slru
+// int32 [R, 1].
 template <int K, int B, int ITEM, int POLICY = kPolicyLru, int BLK = 0, int ROWL = 0>
 void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                     TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
@@ -936,10 +980,11 @@ void resolve_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
     HS_CHECK(policy_state != nullptr, "this resolve build needs the policy state");
     check_tensor(*policy_state, "policy_state", 2, kDLInt, 32);
     check_cuda(*policy_state, "policy_state", dev);
-    HS_CHECK(policy_state->size(0) == R && policy_state->size(1) == B && policy_state->stride(1) == 1,
-             "policy_state must be int32 [R=" << R << ", B=" << B << "] with unit stride in B");
-    // `last` is a seq_len in the word's upper 23 bits.
-    HS_CHECK(host_rows.size(1) < (int64_t{1} << 23),
+    constexpr int64_t kWidth = POLICY == kPolicyFra ? B : 1;
+    HS_CHECK(policy_state->size(0) == R && policy_state->size(1) == kWidth && policy_state->stride(1) == 1,
+             "policy_state must be int32 [R=" << R << ", " << kWidth << "] with unit stride");
+    // fra: `last` is a seq_len in the word's upper 23 bits.
+    HS_CHECK(POLICY != kPolicyFra || host_rows.size(1) < (int64_t{1} << 23),
              "policy fra keeps seq_lens in 23 bits; host_rows has " << host_rows.size(1) << " columns");
   }
   const bool hint = stage_rows >= 0;

@@ -4,7 +4,7 @@ Accepted keys are the four that existing SGLang launch commands use, with the sa
 
     {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2, "swap_in_block_size": 512}
 
-and one of ours: ``"policy"``, the hot buffer's replacement policy (``"lru"``, the default, or
+and one of ours: ``"policy"``, the hot buffer's replacement policy (``"lru"``, the default, ``"slru"`` or
 ``"fra"``; ``sglang_hisparse.kernel_policy``).
 
 Our rules are stricter than SGLang's own parser (``sparsity/factory.py``
@@ -61,7 +61,7 @@ class HiSparseConfig:
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
     swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024);
                           None (the default): chosen per batch by the resolve op
-    policy:               replacement policy of the hot buffers: "lru" (default) or "fra"
+    policy:               replacement policy of the hot buffers: "lru" (default), "slru" or "fra"
                           (frequency, recency and token age; one int32 per slot and layer more)
     residency:            "pressure" (default): a request keeps all its device rows until HBM is
                           short, then the longest shrink to hot buffers; "always_hot": every request
@@ -223,7 +223,7 @@ def _check_policy(value: Any, num_draft_tokens: int) -> str:
         raise ValueError(
             f"{FLAG}: 'policy' = {_shown(value)} is not a replacement policy; use one of "
             f"{', '.join(repr(p) for p in POLICIES)} (a JSON string; default {DEFAULT_POLICY!r}), "
-            f"e.g. {FLAG} '{{\"policy\": \"fra\"}}'."
+            f"e.g. {FLAG} '{{\"policy\": \"slru\"}}'."
         )
     if value != "lru" and num_draft_tokens:
         raise ValueError(

@@ -8,7 +8,7 @@ configurations at the edge. Keep both in step when a layout changes.
 
 from __future__ import annotations
 
-from .kernel_policy import policy_id
+from .kernel_policy import POLICY_FRA, POLICY_SLRU, policy_id
 
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SMEM_PER_BLOCK = 232448
@@ -47,16 +47,18 @@ def resolve_smem_bytes(top_k: int, buffer: int, max_context: int = 0, policy: st
     that first holds the staged slot tokens (4·B) and later the miss lists (16·k) and the new
     LRU order (2·B); the staged LRU (2·B), one flag bit per LRU position and per top-k entry, and
     the scan scratch. Run-time part: the position bitmap (one bit per position) and its 16-bit
-    prefix count per 32 positions, 0.1875 B per position (24 KiB at 128K). A replacement
-    policy other than ``lru`` (``kernel_policy``) adds a bucket and a hit count per slot (2·B),
-    its 256-bin histogram and 32 per-warp counts.
+    prefix count per 32 positions, 0.1875 B per position (24 KiB at 128K). The ``fra`` policy
+    (``kernel_policy``) adds a bucket and a hit count per slot (2·B), its 256-bin histogram and
+    32 per-warp counts; ``slru`` 32 per-warp counts.
     """
     k, b = top_k, buffer
     fixed = _ceil16(4 * k) + _ceil16(2 * k) + _ceil16(4 * k) + _ceil16(2 * k)
     fixed += _ceil16(max(4 * b, 16 * k + 2 * b)) + _ceil16(2 * b)
     fixed += _ceil16(4 * ((b + 31) // 32 + (k + 31) // 32)) + _SCAN_BYTES
-    if policy_id(policy):
+    if policy_id(policy) == POLICY_FRA:
         fixed = _ceil16(_ceil16(fixed + 2 * b) + 4 * 256 + 4 * 32)
+    elif policy_id(policy) == POLICY_SLRU:  # its per-warp level counts
+        fixed = _ceil16(fixed + 4 * 32)
     words = position_words(max_context)
     return fixed + _ceil16(4 * words) + _ceil16(2 * words)
 

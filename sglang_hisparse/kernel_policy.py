@@ -1,4 +1,4 @@
-"""Replacement policies of the resolve kernel: names, per-slot state and the ``fra`` score.
+"""Replacement policies of the resolve kernel: names, state and the ``fra`` and ``slru`` rules.
 
 Stdlib only at import (numpy inside the two array functions), so the simulator, the planner
 and the config share it with the
@@ -32,6 +32,31 @@ selected this step is selected again soon rises steeply with how often it was pi
 (heavy hitters), falls with the gap since its last pick like a power law (a token that missed
 one step is far likelier to return than LRU's strict order assumes relative to one that
 missed many), and falls with its distance from the newest token (local attention).
+
+``slru`` (id 2): segmented LRU in three levels over the kernel's LRU array, no per-slot state.
+The array (oldest first) is cut into level 0 ``[0, b1)``, level 1 ``[b1, b2)`` and level 2
+``[b2, B)``; one int32 per request and layer (``policy_state [L, R, 1]``) holds
+``(B - b1) | (B - b2) << 16``, so the zeroed word means "everything in level 0". The victims
+are the ``m`` oldest evictable slots, as for ``lru`` (level 0 first). With ``n0``, ``n1``,
+``n2`` the evictables and ``h0``, ``h12`` the hits in levels 0 and 1-2 (each in old order),
+the new array is::
+
+    level-0 evictables left | fresh misses | level-1 evictables left | level-0 hits
+                            | level-2 evictables left | level-1 and level-2 hits
+
+i.e. a miss enters level 0, a hit rises one level (at most to 2), and every level keeps its
+remaining evictables in their old order ahead of what enters it. The new boundaries are
+``b1 = max(n0, m)`` and ``b2 = max(m, n0 + n1) + h0``, then the caps: level 2 keeps at most
+``SLRU_CAP2 * B // 16`` slots (``b2 = max(b2, B - cap2)``: its oldest drop to level 1) and
+level 1 at most ``SLRU_CAP1 * B // 16`` (``b1 = max(b1, b2 - cap1)``). Kernel cost: two
+ballots a round in the hit walk, two counts in the exchange, and a different permutation in
+the writer; no words per slot.
+
+Why it works on attention selections: a token selected once (a one-off miss) rarely returns
+soon, one re-selected while resident usually does (heavy hitters and sinks); LRU lets each
+step's burst of one-off misses push re-selected tokens out, while here a miss must be selected
+again before it outranks them, and being selected twice more (level 2) protects a token for
+up to ``cap2`` further slots of churn.
 """
 
 from __future__ import annotations
@@ -41,8 +66,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-POLICIES: tuple[str, ...] = ("lru", "fra")
+POLICIES: tuple[str, ...] = ("lru", "fra", "slru")
 DEFAULT_POLICY = "lru"
+#: policy ids (``resolve.cuh`` kPolicyLru / kPolicyFra / kPolicySlru)
+POLICY_LRU, POLICY_FRA, POLICY_SLRU = 0, 1, 2
 
 #: fra's integer weights (units of 1/16) and bucket mapping; ``resolve.cuh`` has the same
 #: constants (kFra*), kept in step by tests/unit/test_kernel_policy.py.
@@ -60,9 +87,37 @@ def policy_id(name: str) -> int:
     return POLICIES.index(name)
 
 
-def state_words_per_slot(name: str) -> int:
-    """int32 words of per-slot policy state a policy keeps per layer and history slot."""
-    return 0 if policy_id(name) == 0 else 1
+#: slru's level caps in sixteenths of B (``resolve.cuh`` kSlruCap1/kSlruCap2).
+SLRU_CAP1, SLRU_CAP2 = 3, 10
+
+
+def state_width(name: str, buffer: int) -> int:
+    """int32 words of policy state per request slot and layer: 0 (lru), ``buffer`` (fra: one
+    per history slot), 1 (slru: the packed level boundaries)."""
+    return (0, buffer, 1)[policy_id(name)]
+
+
+def slru_caps(buffer: int) -> tuple[int, int]:
+    """slru's (level-1, level-2) caps in slots for a hot buffer of ``buffer`` slots."""
+    return SLRU_CAP1 * buffer // 16, SLRU_CAP2 * buffer // 16
+
+
+def slru_unpack(word: int, buffer: int) -> tuple[int, int]:
+    """Boundaries ``(b1, b2)`` of an slru word (0 = all level 0)."""
+    return buffer - (word & 0xFFFF), buffer - ((word >> 16) & 0xFFFF)
+
+
+def slru_next(*, n0: int, n1: int, h0: int, m: int, buffer: int) -> tuple[int, int]:
+    """The new slru boundaries after a long step (module docstring), caps applied."""
+    cap1, cap2 = slru_caps(buffer)
+    b1, b2 = max(n0, m), max(m, n0 + n1) + h0
+    b2 = max(b2, buffer - cap2)
+    return max(b1, b2 - cap1), b2
+
+
+def slru_pack(b1: int, b2: int, buffer: int) -> int:
+    """The word of boundaries ``(b1, b2)``."""
+    return (buffer - b1) | ((buffer - b2) << 16)
 
 
 def lg8(x: np.ndarray) -> np.ndarray:

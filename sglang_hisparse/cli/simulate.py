@@ -21,6 +21,7 @@ policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
   fifo / random (seeded) / topk-only (only the last selection stays)
   belady     offline optimum on the same trace (a lower bound)
   fra        the kernel's --hisparse-config "policy": "fra" (frequency, recency, token age)
+  slru       the kernel's --hisparse-config "policy": "slru" (segmented LRU, three levels)
   fra-float  fra's first proposal in floating point (comparison only)
   lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
   lru-2      ours: evict by second-to-last selection

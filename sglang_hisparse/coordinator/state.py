@@ -13,8 +13,9 @@ lru            [L, R, B]   int16   slot ids 0..B-1, oldest -> newest
 resident       [L, R, P/32] int32  resident hint: bit p set iff a slot < B holds position p
                                    (P = host pool columns; None under speculative decoding,
                                    whose verify kernel does not read it, even at W = 1)
-policy_state   [L, R, B]   int32   the replacement policy's word per history slot (policy
-                                   "fra": hits and last selection, kernel_policy); None for
+policy_state   [L, R, S]   int32   the replacement policy's state (kernel_policy.state_width):
+                                   "fra" S = B, a word per history slot (hits and last
+                                   selection); "slru" S = 1, its level boundaries; None for
                                    "lru". Zero for a fresh request: its slots never selected
 res_flag       [R]          int32  1 = fully resident request ("residency": "pressure"):
                                    every position has a device row, slot state unused
@@ -63,7 +64,7 @@ import enum
 
 import torch
 
-from ..kernel_policy import state_words_per_slot
+from ..kernel_policy import state_width
 from ..kernels.contract import ResidentRows
 from ..kernels.reference import position_bits
 from ..memory.state_bytes import hint_words, residency_columns, tail_slots
@@ -110,14 +111,14 @@ class SlotState:
         #: the replacement policy and its per-slot words (module docstring)
         self.policy = policy
         self.policy_state: torch.Tensor | None = None
-        if state_words_per_slot(policy):
+        if pwidth := state_width(policy, B):
             if num_draft_tokens:
                 raise ValueError(
                     f"policy {policy!r} with speculative decoding: the verify kernel implements "
                     f"only 'lru'; use policy 'lru' or num_draft_tokens = 0."
                 )
             self.policy_state = torch.zeros(
-                (num_layers, num_reqs, B), dtype=torch.int32, device=self.device
+                (num_layers, num_reqs, pwidth), dtype=torch.int32, device=self.device
             )
         #: fully resident requests' page tables (see the module docstring), or None
         self.resident_rows: ResidentRows | None = None

@@ -129,9 +129,9 @@ def resolve(
             has finished; results never depend on it.
         early_rows: rows per CTA the fetch warps may hold in registers (default
             ``FETCH_EARLY_ROWS``; lowered to what fits; 0 = keep the hint, fetch nothing early).
-        policy: replacement policy, ``"lru"`` (default) or ``"fra"`` (``kernel_policy``).
-        policy_state: int32 [R, B] (one layer's view of ``SlotState.policy_state``; mutated),
-            required by ``"fra"``, None for ``"lru"``.
+        policy: replacement policy, ``"lru"`` (default), ``"fra"`` or ``"slru"`` (``kernel_policy``).
+        policy_state: one layer's view of ``SlotState.policy_state`` (mutated): int32 [R, B]
+            for ``"fra"``, [R, 1] for ``"slru"``, None for ``"lru"``.
         resident_rows: optional :class:`ResidentRows`: flagged request slots are fully
             resident and resolve through their page table only (the first level).
         selection_block: 0 (default): ``top_k`` holds positions. > 0 (MiniMax-M3's block

@@ -62,8 +62,10 @@ exact hint exact. A wrong bit costs at most a wasted early fetch or a late copy 
 selection, and is put right when its position is evicted (cleared) or missed and loaded
 (set). :func:`resident_hint` builds an exact one.
 
-Replacement policy (decode only, optional ``policy="fra"`` with ``policy_state`` int32 [R, B],
-``sglang_hisparse.kernel_policy`` is its spec): the victims are the ``m`` evictable slots with
+Replacement policy (decode only, optional ``policy="fra"`` with ``policy_state`` int32 [R, B]
+or ``policy="slru"`` with int32 [R, 1]; ``sglang_hisparse.kernel_policy`` is the spec of both).
+slru takes the same victims as lru and permutes the new LRU by level (its boundaries in the
+one word). fra: the victims are the ``m`` evictable slots with
 the smallest ``(bucket, old LRU position)`` instead of the ``m`` oldest, still taking the misses
 in old LRU order, and the new LRU is ``remaining evictables | victims | hits`` as above. A long
 row then sets each hit slot's word to ``(n << 8) | min(hits + 1, 255)`` and each victim's to
@@ -82,7 +84,13 @@ from ..kernel_policy import (
     FRA_W_AGE,
     FRA_W_GAP,
     FRA_W_HITS,
+    POLICY_FRA,
+    POLICY_SLRU,
     policy_id,
+    slru_next,
+    slru_pack,
+    slru_unpack,
+    state_width,
 )
 from .contract import (
     MissPlan,
@@ -182,9 +190,11 @@ def _first_occurrence_order(pos: torch.Tensor) -> torch.Tensor:
     return uniq[torch.argsort(first)]
 
 
-def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_state=None) -> torch.Tensor:
+def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy=None) -> torch.Tensor:
     """Union resolve of one long request (``n0 + W - 1 > B``) over its flat top-k (int64
-    [W*k]); mutates the state in ``st`` and returns the device row of each flat entry."""
+    [W*k]); mutates the state in ``st`` and returns the device row of each flat entry.
+    ``policy``: None (lru) or (policy id, one layer's policy_state)."""
+    pid, policy_state = policy if policy is not None else (0, None)
     slot_tokens, slot_rows, lru = st["slot_tokens"], st["slot_rows"], st["lru"]
     B = lru.shape[1]
     base, N = n0 - 1, n0 + W - 1
@@ -208,7 +218,7 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
     misses = union[lookup[union] < 0]
     m = misses.numel()
     victims, rest = evictable[:m], evictable[m:]
-    if policy_state is not None and m:
+    if pid == POLICY_FRA and m:
         # fra: the m smallest (bucket, old LRU position), taken in old LRU order.
         E = evictable.numel()
         key = fra_buckets(policy_state[r, evictable], tokens[evictable], n0) * E
@@ -228,8 +238,11 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
         resident[r] = int32_bits((old & ~_pack_bits(tokens[victims], words)) | loaded)
     slot_tokens[r, victims] = misses.to(slot_tokens.dtype)
     lookup[misses] = victims
-    lru[r] = torch.cat([rest, victims, hits]).to(lru.dtype)
-    if policy_state is not None:
+    if pid == POLICY_SLRU:
+        lru[r] = _slru_order(old_lru, is_hit, victims, m, policy_state, r).to(lru.dtype)
+    else:
+        lru[r] = torch.cat([rest, victims, hits]).to(lru.dtype)
+    if pid == POLICY_FRA:
         bumped = ((policy_state[r, hits] & 0xFF) + 1).clamp(max=FRA_HITS_MAX)
         policy_state[r, hits] = ((n0 << 8) | bumped).to(policy_state.dtype)
         policy_state[r, victims] = (n0 << 8) | 1
@@ -241,6 +254,27 @@ def _resolve_long(*, b, r, n0, W, flat, st, plan, copy, resident=None, policy_st
         plan.dst[b, :m] = dst.to(plan.dst.dtype)
         plan.count[b] = m
     return torch.where(hist | window, rows, -1)
+
+
+def _slru_order(old_lru: torch.Tensor, is_hit: torch.Tensor, victims: torch.Tensor, m: int,
+                policy_state: torch.Tensor, r: int) -> torch.Tensor:
+    """slru's new LRU array (``kernel_policy``): level-0 evictables left | misses | level-1
+    evictables left | level-0 hits | level-2 evictables left | level-1/2 hits; sets the new
+    boundaries in ``policy_state[r, 0]``. ``victims`` are the m oldest evictables."""
+    B = old_lru.numel()
+    b1, b2 = slru_unpack(int(policy_state[r, 0]), B)
+    pos = torch.arange(B, device=old_lru.device)
+    level = (pos >= b1).long() + (pos >= b2).long()
+    ev = ~is_hit
+    ev_rank = torch.cumsum(ev.long(), 0) - 1
+    left = ev & (ev_rank >= m)  # evictables the misses did not take
+    n0, n1 = int((ev & (level == 0)).sum()), int((ev & (level == 1)).sum())
+    h0 = int((is_hit & (level == 0)).sum())
+    parts = [old_lru[left & (level == 0)], victims, old_lru[left & (level == 1)],
+             old_lru[is_hit & (level == 0)], old_lru[left & (level == 2)], old_lru[is_hit & (level > 0)]]
+    nb1, nb2 = slru_next(n0=n0, n1=n1, h0=h0, m=m, buffer=B)
+    policy_state[r, 0] = slru_pack(nb1, nb2, B)
+    return torch.cat(parts)
 
 
 def _resolve_resident(*, r: int, n: int, flat: torch.Tensor, rr: ResidentRows,
@@ -260,7 +294,7 @@ def _resolve_resident(*, r: int, n: int, flat: torch.Tensor, rr: ResidentRows,
 
 def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, copy: bool,
                     resident: torch.Tensor | None, resident_rows: ResidentRows | None = None,
-                    policy_state: torch.Tensor | None = None) -> None:
+                    policy: tuple[int, torch.Tensor] | None = None) -> None:
     """The batch loop of both flavours; ``kw["top_k"]``/``kw["out_rows"]`` are [bs, W, k] views
     and ``n0s`` the rows-0 lengths of the real rows."""
     top_k, out_rows, lru, slot_rows = kw["top_k"], kw["out_rows"], kw["lru"], kw["slot_rows"]
@@ -288,7 +322,7 @@ def _resolve_window(kw: dict, *, W: int, n0s: list[int], plan: MissPlan | None, 
             res = torch.where(valid, slot_rows[r, flat.clamp(0, B - 1)], -1)
         else:
             res = _resolve_long(b=b, r=r, n0=n0, W=W, flat=flat, st=st, plan=plan, copy=copy,
-                                resident=resident, policy_state=policy_state)
+                                resident=resident, policy=policy)
         out_rows[b] = res.view(W, k).to(out_rows.dtype)
 
 
@@ -304,7 +338,8 @@ def resolve(
 
     Mutates ``slot_tokens`` [R, B+1] int32, ``lru`` [R, B] int16, ``device_cache`` [D, I]
     uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, k] int32, ``plan`` and ``resident``
-    (if given), and ``policy_state`` int32 [R, B] (``policy="fra"``; one layer's view).
+    (if given), and ``policy_state`` (int32 [R, B] for ``policy="fra"``, [R, 1] for "slru"; one
+    layer's view).
     ``resident_rows`` (optional :class:`ResidentRows`): requests flagged in it
     resolve through their page table first and touch nothing but their selection record.
     Shapes/dtypes of every argument: ``sglang_hisparse.kernels.contract``; ``row_layout``: where
@@ -328,23 +363,26 @@ def resolve(
     kw.update(top_k=top_k[:, None, :], out_rows=out_rows[:, None, :])
     _resolve_window(kw, W=1, n0s=seq_lens.tolist(), plan=plan, copy=mode is ResolveMode.COPY,
                     resident=resident, resident_rows=resident_rows,
-                    policy_state=policy_state if policy_id(policy) else None)
+                    policy=(policy_id(policy), policy_state) if policy_id(policy) else None)
 
 
 def check_policy_state(policy: str, policy_state: torch.Tensor | None, *, lru: torch.Tensor) -> None:
-    """``policy`` is known and ``policy_state`` fits it: None for lru, int32 [R, B] (``lru``'s
-    shape, unit stride in B) on ``lru``'s device otherwise. Host-only checks."""
+    """``policy`` is known and ``policy_state`` fits it: None for lru, int32 [R, S] with
+    ``S = kernel_policy.state_width`` (B for fra, 1 for slru), unit stride in S, on ``lru``'s
+    device otherwise. Host-only checks."""
     pid = policy_id(policy)
     if pid == 0:
         if policy_state is not None:
             raise ValueError("policy_state is given but policy is 'lru', which keeps no per-slot state")
         return
     if policy_state is None:
-        raise ValueError(f"policy {policy!r} needs policy_state, int32 [R, B] (one layer's view)")
-    if (policy_state.dtype != torch.int32 or tuple(policy_state.shape) != tuple(lru.shape)
+        raise ValueError(f"policy {policy!r} needs policy_state, int32 [R, S] (one layer's view; "
+                         f"S = kernel_policy.state_width)")
+    want = [lru.shape[0], state_width(policy, lru.shape[1])]
+    if (policy_state.dtype != torch.int32 or list(policy_state.shape) != want
             or policy_state.device != lru.device or policy_state.stride(-1) != 1):
         raise ValueError(
-            f"policy_state must be int32 {list(lru.shape)} on {lru.device} with unit stride in B "
+            f"policy {policy!r}: policy_state must be int32 {want} on {lru.device} with unit stride "
             f"(one layer's view of SlotState.policy_state); got {policy_state.dtype} "
             f"{list(policy_state.shape)} on {policy_state.device}"
         )

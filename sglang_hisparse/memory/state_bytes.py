@@ -8,8 +8,8 @@ longest request when the coordinator is built; shapes in ``coordinator.state``):
     lru           L *  B    * 2         int16, per layer
     resident      L * ceil(P/32) * 4    int32 bitmap, per layer; without speculative decoding
                                         only (the resident hint)
-    policy_state  L *  B    * 4 * S     int32, per layer: S words per slot of the replacement
-                                        policy (kernel_policy: 0 for lru, 1 for fra)
+    policy_state  L *  S    * 4         int32, per layer: the replacement policy's S words
+                                        (kernel_policy.state_width: 0 lru, B fra, 1 slru)
     host_rows               P * 8       int64, shared by the layers (the host pool's page table,
                                         on the GPU: the resolve kernel reads it)
     resident pages  ceil(P/ps) * 4 + 4  int32 device page table and flag of a fully resident
@@ -47,7 +47,7 @@ tensors the coordinator allocates, so formula and allocation cannot drift apart 
 from __future__ import annotations
 
 from ..kernel_limits import position_words
-from ..kernel_policy import DEFAULT_POLICY, state_words_per_slot
+from ..kernel_policy import DEFAULT_POLICY, state_width
 
 __all__ = ["coordinator_state_bytes", "hint_words", "residency_columns", "resolver_bytes",
            "slot_state_bytes", "tail_slots"]
@@ -80,13 +80,13 @@ def slot_state_bytes(
     ``hint_positions = max_context`` plus the slot's ``host_rows`` row.
 
     num_layers: L local layers; buffer_size: B; max_context: P; num_draft_tokens: D (0 = off);
-    policy: the replacement policy (its per-slot words, ``kernel_policy.state_words_per_slot``).
+    policy: the replacement policy (its state words, ``kernel_policy.state_width``).
     residency_page_size: the page size when the resident page table exists (0: it does not).
     """
     L, B, P, D = num_layers, buffer_size, max_context, num_draft_tokens
     W = tail_slots(D)
     per_layer = (B + W) * 4 + B * 2 + hint_words(max_context=P, num_draft_tokens=D) * 4
-    per_layer += B * 4 * state_words_per_slot(policy)
+    per_layer += 4 * state_width(policy, B)
     cols = residency_columns(max_context=P, page_size=residency_page_size)
     table = cols * 4 + 4 if cols else 0
     return L * per_layer + (B + W) * 4 + P * 8 + table

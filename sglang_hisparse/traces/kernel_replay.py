@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernel_policy import state_width
 from ..kernels import ops
 from ..kernels.contract import MissPlan, ResolveMode
 from .format import Trace
@@ -19,7 +20,7 @@ from .format import Trace
 def kernel_misses(trace: Trace, B: int, policy: str = "lru", *, device: str | torch.device = "cuda",
                   layers: int | None = None, item: int = 656) -> dict[tuple[int, int], np.ndarray]:
     """``{(stream, layer): misses per step (int64 [T])}`` for the first ``layers`` layers
-    (all by default) of ``trace`` at ``B`` hot slots under ``policy`` ("lru" or "fra")."""
+    (all by default) of ``trace`` at ``B`` hot slots under ``policy`` ("lru", "fra" or "slru")."""
     dev = torch.device(device)
     k = int(trace.header["top_k"])
     by_layer: dict[int, list] = {}
@@ -35,7 +36,8 @@ def kernel_misses(trace: Trace, B: int, policy: str = "lru", *, device: str | to
         lru = torch.arange(B, dtype=torch.int16, device=dev).repeat(R, 1)
         extra = {}
         if policy != "lru":
-            extra = dict(policy=policy, policy_state=torch.zeros(R, B, dtype=torch.int32, device=dev))
+            extra = dict(policy=policy, policy_state=torch.zeros(R, state_width(policy, B), dtype=torch.int32,
+                                                                 device=dev))
         host_rows = torch.arange(R * max_ctx, dtype=torch.int64, device=dev).view(R, max_ctx)
         host_cache = torch.zeros(R * max_ctx, item, dtype=torch.uint8)
         if dev.type == "cuda":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel_policy import FRA_HITS_MAX, fra_bucket
+from ..kernel_policy import FRA_HITS_MAX, fra_bucket, slru_next
 
 
 class Policy:
@@ -281,6 +281,63 @@ class FRA(Policy):
         self._stamp_kernel_order(hit_slots, victims)
 
 
+class SLRU(Policy):
+    """OUR policy, the resolve kernel's ``"policy": "slru"``: segmented LRU in three levels.
+
+    ``kernel_policy`` is the spec (bit for bit the kernel's): the LRU array is cut into levels
+    0 | 1 | 2 by two boundaries; the victims are the oldest evictables (as lru); a miss enters
+    level 0, a hit rises one level, each level keeps its remaining evictables ahead of what
+    enters it, and levels 1 and 2 are capped at 3/16 and 10/16 of B. Kernel cost: no per-slot
+    state, two counts and a different permutation in the writer.
+    """
+
+    name = "slru"
+
+    def reset(self, B, max_pos, sels):
+        super().reset(B, max_pos, sels)
+        self.order = np.arange(B, dtype=np.int64)  # the slot at each LRU position
+        self.b1 = self.b2 = B
+
+    def clear(self):
+        super().clear()
+        self.order = np.arange(self.B, dtype=np.int64)
+        self.b1 = self.b2 = self.B
+
+    def step(self, t, sel, n):
+        slots = self.where[sel]
+        hit = slots >= 0
+        miss_tok = sel[~hit]
+        m = int(miss_tok.size)
+        B, order = self.B, self.order
+        is_hit = np.zeros(B, dtype=bool)
+        is_hit[slots[hit]] = True
+        hit_at = is_hit[order]  # per LRU position
+        ev_at = ~hit_at
+        ev_pos = np.flatnonzero(ev_at)
+        if ev_pos.size < m:
+            raise ValueError(
+                f"step selects {sel.size} distinct positions besides the newest, more than the "
+                f"buffer's {B} slots; use --buffer >= top-k (or --top-k <= buffer)"
+            )
+        victims = order[ev_pos[:m]]
+        old = self.tok[victims]
+        self.where[old[old >= 0]] = -1
+        self.tok[victims] = miss_tok
+        self.where[miss_tok] = victims
+        left = ev_at.copy()
+        left[ev_pos[:m]] = False
+        pos = np.arange(B)
+        level = (pos >= self.b1).astype(np.int64) + (pos >= self.b2)
+        n0 = int(np.count_nonzero(ev_at & (level == 0)))
+        n1 = int(np.count_nonzero(ev_at & (level == 1)))
+        h0 = int(np.count_nonzero(hit_at & (level == 0)))
+        self.order = np.concatenate((
+            order[left & (level == 0)], victims, order[left & (level == 1)],
+            order[hit_at & (level == 0)], order[left & (level == 2)], order[hit_at & (level > 0)]))
+        self.b1, self.b2 = slru_next(n0=n0, n1=n1, h0=h0, m=m, buffer=B)
+        return m
+
+
 class FRAFloat(Policy):
     """The first proposal (kept for comparison): fra's score in floating point, recency in
     steps, weights 0.8 / 1 / 0.3, no buckets::
@@ -314,7 +371,7 @@ class FRAFloat(Policy):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, FRA, FRAFloat, LRFU, LRU2)
+    p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, FRA, SLRU, FRAFloat, LRFU, LRU2)
 }
 
 

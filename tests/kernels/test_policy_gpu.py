@@ -1,5 +1,5 @@
-"""The resolve kernel's fra policy == the pure-torch reference bit for bit, and == the simulator
-miss for miss on recorded traces (GPU only)."""
+"""The resolve kernel's fra and slru policies == the pure-torch reference bit for bit, and == the
+simulator miss for miss on recorded traces (GPU only)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from harness import (
     to_cuda,
 )
 
+from sglang_hisparse import kernel_policy as kp
 from sglang_hisparse.kernel_limits import resolve_smem_bytes
 from sglang_hisparse.kernels import _jit, ops
 from sglang_hisparse.kernels import reference as ref
@@ -33,10 +34,21 @@ BLOCKS = [32, 64, 96, 128, 256, 480, 512, 960, 1024]
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def words_for(sc, seed: int) -> torch.Tensor:
-    """Random fra words (CPU int32 [R, B]): hits 0..255 (a third never selected), last <= n."""
+POLICIES = ["fra", "slru"]
+
+
+def words_for(sc, seed: int, policy: str = "fra") -> torch.Tensor:
+    """Random policy state (CPU int32). fra [R, B]: hits 0..255 (a third never selected),
+    last <= n. slru [R, 1]: level boundaries within the caps (request 0: all level 0)."""
     g = torch.Generator().manual_seed(seed)
     R, B = sc.state.lru.shape
+    if policy == "slru":
+        cap1, cap2 = kp.slru_caps(B)
+        b2 = B - torch.randint(0, cap2 + 1, (R,), generator=g)
+        b1 = (b2 - torch.randint(0, cap1 + 1, (R,), generator=g)).clamp(min=0)
+        b1[0] = b2[0] = B
+        return torch.tensor([[kp.slru_pack(int(x), int(y), B)] for x, y in zip(b1, b2, strict=True)],
+                            dtype=torch.int32)
     n = sc.state.seq_lens.view(R, 1).clamp(min=1)
     hits = torch.randint(0, 256, (R, B), generator=g)
     hits[torch.rand(R, B, generator=g) < 0.33] = 0
@@ -45,21 +57,21 @@ def words_for(sc, seed: int) -> torch.Tensor:
     return ((last << 8) | hits).to(torch.int32)
 
 
-def run(fn, sc, words, *, mode=ResolveMode.COPY, cuda=False, **extra):
+def run(fn, sc, words, *, mode=ResolveMode.COPY, cuda=False, policy="fra", **extra):
     st = to_cuda(sc.state) if cuda else sc.state.clone()
     w = words.cuda() if cuda else words.clone()
     bs, k = sc.top_k.shape
     plan = empty_plan(bs, k, "cuda" if cuda else "cpu")
     kw = dict(validate=False) if cuda else {}
-    out = call(fn, st, sc, sc.top_k, plan=plan, mode=mode, policy="fra", policy_state=w, **kw, **extra)
+    out = call(fn, st, sc, sc.top_k, plan=plan, mode=mode, policy=policy, policy_state=w, **kw, **extra)
     if cuda:
         torch.cuda.synchronize()
     return (st, out, plan), w
 
 
-def compare(sc, words, **extra):
-    (want, w_ref) = run(ref.resolve, sc, words)
-    (got, w_ker) = run(ops.resolve, sc, words, cuda=True, **extra)
+def compare(sc, words, policy="fra", **extra):
+    (want, w_ref) = run(ref.resolve, sc, words, policy=policy)
+    (got, w_ker) = run(ops.resolve, sc, words, cuda=True, policy=policy, **extra)
     bad = mismatches(want, got)
     if not torch.equal(w_ref, w_ker.cpu()):
         bad.append("policy_state")
@@ -70,38 +82,42 @@ def compare(sc, words, **extra):
                                          (2048, 4096, 656, 64), (2048, 4096, 1152, 1),
                                          (2048, 2048, 656, 3)])
 @pytest.mark.parametrize("hint", [None, "exact"])
-def test_fra_matches_reference_over_two_steps(k, B, item, bs, hint):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_matches_reference_over_two_steps(k, B, item, bs, hint, policy):
     sc = scenario(k, B, item, bs, seed=k + B + bs, hint=hint)
-    words = words_for(sc, seed=k + bs)
-    bad, want, w = compare(sc, words)
+    words = words_for(sc, seed=k + bs, policy=policy)
+    bad, want, w = compare(sc, words, policy)
     assert bad == []
     # Second step from the updated state and words: the kernel's own LRU order and words.
     sc2 = next_selection(sc, want[0], seed=k + B + bs + 1)
-    assert compare(sc2, w)[0] == []
+    assert compare(sc2, w, policy)[0] == []
 
 
 @pytest.mark.parametrize("k,B,item", [(64, 128, 1152), (2048, 4096, 656)])
 @pytest.mark.parametrize("hint", [None, "noise"])
-def test_fra_every_block_size_and_cta_split(k, B, item, hint):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_every_block_size_and_cta_split(k, B, item, hint, policy):
     sc = scenario(k, B, item, 3, seed=13, hint=hint)
-    words = words_for(sc, seed=14)
-    want, w_ref = run(ref.resolve, sc, words)
+    words = words_for(sc, seed=14, policy=policy)
+    want, w_ref = run(ref.resolve, sc, words, policy=policy)
     for block in BLOCKS:
         for ctas in (1, 2, 5, 32):
-            got, w = run(ops.resolve, sc, words, cuda=True, block_size=block, ctas_per_request=ctas)
+            got, w = run(ops.resolve, sc, words, cuda=True, block_size=block, ctas_per_request=ctas,
+                         policy=policy)
             assert mismatches(want, got) == [], f"block {block}, ctas {ctas}"
             assert torch.equal(w.cpu(), w_ref), f"block {block}, ctas {ctas}: policy_state"
 
 
-def test_fra_no_io_and_replay_lockstep():
-    """NO_IO keeps the same bookkeeping; the plan of a fra resolve replays into another layer's
-    cache exactly as the reference replays it (the shared-index layers stay in lockstep)."""
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_no_io_and_replay_lockstep(policy):
+    """NO_IO keeps the same bookkeeping; the plan of a policy's resolve replays into another
+    layer's cache exactly as the reference replays it (the shared-index layers stay in lockstep)."""
     sc = scenario(512, 1024, 656, 16, seed=41)
-    words = words_for(sc, seed=42)
-    want, w_ref = run(ref.resolve, sc, words, mode=ResolveMode.NO_IO)
-    got, w = run(ops.resolve, sc, words, cuda=True, mode=ResolveMode.NO_IO)
+    words = words_for(sc, seed=42, policy=policy)
+    want, w_ref = run(ref.resolve, sc, words, mode=ResolveMode.NO_IO, policy=policy)
+    got, w = run(ops.resolve, sc, words, cuda=True, mode=ResolveMode.NO_IO, policy=policy)
     assert mismatches((want[0], want[1], want[2]), got) == [] and torch.equal(w.cpu(), w_ref)
-    (st, _, plan), _ = run(ops.resolve, sc, words, cuda=True)
+    (st, _, plan), _ = run(ops.resolve, sc, words, cuda=True, policy=policy)
     nr = torch.tensor([sc.num_real], dtype=torch.int32, device="cuda")
     other = torch.zeros_like(st.device_cache)
     ops.replay(plan=plan, num_real_reqs=nr, host_cache=st.host_cache, device_cache=other)
@@ -113,10 +129,11 @@ def test_fra_no_io_and_replay_lockstep():
     assert int(plan.count.sum()) > 0
 
 
-def test_fra_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_cuda_graph_capture_and_replay(policy):
     k, B, item, bs = 512, 1024, 1152, 3
     sc = scenario(k, B, item, bs, seed=51, hint="exact")
-    words = words_for(sc, seed=52)
+    words = words_for(sc, seed=52, policy=policy)
     init = to_cuda(sc.state)
     st = to_cuda(sc.state)
     w = words.cuda()
@@ -131,7 +148,7 @@ def test_fra_cuda_graph_capture_and_replay():
                     slot_tokens=st.slot_tokens, slot_rows=st.slot_rows, lru=st.lru,
                     host_rows=st.host_rows, host_cache=st.host_cache, device_cache=st.device_cache,
                     out_rows=out, plan=plan, ctas_per_request=4, resident=st.resident,
-                    policy="fra", policy_state=w)
+                    policy=policy, policy_state=w)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -150,7 +167,7 @@ def test_fra_cuda_graph_capture_and_replay():
         nr.fill_(n_real)
         g.replay()
         torch.cuda.synchronize()
-        want, w_ref = run(ref.resolve, sc2, words)
+        want, w_ref = run(ref.resolve, sc2, words, policy=policy)
         assert mismatches(want, (st, out, plan)) == [] and torch.equal(w.cpu(), w_ref)
 
 
@@ -165,7 +182,7 @@ def test_simulate_and_kernel_agree_miss_for_miss_on_recorded_traces(path, mult):
     trace = load_trace(str(path))
     B = mult * int(trace.header["top_k"])
     prepared = {(s.stream, s.layer): s for s in prepare(trace)}
-    for policy in ("fra", "lru"):
+    for policy in ("fra", "slru", "lru"):
         got = kernel_misses(trace, B, policy, layers=2)
         total = 0
         for (stream, layer), counts in got.items():
@@ -176,8 +193,9 @@ def test_simulate_and_kernel_agree_miss_for_miss_on_recorded_traces(path, mult):
 
 
 @pytest.mark.parametrize("k,B,item", [(64, 128, 656), (2048, 4096, 1152)])
-def test_kernel_limits_mirror_the_policy_build(k, B, item):
-    mod = _jit.resolve_module(k, B, item, policy=1)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kernel_limits_mirror_the_policy_build(k, B, item, policy):
+    mod = _jit.resolve_module(k, B, item, policy=kp.policy_id(policy))
     for ctx in (0, 4096, 131072):
         words = (ctx + 31) // 32
-        assert mod.smem_bytes(words) == resolve_smem_bytes(k, B, ctx, "fra")
+        assert mod.smem_bytes(words) == resolve_smem_bytes(k, B, ctx, policy)

@@ -59,6 +59,8 @@ def test_kernel_constants_match_the_spec():
     assert (const("kFraShift"), const("kFraOffset")) == (kp.FRA_SHIFT, kp.FRA_OFFSET)
     assert (const("kFraBuckets"), const("kFraHitsMax")) == (kp.FRA_BUCKETS, kp.FRA_HITS_MAX)
     assert (const("kPolicyLru"), const("kPolicyFra")) == (kp.policy_id("lru"), kp.policy_id("fra"))
+    assert const("kPolicySlru") == kp.policy_id("slru") == kp.POLICY_SLRU
+    assert (const("kSlruCap1"), const("kSlruCap2")) == (kp.SLRU_CAP1, kp.SLRU_CAP2)
 
 
 def _fra_state():
@@ -113,7 +115,50 @@ def test_fra_hits_saturate_and_short_requests_keep_their_words():
     assert w.tolist() == [[0, 0, 0, 0]]
 
 
-def test_policy_state_is_checked():
+def _slru_state(b1: int, b2: int):
+    """B = 8, n = 20: slot s holds token s (LRU s0 oldest), t19 in slot B; levels 0 | 1 | 2 cut
+    at LRU positions b1, b2."""
+    B = 8
+    st = make_state(seq_lens=[20], B=B, item=32, max_ctx=32, seed=3)
+    st.slot_tokens[0] = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 19], dtype=torch.int32)
+    st.lru[0] = torch.arange(B, dtype=torch.int16)
+    return st, torch.tensor([[kp.slru_pack(b1, b2, B)]], dtype=torch.int32)
+
+
+def test_slru_reference_permutes_by_level():
+    # Levels: positions 0-3 (level 0), 4-5 (1), 6-7 (2). Selection [1, 4, 6, 10, 11]: hits t1
+    # (level 0), t4 (1), t6 (2); misses t10, t11 take the oldest evictables s0, s2 (as lru).
+    st, word = _slru_state(4, 6)
+    out, plan = _run(st, [1, 4, 6, 10, 11], "slru", word)
+    assert st.slot_tokens[0].tolist() == [10, 1, 11, 3, 4, 5, 6, 7, 19]
+    # level-0 left [s3] | misses [s0 s2] | level-1 left [s5] | level-0 hits [s1] | level-2 left
+    # [s7] | level-1/2 hits [s4 s6]
+    assert st.lru[0].tolist() == [3, 0, 2, 5, 1, 7, 4, 6]
+    # b1 = max(n0 3, m 2) = 3, b2 = max(m, n0 + n1 = 4) + h0 1 = 5; caps: level 2 <= 5 slots
+    # (b2 stays 5), level 1 <= 1 slot (b1 = 4)
+    assert kp.slru_unpack(int(word), 8) == (4, 5) and plan.count.tolist() == [2]
+    # lru: same victims, the plain order
+    st2, _ = _slru_state(4, 6)
+    _run(st2, [1, 4, 6, 10, 11], "lru", None)
+    assert st2.slot_tokens[0].tolist() == st.slot_tokens[0].tolist()
+    assert st2.lru[0].tolist() == [3, 5, 7, 0, 2, 1, 4, 6]
+
+
+def test_slru_zero_word_is_all_level_zero_and_short_requests_keep_it():
+    assert kp.slru_unpack(0, 8) == (8, 8)
+    st, word = _slru_state(8, 8)
+    assert int(word) == 0
+    _run(st, [1, 4, 10], "slru", word)  # all level 0: hits rise to level 1
+    assert st.lru[0].tolist() == [2, 3, 5, 6, 7, 0, 1, 4]
+    # the two hits would make level 1 [s1 s4]; its cap (1 slot) drops s1 back to level 0
+    assert kp.slru_unpack(int(word), 8) == (7, 8)
+    short = make_state(seq_lens=[5], B=8, item=32, max_ctx=16, seed=2)
+    w = torch.zeros(1, 1, dtype=torch.int32)
+    _run(short, [0, 2], "slru", w)
+    assert int(w) == 0
+    with pytest.raises(ValueError, match=r"policy 'slru': policy_state must be int32 \[1, 1\]"):
+        _run(st, [1], "slru", torch.zeros(1, 8, dtype=torch.int32))
+
     st, words = _fra_state()
     with pytest.raises(ValueError, match="needs policy_state"):
         _run(st, [2], "fra", None)
@@ -129,7 +174,7 @@ def test_config_policy_key():
     assert HiSparseConfig.from_json(None).policy == "lru"
     cfg = HiSparseConfig.from_json('{"policy": "fra"}')
     assert cfg.policy == "fra" and '"policy": "fra"' in cfg.to_json()
-    with pytest.raises(ValueError, match=r"'policy' = \"lfu\" is not a replacement policy; use one of 'lru', 'fra'"):
+    with pytest.raises(ValueError, match=r"'policy' = \"lfu\" is not a replacement policy; use one of 'lru', 'fra', 'slru'"):
         HiSparseConfig.from_json('{"policy": "lfu"}')
     with pytest.raises(ValueError, match=r"'policy' = 1 is not a replacement policy"):
         HiSparseConfig.from_json('{"policy": 1}')
@@ -142,6 +187,18 @@ def test_state_bytes_and_smem_count_the_word():
     base = dict(num_layers=78, buffer_size=4096, max_context=131072)
     assert slot_state_bytes(**base, policy="fra") - slot_state_bytes(**base) == 78 * 4096 * 4
     assert resolve_smem_bytes(2048, 4096, 131072, "fra") - resolve_smem_bytes(2048, 4096, 131072) == 9344
+
+
+def test_slru_costs_one_word_per_request_and_layer():
+    base = dict(num_layers=78, buffer_size=4096, max_context=131072)
+    assert slot_state_bytes(**base, policy="slru") - slot_state_bytes(**base) == 78 * 4
+    assert resolve_smem_bytes(2048, 4096, 131072, "slru") - resolve_smem_bytes(2048, 4096, 131072) == 128
+    st = SlotState(num_layers=2, num_reqs=3, buffer_size=4, device="cpu", policy="slru")
+    assert st.policy_state.shape == (2, 3, 1)
+    st.policy_state.fill_(7)
+    st.reset(1)
+    assert st.policy_state[:, 1].eq(0).all() and st.policy_state[:, 0].eq(7).all()
+    assert HiSparseConfig.from_json('{"policy": "slru"}').policy == "slru"
 
 
 def test_slot_state_keeps_zeroed_words_for_fra_only():

@@ -1,10 +1,10 @@
-"""Simulated `lru` and `fra` misses equal the reference resolve kernel's, step by step, exactly.
+"""Simulated `lru`, `fra` and `slru` misses equal the reference resolve kernel's, step by step, exactly.
 
 Each trace layer is replayed through ``sglang_hisparse.kernels.reference.resolve`` as one
 batch per decode step (all streams of the layer, padded to the widest selection with -1);
 the per-row ``MissPlan.count`` must equal ``simulate_stream(..., policy, B).misses_per_step``
-for the kernel's policies (``policy="fra"`` with a zeroed ``policy_state``, as ``SlotState``
-starts it).
+for the kernel's policies (``fra`` and ``slru`` with a zeroed ``policy_state``, as
+``SlotState`` starts it).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_hisparse.kernel_policy import state_width
 from sglang_hisparse.kernels.contract import MissPlan
 from sglang_hisparse.kernels.reference import resolve
 from sglang_hisparse.traces.format import Trace, load_trace, make_header
@@ -69,7 +70,7 @@ def _replay_reference(trace: Trace, B: int, initial: str = "prefix",
         slot_tokens = torch.arange(B + 1, dtype=torch.int32).repeat(R, 1)
         slot_rows = (1 + torch.arange(R * (B + 1), dtype=torch.int32)).view(R, B + 1)
         lru = torch.arange(B, dtype=torch.int16).repeat(R, 1)
-        pstate = torch.zeros(R, B, dtype=torch.int32) if policy != "lru" else None
+        pstate = torch.zeros(R, state_width(policy, B), dtype=torch.int32) if policy != "lru" else None
         if initial == "empty":
             for i, st in enumerate(sts):
                 if st.seq_lens[0] > B:
@@ -112,7 +113,7 @@ def _assert_same(trace: Trace, B: int, initial: str = "prefix", policy: str = "l
     return total
 
 
-KERNEL_POLICIES = ("lru", "fra")
+KERNEL_POLICIES = ("lru", "fra", "slru")
 
 
 @pytest.mark.parametrize("policy", KERNEL_POLICIES)
@@ -183,7 +184,8 @@ def test_kernel_replay_helper_counts_like_the_simulator(policy):
 
 
 @pytest.mark.skipif(not os.path.exists(HELD), reason="tests/data/gemma3_lear_32k.npz not present")
-def test_fra_matches_reference_on_a_32k_trace():
+@pytest.mark.parametrize("policy", ["fra", "slru"])
+def test_policy_matches_reference_on_a_32k_trace(policy):
     # Gemma 3 270M over King Lear at 32K (a held-aside trace), its first 128 picks per step.
     one = _one_stream(HELD, 11).truncated(128)
-    assert _assert_same(one, 256, policy="fra") != _assert_same(one, 256)
+    assert _assert_same(one, 256, policy=policy) != _assert_same(one, 256)
