@@ -24,7 +24,9 @@ from sglang_hisparse.traces.policies import POLICIES  # noqa: E402
 from sglang_hisparse.traces.simulator import prepare, simulate_stream  # noqa: E402
 
 MULTS = (2, 3, 4)
-SHOWN = ("fifo", "random", "lru-plain", "lru", "lru-2", "lrfu", "fra-float", "fra", "belady")
+SHOWN = ("fifo", "random", "lru-plain", "lru", "lru-2", "lrfu", "fra-float", "fra", "slru", "belady")
+#: the kernel's policies besides lru: their gap closed, worst request and request-layers
+KERNEL = ("fra", "slru")
 
 
 def evaluate(path: str) -> dict:
@@ -69,16 +71,20 @@ def evaluate(path: str) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    head = "| trace | B | " + " | ".join(SHOWN) + " | fra closes (all / worst request) | fra worst request vs lru | request-layers fra > lru |"
-    lines = [head, "|" + "---|" * (len(SHOWN) + 5)]
+    """Miss rates of every shown policy, then per kernel policy: the gap it closes (all requests
+    / worst request), its worst request against lru, and request-layers where it misses more."""
+    head = ("| trace | B | " + " | ".join(SHOWN) + " | "
+            + " | ".join(f"{p} closes (all / worst req.), worst req. vs lru, req.-layers > lru" for p in KERNEL) + " |")
+    lines = [head, "|" + "---|" * (len(SHOWN) + 2 + len(KERNEL))]
     for r in results:
         for B, row in r["B"].items():
             cells = [f"{100 * row[p]['long_miss_rate']:.1f} %" for p in SHOWN]
-            f = row["fra"]
-            lines.append(f"| {r['trace'].removesuffix('.npz')} | {int(B) // r['k']}k | " + " | ".join(cells)
-                         + f" | {100 * f['closes']:.0f} % / {100 * f['closes_worst_request']:.0f} % "
-                         f"| {100 * f['worst_vs_lru']:+.1f} % "
-                         f"| {f['request_layers_worse_than_lru']} of {f['request_layers']} |")
+            for p in KERNEL:
+                f = row[p]
+                cells.append(f"{100 * f['closes']:.0f} % / {100 * f['closes_worst_request']:.0f} %, "
+                             f"{100 * f['worst_vs_lru']:+.1f} %, "
+                             f"{f['request_layers_worse_than_lru']} of {f['request_layers']}")
+            lines.append(f"| {r['trace'].removesuffix('.npz')} | {int(B) // r['k']}k | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -91,7 +97,7 @@ def plot(results: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.2), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
         bs = sorted(r["B"], key=int)
-        for p in ("fifo", "lru", "fra", "belady"):
+        for p in ("fifo", "lru", "fra", "slru", "belady"):
             ax.plot([int(b) // r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
                     marker="o", label=p)
         ax.set_title(f"{r['role']}: {r['trace'].removesuffix('.npz')}", fontsize=8)
@@ -106,20 +112,25 @@ def plot(results: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tuning", nargs="*", default=[])
-    p.add_argument("--held-aside", nargs="*", default=[])
+    p.add_argument("--held-aside", nargs="*", default=[],
+                   help="traces no tuning decision looked at")
+    p.add_argument("--held-aside-2", nargs="*", default=[],
+                   help="a second held-aside set, recorded after the policies were fixed")
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None)
     a = p.parse_args(argv)
     results = []
-    for role, paths in (("tuning", a.tuning), ("held-aside", a.held_aside)):
+    roles = (("tuning", a.tuning), ("held-aside", a.held_aside), ("held-aside-2", a.held_aside_2))
+    for role, paths in roles:
         for path in paths:
             r = evaluate(path)
             r["role"] = role
             results.append(r)
             print(f"{role} {r['trace']}: {r['seconds']:.1f} s", file=sys.stderr)
     Path(a.json).write_text(json.dumps(results, indent=1))
-    for role in ("tuning", "held-aside"):
-        print(f"\n{role}:\n" + table([r for r in results if r["role"] == role]))
+    for role, paths in roles:
+        if paths:
+            print(f"\n{role}:\n" + table([r for r in results if r["role"] == role]))
     if a.plot:
         plot(results, a.plot)
     return 0

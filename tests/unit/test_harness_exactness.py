@@ -94,18 +94,19 @@ def test_random_lifecycles_are_exact_and_leak_free(config: str, prefetch: bool) 
     assert _total(stats, "retracts") + _total(stats, "aborts") > 0
 
 
+@pytest.mark.parametrize("policy", ["fra", "slru"])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_fra_policy_lifecycles_are_exact(config: str) -> None:
+def test_policy_lifecycles_are_exact(config: str, policy: str) -> None:
     # The replacement policy only changes which slots are evicted: outputs stay exact through
-    # every lifecycle (reset, install, PD direct admission, retract) with fra's per-slot words.
+    # every lifecycle (reset, install, PD direct admission, retract) with the policy's state.
     model, sizes = CONFIGS[config]
     spec = ScenarioSpec(max_prompt=sizes.max_ctx // 2, max_new=sizes.buffer_size + 4)
     stats = []
     for seed in range(2):
-        engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, max_batch=8, policy="fra")
+        engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, max_batch=8, policy=policy)
         assert engine.core.state.policy_state is not None
         stats.append(_run(engine, BASE_SEED + 7000 + 1000 * seed + len(config), spec,
-                          f"tests/unit/test_harness_exactness.py::test_fra_policy_lifecycles_are_exact[{config}]"))
+                          f"tests/unit/test_harness_exactness.py::test_policy_lifecycles_are_exact[{config}-{policy}]"))
     assert _total(stats, "checked_outputs") > 0 and _total(stats, "long_requests") > 0
 
 

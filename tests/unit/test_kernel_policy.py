@@ -229,3 +229,15 @@ def test_planner_counts_fra_and_suggests_it():
     assert extra == model.layers * lru.inputs.hot_slots * 4  # one int32 per slot and layer
     assert "policy" not in lru.suggested_config and fra.suggested_config["policy"] == "fra"
     assert HiSparseConfig.from_dict(fra.suggested_config).policy == "fra"  # a valid launch config
+
+
+def test_planner_counts_slru_and_suggests_it():
+    from sglang_hisparse import planner
+    from sglang_hisparse.presets import load_preset
+
+    model = load_preset("GLM-5.1")
+    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40))
+    slru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="slru"))
+    n = 128 * 1024
+    assert planner._state_bytes(slru.inputs, n) - planner._state_bytes(lru.inputs, n) == model.layers * 4
+    assert HiSparseConfig.from_dict(slru.suggested_config).policy == "slru"

@@ -222,23 +222,24 @@ def test_config_keys_default_and_errors() -> None:
             HiSparseConfig.from_json(text)
 
 
+@pytest.mark.parametrize("policy", ["fra", "slru"])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_pressure_lifecycles_are_exact_with_the_fra_policy(config: str) -> None:
-    """Residency and the fra replacement policy together: resident requests never touch fra's
-    words, a shrink starts them at zero, and every step stays exact."""
+def test_pressure_lifecycles_are_exact_with_a_policy(config: str, policy: str) -> None:
+    """Residency and a replacement policy together: resident requests never touch the policy's
+    state, a shrink starts it at zero, and every step stays exact."""
     model, sizes = CONFIGS[config]
     shrinks = 0
     for seed in range(8):  # until some request has shrunk (the exactness is checked every step)
         if shrinks and seed >= 2:
             break
         engine = DecodeEngine(model, sizes, prefetch=True, skip_io=False, max_batch=8,
-                              residency="pressure", watermark_rows=sizes.page_size * 2, policy="fra")
+                              residency="pressure", watermark_rows=sizes.page_size * 2, policy=policy)
         spec = ScenarioSpec(max_prompt=sizes.max_ctx // 2, max_new=sizes.buffer_size + 8)
         s = BASE_SEED + 131 * seed + len(config)
         try:
             run_scenario(engine, random.Random(s), spec)
         except AssertionError as e:
-            e.add_note(replay_note(BASE_SEED, "tests/unit/test_residency.py::test_pressure_lifecycles_are_exact_with_the_fra_policy"))
+            e.add_note(replay_note(BASE_SEED, "tests/unit/test_residency.py::test_pressure_lifecycles_are_exact_with_a_policy"))
             raise
         shrinks += engine.core.residency_counts()["shrinks"]
     assert shrinks > 0

@@ -33,6 +33,7 @@ def real():
 def test_policy_ordering_on_real_trace(real):
     tr = _subset(real, {12, 22}, {0, 1, 2, 3})
     rate = {p: simulate(tr, p, [512])["512"]["overall"]["miss_rate"]
-            for p in ("belady", "lru", "fifo", "random", "topk-only", "fra")}
+            for p in ("belady", "lru", "fifo", "random", "topk-only", "fra", "slru")}
     assert rate["belady"] < rate["fra"] < rate["lru"] < min(rate["fifo"], rate["random"])
+    assert rate["belady"] < rate["slru"] < rate["lru"]
     assert rate["topk-only"] > 1.5 * rate["lru"]
