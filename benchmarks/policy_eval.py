@@ -94,8 +94,12 @@ def plot(results: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.2), squeeze=False)
-    for ax, r in zip(axes[0], results, strict=True):
+    cols = min(len(results), 5)
+    rows = (len(results) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, r in zip(axes.flat, results, strict=False):  # (the grid may have spare cells)
         bs = sorted(r["B"], key=int)
         for p in ("fifo", "lru", "fra", "slru", "belady"):
             ax.plot([int(b) // r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
@@ -103,7 +107,8 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_title(f"{r['role']}: {r['trace'].removesuffix('.npz')}", fontsize=8)
         ax.set_xlabel("B / k")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("miss rate, %")
+    for row in axes:
+        row[0].set_ylabel("miss rate, %")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
