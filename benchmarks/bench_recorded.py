@@ -13,8 +13,14 @@ own top-k and seq_lens; state restored between replays). In the same run:
   the same way over the rows, but positions are uniform and unsorted);
 * ``ceiling``: the plain scattered gather of each variant's own rows per step.
 
+With ``--policies lru slru fra`` the recorded steps also run under each replacement policy
+(``--hisparse-config`` "policy", its state zeroed at the first step as a fresh request's), in
+the same run and on the same rows: per policy the µs per step, misses per step and the ratio
+to lru's.
+
     python benchmarks/bench_recorded.py --trace tests/data/smollm2_shakespeare.npz --out rec.json
     python benchmarks/bench_recorded.py --trace T.npz --buffer 4096 --batch 16 --item 656
+    python benchmarks/bench_recorded.py --trace T.npz --policies lru slru fra --batch 16 64
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from bench_resolve import (  # noqa: E402
     time_graph,
 )
 
+from sglang_hisparse.kernel_policy import POLICIES, state_width  # noqa: E402
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
 from sglang_hisparse.traces.format import load_trace  # noqa: E402
@@ -70,9 +77,11 @@ def recorded_batch(trace, *, bs, k, B, first, steps):
                 lru=lru.to(DEV), ctx=ctx, streams=len(streams))
 
 
-def measure(pool, tr, *, bs, k, B, item, ctx, first, steps, reps, layout, lens=None):
+def measure(pool, tr, *, bs, k, B, item, ctx, first, steps, reps, layout, lens=None, policy="lru"):
     """COPY and NO_IO µs per step of steps first+1..first+steps, misses per step and the
-    same-run gather ceiling. ``lens`` [steps+1, bs] per step, else a constant ``ctx``."""
+    same-run gather ceiling. ``lens`` [steps+1, bs] per step, else a constant ``ctx``.
+    ``policy``: the replacement policy (its state zeroed before step 0); ``tr``'s slot state is
+    left as it was."""
     host = pool.rows(item)
     g = torch.Generator(device=DEV).manual_seed(7)
     host_rows = host_layout(layout, bs=bs, ctx=ctx, host_rows_total=host.shape[0], g=g)
@@ -83,20 +92,24 @@ def measure(pool, tr, *, bs, k, B, item, ctx, first, steps, reps, layout, lens=N
     out = torch.empty(bs, k, dtype=torch.int32, device=DEV)
     if lens is None:
         lens = torch.full((first + steps + 1, bs), ctx, dtype=torch.int64, device=DEV)
+    slot_tokens, lru = tr["slot_tokens"].clone(), tr["lru"].clone()
+    extra = {}
+    if width := state_width(policy, B):
+        extra = dict(policy=policy, policy_state=torch.zeros(bs, width, dtype=torch.int32, device=DEV))
 
     def resolve(t, mode=ResolveMode.COPY, plan=None):
         ops.resolve(top_k=tr["top_k"][t], req_index=req, seq_lens=lens[t],
-                    num_real_reqs=nr, slot_tokens=tr["slot_tokens"], slot_rows=slot_rows,
-                    lru=tr["lru"], host_rows=host_rows, host_cache=host, device_cache=dev_cache,
-                    out_rows=out, plan=plan, mode=mode)
+                    num_real_reqs=nr, slot_tokens=slot_tokens, slot_rows=slot_rows,
+                    lru=lru, host_rows=host_rows, host_cache=host, device_cache=dev_cache,
+                    out_rows=out, plan=plan, mode=mode, **extra)
 
     for t in range(first + 1):  # warm-up to steady state (step 0 included)
         resolve(t)
-    st0, lru0 = tr["slot_tokens"].clone(), tr["lru"].clone()
+    saved = [slot_tokens.clone(), lru.clone(), *([extra["policy_state"].clone()] if extra else [])]
 
     def restore():
-        tr["slot_tokens"].copy_(st0)
-        tr["lru"].copy_(lru0)
+        for live, s0 in zip([slot_tokens, lru, *([extra["policy_state"]] if extra else [])], saved, strict=True):
+            live.copy_(s0)
 
     plans = [MissPlan.empty(bs, k, DEV) for _ in range(steps)]
     restore()
@@ -135,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layout", default="paged", choices=("paged", "uniform"))
     ap.add_argument("--pool-gib", type=float, default=4.0)
+    ap.add_argument("--policies", nargs="+", default=["lru"], choices=POLICIES,
+                    help="replacement policies to replay the recorded steps under (default lru); "
+                         "the first is the one compared with the synthetic trace")
     args = ap.parse_args(argv)
     t0 = time.time()
     trace = load_trace(args.trace)
@@ -147,7 +163,9 @@ def main(argv=None) -> int:
             rec_tr = recorded_batch(trace, bs=bs, k=k, B=B, first=args.warmup, steps=args.steps)
             common = dict(bs=bs, k=k, B=B, item=item, steps=args.steps, reps=args.reps,
                           layout=args.layout, ctx=rec_tr["ctx"])
-            real, per_row = measure(pool, rec_tr, first=args.warmup, lens=rec_tr["lens"], **common)
+            by_policy = {p: measure(pool, rec_tr, first=args.warmup, lens=rec_tr["lens"], policy=p, **common)
+                         for p in args.policies}
+            real, per_row = by_policy[args.policies[0]]
             # Synthetic: steady state from step 0 (every step exactly round(churn * k) misses).
             churns = [float(x) / k for x in per_row]
             syn_tr = make_trace(bs=bs, k=k, B=B, ctx=rec_tr["ctx"], churns=churns,
@@ -159,6 +177,14 @@ def main(argv=None) -> int:
                        recorded=real,
                        synthetic=synthetic,
                        recorded_over_synthetic_us=round(real["resolve_us"] / synthetic["resolve_us"], 3))
+            if len(args.policies) > 1:
+                base = by_policy["lru"][0] if "lru" in by_policy else real
+                rec["policies"] = {p: dict(m, us_over_lru=round(m["resolve_us"] / base["resolve_us"], 3),
+                                           misses_over_lru=round(m["misses_per_step"] / max(base["misses_per_step"], 1e-9), 3))
+                                   for p, (m, _) in by_policy.items()}
+                print(json.dumps({p: {x: v[x] for x in ("resolve_us", "noio_us", "misses_per_step", "us_over_lru",
+                                                         "misses_over_lru")}
+                                  for p, v in rec["policies"].items()} | {"bs": bs, "item": item}), flush=True)
             recs.append(rec)
             print(json.dumps({x: rec[x] for x in ("bs", "item", "recorded_over_synthetic_us")}
                              | {f"recorded_{x}": real[x] for x in ("resolve_us", "noio_us", "io_ratio", "misses_per_step")}

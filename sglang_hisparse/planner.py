@@ -41,6 +41,7 @@ from sglang_hisparse.kernel_limits import (
     largest_buffer,
     resolve_smem_bytes,
 )
+from sglang_hisparse.kernel_policy import SERVING_POLICY
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.presets import KV_DTYPES, ModelSpec
 
@@ -94,7 +95,7 @@ class PlanInputs:
     min_gain: float = DEFAULT_MIN_GAIN
     #: the hot buffers' replacement policy (``--hisparse-config`` "policy"): its per-slot words
     #: count in the coordinator state, and a trace is simulated with it
-    policy: str = "lru"
+    policy: str = SERVING_POLICY
     #: tokens of prompt prefix every request shares (a system prompt) with the radix cache on:
     #: its KV is held once per rank, in host DRAM for HiSparse and in HBM for full KV
     shared_prefix: int = 0
@@ -410,7 +411,7 @@ def plan(inputs: PlanInputs) -> Plan:
     ratio = max(1, math.ceil(inputs.model.entries(longest) / (inputs.hot_slots + 1)))
     suggested: dict[str, int | str] = {"top_k": inputs.top_k, "device_buffer_size": inputs.hot_slots,
                                        "host_to_device_ratio": ratio}
-    if inputs.policy != "lru":
+    if inputs.policy != SERVING_POLICY:  # (the emitted config leaves the default out)
         suggested["policy"] = inputs.policy
     even = break_even_context(inputs)
     on = [r for r in rows if r.turn_on]

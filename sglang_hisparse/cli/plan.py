@@ -20,7 +20,7 @@ from pathlib import Path
 from sglang_hisparse import planner
 from sglang_hisparse.cli.inputs import check_output_path, model_config_path, read_model_config
 from sglang_hisparse.cli.plan_report import decode_flags, plot, render, to_json
-from sglang_hisparse.kernel_policy import POLICIES
+from sglang_hisparse.kernel_policy import POLICIES, SERVING_POLICY
 from sglang_hisparse.presets import load_preset, model_from_config, preset_names
 
 DEFAULT_PRESET = "GLM-5.1"
@@ -105,8 +105,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "held once per GPU, in HBM with full KV and in host DRAM with HiSparse (default 0)")
     w.add_argument("--buffer", type=int, metavar="B", help="hot slots per request per layer, >= top-k "
                    "(default 2*top-k = 4096: SGLang's default; the LRU then keeps last steps' selections)")
-    w.add_argument("--policy", choices=POLICIES, default="lru",
-                   help="hot-buffer replacement policy (--hisparse-config \"policy\"; default lru): fra keeps "
+    w.add_argument("--policy", choices=POLICIES, default=SERVING_POLICY,
+                   help=f"hot-buffer replacement policy (--hisparse-config \"policy\"; default {SERVING_POLICY}, "
+                        "what a server without speculative decoding runs): fra keeps "
                         "one int32 per slot and layer more, slru one per request and layer; --trace is "
                         "simulated with it (docs/traces.md)")
     mr = w.add_mutually_exclusive_group()

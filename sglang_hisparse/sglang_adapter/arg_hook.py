@@ -26,6 +26,7 @@ from sglang_hisparse.arg_scope import (
     model_label,
 )
 from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
+from sglang_hisparse.kernel_policy import serving_policy
 from sglang_hisparse.memory.budget import (
     GIB,
     available_host_bytes,
@@ -281,15 +282,17 @@ def _published_text() -> str | None:
     return get_memory().hisparse_config
 
 
-def published_config() -> HiSparseConfig:
+def published_config(num_draft_tokens: int = 0) -> HiSparseConfig:
     """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
     config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
-    in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``) here."""
+    in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``,
+    ``policy``) here. ``num_draft_tokens``: the coordinator's verify window W, which decides
+    the default policy (lru under speculative decoding)."""
     try:
         text = _published_text()
-    except ValueError:
-        return HiSparseConfig()
-    return HiSparseConfig.from_json(text)
+    except ValueError:  # not a server: the defaults, unvalidated (the caller checks its sizes)
+        return HiSparseConfig(policy=serving_policy(int(num_draft_tokens or 0)))
+    return HiSparseConfig.from_json(text, num_draft_tokens=int(num_draft_tokens or 0))
 
 
 def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:

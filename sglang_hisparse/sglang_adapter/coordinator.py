@@ -223,11 +223,11 @@ class SGLangHiSparseCoordinator:
         self.raw_indices_buffer = (torch.full((num_reqs, top_k), -1, dtype=torch.int32, device=device)
                                    if self.is_v4 else None)
         # SGLang passes only its own keys; ours come from the validated server config
-        cfg = published_config()
+        cfg = published_config(num_draft_tokens)
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
                                                 ("residency_watermark", residency_watermark)) if v is not None})
         mode, watermark = cfg.residency, cfg.watermark_rows(self.dual.size_device)
-        policy = cfg.policy  # the replacement policy ("lru" when no config is published)
+        policy = cfg.policy  # the replacement policy (slru by default, lru under speculative decoding)
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,

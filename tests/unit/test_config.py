@@ -8,6 +8,7 @@ from sglang_hisparse.config import MAX_DEVICE_BUFFER_SIZE, HiSparseConfig
 def test_defaults_follow_top_k():
     cfg = HiSparseConfig.from_json(None, model_top_k=1024)
     assert cfg == HiSparseConfig(top_k=1024, device_buffer_size=2048, host_to_device_ratio=2, swap_in_block_size=None)
+    assert cfg.policy == "slru"
 
 
 def test_existing_launch_command_keys_accepted():
@@ -90,9 +91,13 @@ def test_kernel_shared_memory_figures_match_the_kernels():
 
 
 def test_buffer_too_large_for_the_resolve_kernel():
-    with pytest.raises(ValueError, match=r"'device_buffer_size' = 32767 with top_k = 4096 needs 250528 B of shared memory.*Use 'device_buffer_size' <= 28384"):
+    # the default policy (slru) keeps 128 B more per CTA than lru: 32 slots less at top_k 4096
+    with pytest.raises(ValueError, match=r"'device_buffer_size' = 32767 with top_k = 4096 needs 250656 B of shared memory.*Use 'device_buffer_size' <= 28352"):
         HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=4096)
-    assert HiSparseConfig.from_json('{"device_buffer_size": 28384}', model_top_k=4096).device_buffer_size == 28384
+    assert HiSparseConfig.from_json('{"device_buffer_size": 28352}', model_top_k=4096).device_buffer_size == 28352
+    with pytest.raises(ValueError, match=r"needs 250528 B of shared memory.*Use 'device_buffer_size' <= 28384"):
+        HiSparseConfig.from_json('{"device_buffer_size": 32767, "policy": "lru"}', model_top_k=4096)
+    assert HiSparseConfig.from_json('{"device_buffer_size": 28384, "policy": "lru"}', model_top_k=4096).device_buffer_size == 28384
     assert HiSparseConfig.from_json('{"device_buffer_size": 32767}', model_top_k=2048).device_buffer_size == 32767
 
 

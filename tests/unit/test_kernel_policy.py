@@ -171,7 +171,9 @@ def test_slru_zero_word_is_all_level_zero_and_short_requests_keep_it():
 
 
 def test_config_policy_key():
-    assert HiSparseConfig.from_json(None).policy == "lru"
+    # slru is what a parsed config runs by default; lru under speculative decoding
+    assert HiSparseConfig.from_json(None).policy == "slru" == HiSparseConfig().policy
+    assert HiSparseConfig.from_json("{}", num_draft_tokens=3).policy == "lru"
     cfg = HiSparseConfig.from_json('{"policy": "fra"}')
     assert cfg.policy == "fra" and '"policy": "fra"' in cfg.to_json()
     with pytest.raises(ValueError, match=r"'policy' = \"lfu\" is not a replacement policy; use one of 'lru', 'fra', 'slru'"):
@@ -222,12 +224,13 @@ def test_planner_counts_fra_and_suggests_it():
     from sglang_hisparse.presets import load_preset
 
     model = load_preset("GLM-5.1")
-    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40))
+    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="lru"))
     fra = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="fra"))
     n = 128 * 1024
     extra = planner._state_bytes(fra.inputs, n) - planner._state_bytes(lru.inputs, n)
     assert extra == model.layers * lru.inputs.hot_slots * 4  # one int32 per slot and layer
-    assert "policy" not in lru.suggested_config and fra.suggested_config["policy"] == "fra"
+    assert lru.suggested_config["policy"] == "lru" and fra.suggested_config["policy"] == "fra"
+    assert HiSparseConfig.from_dict(lru.suggested_config).policy == "lru"
     assert HiSparseConfig.from_dict(fra.suggested_config).policy == "fra"  # a valid launch config
 
 
@@ -236,8 +239,11 @@ def test_planner_counts_slru_and_suggests_it():
     from sglang_hisparse.presets import load_preset
 
     model = load_preset("GLM-5.1")
-    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40))
-    slru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="slru"))
+    lru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40, policy="lru"))
+    slru = planner.plan(planner.PlanInputs(model=model, kv_budget_gib=40))  # the default
     n = 128 * 1024
+    assert slru.inputs.policy == "slru"
     assert planner._state_bytes(slru.inputs, n) - planner._state_bytes(lru.inputs, n) == model.layers * 4
+    # the default stays out of the emitted config, which a server then runs with slru
+    assert "policy" not in slru.suggested_config
     assert HiSparseConfig.from_dict(slru.suggested_config).policy == "slru"

@@ -88,19 +88,19 @@ def test_per_request_hbm_counts_the_coordinators_slot_state():
     """GLM-5.1 at 128K, B = 4096: per layer slot_tokens (B+1)*4, lru B*2 and the resident hint
     (128K/32 int32 words); once per request slot_rows (B+1)*4 and host_rows 128K int64; and its
     batch row's resolver buffers: out_rows k int32, the miss plan k int64 + k int32 + a count,
-    the batch id and the kernel's arrival counter."""
+    the batch id and the kernel's arrival counter; per layer the default slru policy's word."""
     row = _plan(kv_budget_gib=40).contexts[0]
     hint = 78 * (K128 // 32) * 4
     assert hint == 1_277_952  # ~1 MB a request: 256 MB for 256 requests
     resolver = 2048 * 4 + 2048 * 12 + 4 + 4 + 4
     assert resolver == 32_780  # under 1 % of the rest
     table = (K128 // 64) * 4 + 4  # the resident page table ("residency": "pressure", 64-token pages)
-    state = 78 * (4097 * 4 + 4096 * 2) + hint + 4097 * 4 + K128 * 8 + resolver + table
-    assert row.hisparse_state_bytes_per_request == state == 4_301_132
+    state = 78 * (4097 * 4 + 4096 * 2 + 4) + hint + 4097 * 4 + K128 * 8 + resolver + table
+    assert row.hisparse_state_bytes_per_request == state == 4_301_444
     assert row.hisparse_bytes_per_request == 78 * 1152 * 4097 + 78 * 132 * K128 + state
     # The slot state is sized by the context, not the batch: a short context holds less.
     short = _plan(contexts=(8192,), kv_budget_gib=40).contexts[0]
-    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4) + 4097 * 4 + 8192 * 8 + resolver + 128 * 4 + 4
+    short_state = 78 * (4097 * 4 + 4096 * 2 + 256 * 4 + 4) + 4097 * 4 + 8192 * 8 + resolver + 128 * 4 + 4
     assert short.hisparse_state_bytes_per_request == short_state
     # 0.25 % of the request, yet here it costs one: 25 requests per GPU without it, 24 with it.
     assert 40 * 2**30 // (row.hisparse_bytes_per_request - state) == 25
@@ -203,10 +203,11 @@ def test_short_context_needs_no_io_and_is_not_recommended():
 
 
 def test_context_beyond_the_resolve_kernels_shared_memory_is_not_recommended():
-    # top-k 2048, B 4096: the position bitmap fits up to ~840K tokens, not 1M.
+    # top-k 2048, B 4096: the position bitmap fits up to ~840K tokens, not 1M (slru, the
+    # default policy, adds its 128 B of level counts to lru's 271264 B).
     ok, over = _plan(contexts=(128 * 1024, 1 << 20), kv_budget_gib=40).contexts
     assert "shared memory" not in ok.reason
-    assert not over.turn_on and "needs 271264 B of shared memory per CTA at 1048576 tokens" in over.reason
+    assert not over.turn_on and "needs 271392 B of shared memory per CTA at 1048576 tokens" in over.reason
     assert "use --buffer <=" not in over.reason  # no B >= top-k fits at 1M
 
 
@@ -329,7 +330,7 @@ def test_trace_sets_the_miss_rate_from_the_lru_simulator(capsys, tmp_path):
     # model top-k 2048 with B = 4096 -> the 64-wide trace is replayed at the same ratio: B = 128
     expected = simulator.simulate(trace, "lru", [128])["128"]["overall"]["long_miss_rate"]
     assert 0 < expected < 1 and np.isfinite(expected)
-    code, out, _ = _run(capsys, "--trace", path, "--json", "--kv-budget-gib", "40")
+    code, out, _ = _run(capsys, "--trace", path, "--json", "--kv-budget-gib", "40", "--policy", "lru")
     assert code == 0
     data = json.loads(out)
     assert data["inputs"]["miss_rate"] == pytest.approx(expected)

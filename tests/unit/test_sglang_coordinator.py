@@ -472,13 +472,14 @@ def test_startup_logs_the_state_bytes_and_whether_the_kv_budget_reserved_them(mo
 
     # R = 4 requests + req_to_token's padding row = 5 slots. Per slot: 2 layers x (slot_tokens
     # 65*4 + lru 64*2 + resident hint 16*4: 512 columns) + slot_rows 65*4 + host_rows 512*8 = 5260,
-    # and one resolver row: out_rows + plan 16*16 + batch id and count 8 (CPU: no counters) = 264
-    state = 5 * (5260 + 264)
+    # the default slru policy's word per layer 2*4, and one resolver row: out_rows + plan 16*16 +
+    # batch id and count 8 (CPU: no counters) = 264
+    state = 5 * (5260 + 8 + 264)
     monkeypatch.setattr(budget, "_last", None)  # pool sized without our budget hook
     (line,) = _startup_lines()
     assert f"({state} B) on the GPU for 5 request slots, NOT reserved out of the KV budget" in line
     shape = budget.StateShape(num_layers=LAYERS, buffer_size=B, max_context=MAX_CTX, top_k=TOP_K,
-                              num_draft_tokens=0, extra_rows=1, cuda=False)
+                              num_draft_tokens=0, extra_rows=1, cuda=False, policy="slru")
     taken = budget.Reservation(budget_bytes=2**30, reserved_bytes=shape.bytes_for(5),
                                max_running_requests=R, request_slots=5, shape=shape)
     monkeypatch.setattr(budget, "_last", taken)
