@@ -569,9 +569,9 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
                   staging_polls=2),
         [pressure_shrinks, abort_mid_decode],
     ),
-    # ... with the slru replacement policy (hot buffers only: every long step resolves)
+    # ... with the lru replacement policy (hot buffers only: every long step resolves)
     "always_hot": (
-        RigConfig(residency="always_hot", policy="slru", chunked_prefill_size=64, max_running_requests=8,
+        RigConfig(residency="always_hot", policy="lru", chunked_prefill_size=64, max_running_requests=8,
                   staging_polls=3),
         [mixed_lengths, abort_mid_decode],
     ),
@@ -616,10 +616,10 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         [radix_shared_prefix, radix_multi_turn, abort_mid_decode],
     ),
     # DeepSeek-V4: C4 entries, 16 a step from B 64 hot slots,
-    # through SGLang's own V4 pools and SWA allocator; hot buffers (the slru policy) on the
+    # through SGLang's own V4 pools and SWA allocator; hot buffers (the lru policy) on the
     # normal loop
     "v4": (
-        RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024, policy="slru",
+        RigConfig(num_layers=4, top_k=16, buffer_size=64, v4=True, page_size=256, device_rows=1024, policy="lru",
                   residency="always_hot", chunked_prefill_size=256, max_running_requests=4, staging_polls=2),
         [v4_mixed_lengths, v4_tiny_prompts, abort_while_staging, abort_mid_decode],
     ),

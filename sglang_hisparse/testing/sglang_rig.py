@@ -88,9 +88,9 @@ class RigConfig:
     #: and its watermark (None: the default)
     residency: str = "pressure"
     residency_watermark: float | None = None
-    #: ``--hisparse-config`` "policy", the hot buffers' replacement policy (the default lru is
-    #: not written)
-    policy: str = "lru"
+    #: ``--hisparse-config`` "policy", the hot buffers' replacement policy (None: not written,
+    #: the server's default, slru; lru under speculative decoding)
+    policy: str | None = None
     #: SGLang's radix cache on (the rig's other groups run --disable-radix-cache)
     radix: bool = False
     extra_args: tuple[str, ...] = ()
@@ -130,7 +130,7 @@ class RigConfig:
                 "host_to_device_ratio": self.host_to_device_ratio, "swap_in_block_size": 64,
                 "residency": self.residency,
                 **({} if self.residency_watermark is None else {"residency_watermark": self.residency_watermark}),
-                **({} if self.policy == "lru" else {"policy": self.policy}),
+                **({} if self.policy is None else {"policy": self.policy}),
             })]
         if self.chunked_prefill_size is not None:
             argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
