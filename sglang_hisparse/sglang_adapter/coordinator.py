@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
+from sglang_hisparse.kernel_policy import serving_policy
 from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
@@ -164,6 +165,15 @@ def _rank_in(group: Any) -> int:
         return 0
 
 
+def _policy_note(policy: str, num_draft_tokens: int) -> str:
+    """The policy for the startup line, saying when it is the default and why."""
+    if policy != serving_policy(num_draft_tokens):
+        return policy
+    if num_draft_tokens:
+        return f"{policy} (the default under speculative decoding: the verify kernel has only lru)"
+    return f"{policy} (the default; \"policy\": \"lru\" in --hisparse-config for plain LRU)"
+
+
 class SGLangHiSparseCoordinator:
     """Drop-in for SGLang's ``HiSparseCoordinator``: the constructor takes the keyword
     arguments ``ModelRunner.maybe_init_hisparse_coordinator`` passes."""
@@ -278,7 +288,7 @@ class SGLangHiSparseCoordinator:
         logger.info(
             "HiSparse (sglang-hisparse): top_k=%d, B=%d, policy %s, %d layers, %d request slots, "
             "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d, residency %s",
-            top_k, device_buffer_size, policy, len(device_kv), num_reqs,
+            top_k, device_buffer_size, _policy_note(policy, int(num_draft_tokens or 0)), len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
             f"pressure (watermark {watermark} rows)" if self.core.residency.enabled else "always_hot",

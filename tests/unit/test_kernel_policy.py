@@ -247,3 +247,12 @@ def test_planner_counts_slru_and_suggests_it():
     # the default stays out of the emitted config, which a server then runs with slru
     assert "policy" not in slru.suggested_config
     assert HiSparseConfig.from_dict(slru.suggested_config).policy == "slru"
+
+
+def test_startup_line_says_when_the_policy_is_the_default():
+    pytest.importorskip("sglang")
+    from sglang_hisparse.sglang_adapter.coordinator import _policy_note
+
+    assert _policy_note("slru", 0).startswith("slru (the default;")
+    assert _policy_note("lru", 3).startswith("lru (the default under speculative decoding")
+    assert _policy_note("lru", 0) == "lru" and _policy_note("fra", 0) == "fra"
