@@ -11,13 +11,7 @@
 #   OUT=/tmp/out bash benchmarks/run_policy_gpu.sh
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-if ! python3 -c "import tvm_ffi" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$HOME/site" .whl/*.whl || { echo "tvm_ffi missing and .whl/ has no wheel"; exit 2; }
-  export PYTHONPATH="$HOME/site"
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
-export SGLANG_HISPARSE_JIT_CACHE=${SGLANG_HISPARSE_JIT_CACHE:-/tmp/hisparse_jit}
+. benchmarks/gpu_env.sh && gpu_env "$HOME/site" || exit 2
 t0=$SECONDS
 LOG="$OUT/policy_pytest.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$LOG"

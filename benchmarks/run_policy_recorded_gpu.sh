@@ -6,13 +6,7 @@
 #   OUT=/tmp/out bash benchmarks/run_policy_recorded_gpu.sh
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-if ! python3 -c "import tvm_ffi" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$HOME/site" .whl/*.whl || { echo "tvm_ffi missing and .whl/ has no wheel"; exit 2; }
-  export PYTHONPATH="$HOME/site"
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
-export SGLANG_HISPARSE_JIT_CACHE=${SGLANG_HISPARSE_JIT_CACHE:-/tmp/hisparse_jit}
+. benchmarks/gpu_env.sh && gpu_env "$HOME/site" || exit 2
 TRACES=${TRACES:-"gemma3_winters_tale_32k gemma3_lear_32k smollm2_licenses_8k"}
 # The builds first, 6 at a time: (k, B = 2k) of each trace under the three policies.
 timeout 200 python3 - $TRACES <<'PY' 2>&1 | tee "$OUT/recorded.log"

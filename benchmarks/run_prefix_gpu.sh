@@ -9,14 +9,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/prefix.XXXXXX)
 
 main() {
-if ! python3 -c "import tvm_ffi" 2>/dev/null; then
-  # The lent GPU machine has no tvm-ffi; its wheel is carried in .whl/ (DEVICE.md).
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$WORK/site" .whl/*.whl || echo "tvm_ffi missing and .whl/ has no wheel: kernels will fail"
-  export PYTHONPATH="$WORK/site"
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
-export SGLANG_HISPARSE_JIT_CACHE=${SGLANG_HISPARSE_JIT_CACHE:-/tmp/hisparse_jit}
+. benchmarks/gpu_env.sh; gpu_env "$WORK/site"
 echo "== machine"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; nproc
 git log --oneline -1 2>/dev/null || true
 echo "== build"; t0=$SECONDS

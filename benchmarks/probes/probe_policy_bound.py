@@ -25,35 +25,21 @@ from sglang_hisparse.traces.format import load_trace  # noqa: E402
 from sglang_hisparse.traces.simulator import prepare, simulate_stream  # noqa: E402
 
 
-class Levels(policies.Policy):
-    """Segmented LRU with ``len(caps) + 1`` levels; ``caps[i]``: level i+1's share of B."""
+class Levels(policies.SLRU):
+    """Segmented LRU with ``len(caps) + 1`` levels; ``caps[i]``: level i+1's share of B (the
+    victims and the miss bookkeeping are slru's)."""
 
     caps: tuple[float, ...] = (0.5,)
 
     def reset(self, B, max_pos, sels):
         super().reset(B, max_pos, sels)
-        self.order = np.arange(B, dtype=np.int64)
         self.starts = [B] * len(self.caps)  # first LRU position of levels 1..L-1
         self.capn = [int(c * B) for c in self.caps]
 
     def step(self, t, sel, n):
-        slots = self.where[sel]
-        hit = slots >= 0
-        miss_tok = sel[~hit]
-        m = int(miss_tok.size)
-        B, order = self.B, self.order
-        is_hit = np.zeros(B, dtype=bool)
-        is_hit[slots[hit]] = True
-        hit_at = is_hit[order]
-        ev_pos = np.flatnonzero(~hit_at)
-        victims = order[ev_pos[:m]]
-        old = self.tok[victims]
-        self.where[old[old >= 0]] = -1
-        self.tok[victims] = miss_tok
-        self.where[miss_tok] = victims
-        left = ~hit_at
-        left[ev_pos[:m]] = False
-        pos = np.arange(B)
+        order = self.order
+        hit_at, left, victims = self._take_oldest(sel)
+        pos = np.arange(self.B)
         level = sum((pos >= s).astype(np.int64) for s in self.starts)
         top = len(self.caps)
         parts, sizes = [], []
@@ -65,12 +51,12 @@ class Levels(policies.Policy):
             sizes.append(rest.size + entering.size)
         self.order = np.concatenate(parts)
         starts = np.cumsum(sizes)[:-1].tolist()
-        hi = B
+        hi = self.B
         for i in range(top - 1, -1, -1):  # caps from the top level down
             starts[i] = max(starts[i], hi - self.capn[i])
             hi = starts[i]
         self.starts = starts
-        return m
+        return int(victims.size)
 
 
 def grid() -> list[tuple[float, ...]]:

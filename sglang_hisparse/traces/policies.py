@@ -303,38 +303,46 @@ class SLRU(Policy):
         self.order = np.arange(self.B, dtype=np.int64)
         self.b1 = self.b2 = self.B
 
-    def step(self, t, sel, n):
+    def _take_oldest(self, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """lru's victims: the step's misses (top-k order) go into the oldest evictable slots of
+        ``self.order``. Returns, per LRU position, whether it holds a hit and whether it is an
+        evictable the misses left, and the victim slots (oldest first)."""
         slots = self.where[sel]
         hit = slots >= 0
         miss_tok = sel[~hit]
         m = int(miss_tok.size)
-        B, order = self.B, self.order
-        is_hit = np.zeros(B, dtype=bool)
+        is_hit = np.zeros(self.B, dtype=bool)
         is_hit[slots[hit]] = True
-        hit_at = is_hit[order]  # per LRU position
-        ev_at = ~hit_at
-        ev_pos = np.flatnonzero(ev_at)
+        hit_at = is_hit[self.order]
+        ev_pos = np.flatnonzero(~hit_at)
         if ev_pos.size < m:
             raise ValueError(
                 f"step selects {sel.size} distinct positions besides the newest, more than the "
-                f"buffer's {B} slots; use --buffer >= top-k (or --top-k <= buffer)"
+                f"buffer's {self.B} slots; use --buffer >= top-k (or --top-k <= buffer)"
             )
-        victims = order[ev_pos[:m]]
+        victims = self.order[ev_pos[:m]]
         old = self.tok[victims]
         self.where[old[old >= 0]] = -1
         self.tok[victims] = miss_tok
         self.where[miss_tok] = victims
-        left = ev_at.copy()
+        left = ~hit_at
         left[ev_pos[:m]] = False
-        pos = np.arange(B)
+        return hit_at, left, victims
+
+    def step(self, t, sel, n):
+        order = self.order
+        hit_at, left, victims = self._take_oldest(sel)
+        m = int(victims.size)
+        pos = np.arange(self.B)
         level = (pos >= self.b1).astype(np.int64) + (pos >= self.b2)
+        ev_at = ~hit_at
         n0 = int(np.count_nonzero(ev_at & (level == 0)))
         n1 = int(np.count_nonzero(ev_at & (level == 1)))
         h0 = int(np.count_nonzero(hit_at & (level == 0)))
         self.order = np.concatenate((
             order[left & (level == 0)], victims, order[left & (level == 1)],
             order[hit_at & (level == 0)], order[left & (level == 2)], order[hit_at & (level > 0)]))
-        self.b1, self.b2 = slru_next(n0=n0, n1=n1, h0=h0, m=m, buffer=B)
+        self.b1, self.b2 = slru_next(n0=n0, n1=n1, h0=h0, m=m, buffer=self.B)
         return m
 
 
