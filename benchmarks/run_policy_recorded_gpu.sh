@@ -2,7 +2,7 @@
 # Replacement policies on recorded selections on one H200 (docs/traces.md, "On the H200"): the
 # held-aside traces' steps replayed through the resolve kernel as CUDA graphs under lru, slru and
 # fra in one run (benchmarks/bench_recorded.py --policies), batch 16 and 64, 656-byte rows, B = 2k.
-# Writes $OUT/recorded_<trace>.json and $OUT/recorded.log. ~3 min on a warm H200.
+# Writes $OUT/recorded_<trace>.json and $OUT/recorded.log. ~2 min on an H200.
 #   OUT=/tmp/out bash benchmarks/run_policy_recorded_gpu.sh
 set -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
