@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       // 0p. Each slot's bucket and hit count, from its policy word and token (plain loads in
       //     flight while the staging lands; the writer rewrites the words only after every CTA
       //     of the request has arrived, so all compute the same buckets).
-      fill_smem(phist, kFraBuckets / 4, make_int4(0, 0, 0, 0), tid, T);  // (fra)
+      fill_smem(phist, kFraBuckets / 4, make_int4(0, 0, 0, 0), tid, T);
       const int32_t* pst = a.pstate + r * a.ps_stride;
       for (int s0 = tid; s0 < B; s0 += T * kBatch) {
         int32_t w[kBatch], p[kBatch];
