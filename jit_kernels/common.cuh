@@ -64,6 +64,12 @@ __device__ __forceinline__ int warp_inclusive_scan(int v) {
   return v;
 }
 
+// Replacement policy ids and slru's level caps in sixteenths of B (sglang_hisparse/
+// kernel_policy.py is the spec; resolve.cuh runs all three policies, resolve_verify.cuh lru and
+// slru).
+constexpr int kPolicyLru = 0, kPolicyFra = 1, kPolicySlru = 2;
+constexpr int kSlruCap1 = 3, kSlruCap2 = 10;
+
 // Scan scratch at the end of both kernels' shared-memory layouts, in ints: block_exclusive_scan
 // uses 33 (a total per warp and the block's), resolve.cuh's exchanges 32.
 // NOTE: 40, not 33: the 28 spare bytes are in every figure sglang_hisparse/kernel_limits.py

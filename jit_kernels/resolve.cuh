@@ -55,8 +55,7 @@ struct ResolveArgs {
 // cut into three levels by two boundaries (one word per request: (B - b1) | (B - b2) << 16), a
 // miss entering level 0 and a hit rising one level (the writer's permutation below); levels 1
 // and 2 capped at kSlruCap1 and kSlruCap2 sixteenths of B.
-constexpr int kPolicyLru = 0, kPolicyFra = 1, kPolicySlru = 2;
-constexpr int kSlruCap1 = 3, kSlruCap2 = 10;
+// (the policy ids and slru's caps are in common.cuh: the verify kernel runs slru too)
 constexpr int kFraBuckets = 256, kFraHitsMax = 255;
 constexpr int kFraWHits = 13, kFraWGap = 16, kFraWAge = 5, kFraShift = 4, kFraOffset = 184;
 

@@ -38,6 +38,8 @@ struct VerifyArgs {
   int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
   int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
   int ctas;
+  // slru's level boundaries, one int32 per request ([R, 1], resolve.cuh's word); null for lru
+  int32_t* pstate; int64_t ps_stride;
 };
 
 // Shared memory. The hash (keys + values) is dead once out_rows is written, so the copy phase
@@ -110,6 +112,15 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   int32_t* stok = a.slot_tokens + r * a.st_stride;
   int16_t* lru = a.lru + r * a.lru_stride;
   const int base = static_cast<int>(n0 - 1);  // first window position; history is [0, base)
+  // slru (a.pstate set): levels 0 | 1 | 2 of the LRU array cut at b1, b2 (kernel_policy.py),
+  // read before this CTA arrives; the writer rewrites them after the last.
+  const bool slru = a.pstate != nullptr;
+  int b1 = B, b2 = B;
+  if (slru) {
+    const int32_t w = a.pstate[r * a.ps_stride];
+    b1 = B - (w & 0xffff);
+    b2 = B - ((w >> 16) & 0xffff);
+  }
 
   // 1. Hash set of the union's history positions, with the first flat index of each.
   for (int h = tid; h < L::H; h += T) { hkey[h] = -1; hval[h] = 0x7fffffff; }
@@ -146,6 +157,21 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   __syncthreads();
   // 3. Old LRU -> evictables (old order) then hits (old order); each thread owns one chunk.
   const int n_evict = split_lru(lru, hit, order, B, scratch);
+  // slru: the evictables of levels 0 and 1 (by old LRU position), packed, one block scan; its
+  // barriers end every read of the old LRU before the arrival below.
+  int ev0 = 0, ev1 = 0;
+  if (slru) {
+    const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
+    int mine = 0;
+    for (int j = j0; j < j1; ++j) {
+      if (hit[lru[j]]) continue;
+      mine += j < b1 ? 1 : j < b2 ? (1 << 16) : 0;
+    }
+    int both;
+    block_exclusive_scan(mine, scratch, both);  // each total <= B < 2**15: no carry
+    ev0 = both & 0xffff;
+    ev1 = both >> 16;
+  }
   // All reads of the mutable state are done: arrive; the last CTA of the request writes.
   if (tid == 0) s_writer = arrive_last(a.arrivals, b, a.ctas);
   // 4. Misses in flat order (row 0's top-k, then row 1's, ...) take order[0..m).
@@ -182,10 +208,27 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
       else if (p >= 0 && p < base) row = rows[hval[find(p)] & kNoSlot];
       out[i] = row;
     }
-    // New LRU = evictables rotated left by m (rest, then the misses), then the hits.
-    for (int j = tid; j < B; j += T) {
-      const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
-      lru[j] = order[at];
+    if (slru) {
+      // As resolve.cuh's slru writer: level-0 evictables left | misses | level-1 evictables
+      // left | level-0 hits | level-2 evictables left | level-1/2 hits; then the new boundaries.
+      const int h0 = b1 - ev0;
+      const int e1 = max(ev0, m), e2 = max(m, ev0 + ev1), a0 = e1 - m;
+      for (int j = tid; j < B; j += T) {
+        const int at = j < a0 ? m + j : j < e1 ? j - a0 : j < e2 ? j
+                     : j < e2 + h0 ? n_evict + (j - e2) : j < n_evict + h0 ? j - h0 : j;
+        lru[j] = order[at];
+      }
+      if (tid == 0) {
+        const int nb2 = max(e2 + h0, B - kSlruCap2 * B / 16);
+        const int nb1 = max(e1, nb2 - kSlruCap1 * B / 16);
+        a.pstate[r * a.ps_stride] = (B - nb1) | ((B - nb2) << 16);
+      }
+    } else {
+      // New LRU = evictables rotated left by m (rest, then the misses), then the hits.
+      for (int j = tid; j < B; j += T) {
+        const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);
+        lru[j] = order[at];
+      }
     }
     if (PLAN) {
       for (int x = tid; x < m; x += T) {
@@ -248,7 +291,8 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
                            TensorView lru, TensorView host_rows, TensorView host_cache,
                            TensorView device_cache, TensorView out_rows, TensorView plan_src,
                            TensorView plan_dst, TensorView plan_count, TensorView arrivals,
-                           int64_t ctas, int64_t block, int64_t write_plan, int64_t copy) {
+                           int64_t ctas, int64_t block, int64_t write_plan, int64_t copy,
+                           TensorView policy_state, int64_t policy) {
   check_tensor(top_k, "top_k", 3, kDLInt, 32);
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
@@ -275,6 +319,14 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, W * K, "W*k", dev);
   if (bs == 0) return;
   check_arrivals(arrivals, bs, ctas, dev);
+  HS_CHECK(policy == kPolicyLru || policy == kPolicySlru,
+           "the verify kernel implements the lru and slru policies (id " << policy << " given)");
+  if (policy == kPolicySlru) {
+    check_tensor(policy_state, "policy_state", 2, kDLInt, 32);
+    check_cuda(policy_state, "policy_state", dev);
+    HS_CHECK(policy_state.size(0) == R && policy_state.size(1) == 1,
+             "policy_state must be int32 [R=" << R << ", 1] (slru's word per request)");
+  }
 
   VerifyArgs a;
   a.top_k = ptr<const int32_t>(top_k); a.topk_stride = top_k.stride(0);
@@ -296,6 +348,8 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   a.plan_stride = write_plan ? plan_src.stride(0) : 0;
   a.arrivals = ctas > 1 ? ptr<int32_t>(arrivals) : nullptr;
   a.ctas = static_cast<int>(ctas);
+  a.pstate = policy == kPolicySlru ? ptr<int32_t>(policy_state) : nullptr;
+  a.ps_stride = policy == kPolicySlru ? policy_state.stride(0) : 0;
 
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
   if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true>(a, dev, bs, block, stream);

@@ -5,7 +5,7 @@ Accepted keys are the four that existing SGLang launch commands use, with the sa
     {"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2, "swap_in_block_size": 512}
 
 and one of ours: ``"policy"``, the hot buffer's replacement policy (``"slru"``, the default,
-``"lru"`` (the default under speculative decoding) or ``"fra"``; ``sglang_hisparse.kernel_policy``).
+``"lru"`` or ``"fra"``; ``sglang_hisparse.kernel_policy``).
 
 Our rules are stricter than SGLang's own parser (``sparsity/factory.py``
 ``_parse_sparse_config``), which also takes ``algorithm``, ``backend``,
@@ -28,7 +28,7 @@ from sglang_hisparse.kernel_limits import (
     resolve_smem_bytes,
     verify_smem_bytes,
 )
-from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES, SERVING_POLICY, serving_policy
+from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES, SERVING_POLICY, VERIFY_POLICIES
 
 FLAG = "--hisparse-config"
 #: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours
@@ -61,9 +61,9 @@ class HiSparseConfig:
     host_to_device_ratio: logical KV capacity (what the scheduler admits against) / device KV rows
     swap_in_block_size:   CUDA threads per block of the resolve kernel (multiple of 32, <= 1024);
                           None (the default): chosen per batch by the resolve op
-    policy:               replacement policy of the hot buffers: "slru" (default; "lru" when
-                          parsed with speculative decoding), "lru" or "fra" (frequency, recency
-                          and token age; one int32 per slot and layer more)
+    policy:               replacement policy of the hot buffers: "slru" (default), "lru" or
+                          "fra" (frequency, recency and token age; one int32 per slot and layer
+                          more; not with speculative decoding)
     residency:            "pressure" (default): a request keeps all its device rows until HBM is
                           short, then the longest shrink to hot buffers; "always_hot": every request
                           in its hot buffer once it decodes (docs/coordinator.md, "Residency")
@@ -132,7 +132,7 @@ class HiSparseConfig:
                 continue
             if not (key == "swap_in_block_size" and value is None):  # null = auto, as omitted
                 _require_int(key, value)
-        policy = _check_policy(raw.get("policy", serving_policy(W)), W)
+        policy = _check_policy(raw.get("policy", SERVING_POLICY), W)
 
         top_k = raw.get("top_k")
         if model_top_k is not None:
@@ -218,20 +218,20 @@ def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int 
 
 
 def _check_policy(value: Any, num_draft_tokens: int) -> str:
-    """The ``policy`` key: one of ``kernel_policy.POLICIES``; only ``lru`` with speculative
-    decoding (the verify kernel has no other policy)."""
+    """The ``policy`` key: one of ``kernel_policy.POLICIES``; with speculative decoding one of
+    ``VERIFY_POLICIES`` (the verify kernel has no fra)."""
     if not isinstance(value, str) or value not in POLICIES:
         raise ValueError(
             f"{FLAG}: 'policy' = {_shown(value)} is not a replacement policy; use one of "
-            f"{', '.join(repr(p) for p in POLICIES)} (a JSON string; default {serving_policy()!r}, "
-            f"{DEFAULT_POLICY!r} under speculative decoding), "
-            f"e.g. {FLAG} '{{\"policy\": \"slru\"}}'."
+            f"{', '.join(repr(p) for p in POLICIES)} (a JSON string; default {SERVING_POLICY!r}), "
+            f"e.g. {FLAG} '{{\"policy\": \"lru\"}}'."
         )
-    if value != "lru" and num_draft_tokens:
+    if value not in VERIFY_POLICIES and num_draft_tokens:
         raise ValueError(
             f"{FLAG}: 'policy' = {value!r} with speculative decoding (speculative_num_draft_tokens "
-            f"= {num_draft_tokens}): the verify-step kernel implements only 'lru'. Remove 'policy' "
-            f"(or set it to 'lru'), or turn speculative decoding off."
+            f"= {num_draft_tokens}): the verify-step kernel implements "
+            f"{' and '.join(repr(p) for p in VERIFY_POLICIES)} only. Remove 'policy' (the default "
+            f"{SERVING_POLICY!r}) or set one of those, or turn speculative decoding off."
         )
     return value
 

@@ -69,8 +69,11 @@ if TYPE_CHECKING:
 POLICIES: tuple[str, ...] = ("lru", "fra", "slru")
 #: what the kernel ops and ``SlotState`` assume when they are not told a policy
 DEFAULT_POLICY = "lru"
-#: what a server runs when ``--hisparse-config`` names no policy (:func:`serving_policy`)
+#: what a server runs when ``--hisparse-config`` names no policy: fewer misses than lru on every
+#: recorded trace for +5-8 % bookkeeping (docs/traces.md), with and without speculative decoding
 SERVING_POLICY = "slru"
+#: the policies the verify kernel (speculative decoding) implements
+VERIFY_POLICIES: tuple[str, ...] = ("lru", "slru")
 #: policy ids (``resolve.cuh`` kPolicyLru / kPolicyFra / kPolicySlru)
 POLICY_LRU, POLICY_FRA, POLICY_SLRU = 0, 1, 2
 
@@ -92,13 +95,6 @@ def policy_id(name: str) -> int:
 
 #: slru's level caps in sixteenths of B (``resolve.cuh`` kSlruCap1/kSlruCap2).
 SLRU_CAP1, SLRU_CAP2 = 3, 10
-
-
-def serving_policy(num_draft_tokens: int = 0) -> str:
-    """The policy a server runs without a ``"policy"`` key: slru (fewer misses than lru on every
-    recorded trace for +5-8 % bookkeeping, docs/traces.md), lru under speculative decoding (the
-    verify kernel implements only lru)."""
-    return DEFAULT_POLICY if num_draft_tokens else SERVING_POLICY
 
 
 def state_width(name: str, buffer: int) -> int:

@@ -119,7 +119,7 @@ class HiSparseCore:
     the resolve kernel's threads per CTA (``swap_in_block_size``). ``num_draft_tokens``: W
     verify rows per request under speculative decoding (0: off, as SGLang passes it); needs
     ``buffer_size >= W * top_k``. ``policy``: the hot buffers' replacement policy
-    (``--hisparse-config`` ``"policy"``; ``"lru"`` only with speculative decoding).
+    (``--hisparse-config`` ``"policy"``; ``"lru"`` or ``"slru"`` with speculative decoding).
     ``residency``: ``"always_hot"`` (every request in its hot
     buffer once it decodes; the default here) or ``"pressure"`` (requests keep all their device
     rows until fewer than ``watermark_rows`` are free: ``coordinator/residency.py``; the

@@ -243,7 +243,7 @@ class Resolver:
         top_k = top_k if top_k.dtype == torch.int32 else top_k.to(torch.int32)
         st = ctx.state
         extra = {**self._fixed, "resident": st.resident[li]} if self._hint else self._fixed
-        if st.policy_state is not None:  # a policy with per-slot words (not lru)
+        if st.policy_state is not None:  # a policy with state (not lru)
             extra = {**extra, "policy": st.policy, "policy_state": st.policy_state[li]}
         seq_lens = seq_lens.reshape(bs, self.num_draft_tokens) if self.num_draft_tokens else seq_lens
 

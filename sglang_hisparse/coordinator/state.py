@@ -64,7 +64,7 @@ import enum
 
 import torch
 
-from ..kernel_policy import state_width
+from ..kernel_policy import VERIFY_POLICIES, state_width
 from ..kernels.contract import ResidentRows
 from ..kernels.reference import position_bits
 from ..memory.state_bytes import hint_words, residency_columns, tail_slots
@@ -112,10 +112,11 @@ class SlotState:
         self.policy = policy
         self.policy_state: torch.Tensor | None = None
         if pwidth := state_width(policy, B):
-            if num_draft_tokens:
+            if num_draft_tokens and policy not in VERIFY_POLICIES:
                 raise ValueError(
                     f"policy {policy!r} with speculative decoding: the verify kernel implements "
-                    f"only 'lru'; use policy 'lru' or num_draft_tokens = 0."
+                    f"{' and '.join(repr(p) for p in VERIFY_POLICIES)} only; use one of those or "
+                    f"num_draft_tokens = 0."
                 )
             self.policy_state = torch.zeros(
                 (num_layers, num_reqs, pwidth), dtype=torch.int32, device=self.device

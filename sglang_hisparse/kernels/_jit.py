@@ -44,11 +44,12 @@ _VERIFY_ARGS = (
     "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
     "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
     "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
-    "int64_t block, int64_t write_plan, int64_t copy"
+    "int64_t block, int64_t write_plan, int64_t copy, TensorView policy_state, int64_t policy"
 )
 _VERIFY_CALL = (
     "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy"
+    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy, "
+    "policy_state, policy"
 )
 _REPLAY_ARGS = (
     "TensorView plan_src, TensorView plan_dst, TensorView plan_count, TensorView num_real, "

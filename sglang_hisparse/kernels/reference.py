@@ -393,14 +393,19 @@ def resolve_verify(
     *, top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
     host_cache, device_cache, out_rows, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, validate: bool | None = None,
+    policy: str = "lru", policy_state: torch.Tensor | None = None,
 ) -> None:
     """Resolve one layer's verify-step selections, all W rows of a request at once (the module
     docstring's window W = top_k.shape[1]; shapes in :func:`.contract.check_verify_shapes`).
 
     Mutates ``slot_tokens`` [R, B+W] int32 (history slots only), ``lru`` [R, B] int16,
     ``device_cache`` [D, I] uint8 (unless ``mode`` is NO_IO), ``out_rows`` [bs, W, k] int32
-    and ``plan`` (src/dst [bs, >= W*k], count [bs]) if given.
+    and ``plan`` (src/dst [bs, >= W*k], count [bs]) if given; with ``policy="slru"`` also its
+    ``policy_state`` int32 [R, 1] (the union's victims are lru's, the new LRU keeps the levels).
     """
+    if policy not in ("lru", "slru"):
+        raise ValueError(f"policy {policy!r}: the verify kernel implements 'lru' and 'slru' only")
+    check_policy_state(policy, policy_state, lru=lru)
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)
@@ -411,7 +416,8 @@ def resolve_verify(
     if top_k.shape[0] == 0:
         return
     _resolve_window(kw, W=top_k.shape[1], n0s=seq_lens[:, 0].tolist(), plan=plan,
-                    copy=mode is ResolveMode.COPY, resident=None)
+                    copy=mode is ResolveMode.COPY, resident=None,
+                    policy=(POLICY_SLRU, policy_state) if policy == "slru" else None)
 
 
 @torch.no_grad()

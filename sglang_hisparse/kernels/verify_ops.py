@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_policy import policy_id
 from . import reference
 from ._jit import verify_module
 from .contract import (
@@ -75,6 +76,7 @@ def resolve_verify(
     device_cache: torch.Tensor, out_rows: torch.Tensor, plan: MissPlan | None = None,
     mode: ResolveMode = ResolveMode.COPY, block_size: int | None = None,
     ctas_per_request: int | None = None, validate: bool | None = None,
+    policy: str = "lru", policy_state: torch.Tensor | None = None,
 ) -> None:
     """Resolve one layer's verify-step top-k (W rows per request) and copy the union's misses.
 
@@ -94,12 +96,18 @@ def resolve_verify(
         ctas_per_request: CTAs sharing one request's copies, in [1, 1024] (default:
             :func:`default_verify_ctas`).
         validate: run :func:`.contract.validate_verify` (default: SGLANG_HISPARSE_VALIDATE).
+        policy: ``"lru"`` (default) or ``"slru"`` (``kernel_policy``; the verify kernel has no
+            fra); policy_state: slru's int32 [R, 1] (one layer's view; mutated), else None.
     """
+    if policy not in ("lru", "slru"):
+        raise ValueError(f"policy {policy!r}: the verify kernel implements 'lru' and 'slru' only")
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
+    reference.check_policy_state(policy, policy_state, lru=lru)
     if not top_k.is_cuda:
-        reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate)
+        reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate, policy=policy,
+                                 policy_state=policy_state)
         return
     if validation_enabled(validate):
         validate_verify(**kw, plan=plan)
@@ -120,4 +128,5 @@ def resolve_verify(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals, ctas, block,
         int(plan is not None), int(mode is ResolveMode.COPY),
+        policy_state if policy_state is not None else arrivals, policy_id(policy),
     )

@@ -26,7 +26,6 @@ from sglang_hisparse.arg_scope import (
     model_label,
 )
 from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
-from sglang_hisparse.kernel_policy import serving_policy
 from sglang_hisparse.memory.budget import (
     GIB,
     available_host_bytes,
@@ -286,12 +285,12 @@ def published_config(num_draft_tokens: int = 0) -> HiSparseConfig:
     """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
     config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
     in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``,
-    ``policy``) here. ``num_draft_tokens``: the coordinator's verify window W, which decides
-    the default policy (lru under speculative decoding)."""
+    ``policy``) here. ``num_draft_tokens``: the coordinator's verify window W (the config is
+    validated against it)."""
     try:
         text = _published_text()
     except ValueError:  # not a server: the defaults, unvalidated (the caller checks its sizes)
-        return HiSparseConfig(policy=serving_policy(int(num_draft_tokens or 0)))
+        return HiSparseConfig()
     return HiSparseConfig.from_json(text, num_draft_tokens=int(num_draft_tokens or 0))
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
-from sglang_hisparse.kernel_policy import serving_policy
+from sglang_hisparse.kernel_policy import SERVING_POLICY
 from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
@@ -165,12 +165,10 @@ def _rank_in(group: Any) -> int:
         return 0
 
 
-def _policy_note(policy: str, num_draft_tokens: int) -> str:
-    """The policy for the startup line, saying when it is the default and why."""
-    if policy != serving_policy(num_draft_tokens):
+def _policy_note(policy: str) -> str:
+    """The policy for the startup line, saying when it is the default."""
+    if policy != SERVING_POLICY:
         return policy
-    if num_draft_tokens:
-        return f"{policy} (the default under speculative decoding: the verify kernel has only lru)"
     return f"{policy} (the default; \"policy\": \"lru\" in --hisparse-config for plain LRU)"
 
 
@@ -237,7 +235,7 @@ class SGLangHiSparseCoordinator:
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
                                                 ("residency_watermark", residency_watermark)) if v is not None})
         mode, watermark = cfg.residency, cfg.watermark_rows(self.dual.size_device)
-        policy = cfg.policy  # the replacement policy (slru by default, lru under speculative decoding)
+        policy = cfg.policy  # the replacement policy (slru by default)
         self.core = HiSparseCore(
             top_k=top_k, buffer_size=device_buffer_size, num_reqs=num_reqs,
             allocator=self.dual, host=self.host_pool, device_kv=device_kv,
@@ -288,7 +286,7 @@ class SGLangHiSparseCoordinator:
         logger.info(
             "HiSparse (sglang-hisparse): top_k=%d, B=%d, policy %s, %d layers, %d request slots, "
             "host pool %.2f GiB, shared-index prefetch %s, speculative verify window %d, residency %s",
-            top_k, device_buffer_size, _policy_note(policy, int(num_draft_tokens or 0)), len(device_kv), num_reqs,
+            top_k, device_buffer_size, _policy_note(policy), len(device_kv), num_reqs,
             self.host_pool.nbytes / 2**30, "on" if self.core.prefetch_enabled else "off",
             self.core.num_draft_tokens,
             f"pressure (watermark {watermark} rows)" if self.core.residency.enabled else "always_hot",

@@ -4,7 +4,8 @@ Grid (issue 7): n in {1, 3} draft tokens (W = n+1 rows), k in {64, 2048}, B in {
 item 656 B for B = 4k and 1152 B for B = (n+2)k (both sizes for every (n, k) while keeping the
 number of JIT builds at 8). Each case runs three successive verify steps on a batch that mixes
 long, barely-long, transition (n0 <= B < n0+n), short and padding requests with padding and
-duplicate entries, and compares out_rows, slot_tokens, lru, the plan and every device KV byte.
+duplicate entries, and compares out_rows, slot_tokens, lru, the plan and every device KV byte;
+under the slru policy also its level boundaries (``policy_state``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_hisparse import kernel_policy as kp
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
@@ -28,8 +30,9 @@ GRID = [(n, k, B, 656 if B == 4 * k else 1152)
 class Case:
     """A CPU reference state and its GPU twin, plus the batch layout."""
 
-    def __init__(self, *, n, k, B, item, seed=0, bs=6, nr=5):
+    def __init__(self, *, n, k, B, item, seed=0, bs=6, nr=5, policy="lru"):
         W = n + 1
+        self.policy = policy
         self.W, self.k, self.B, self.bs = W, k, B, bs
         lens = [B + 2, 3 * B + 11, B // 2, B - 1, 2 * B + 7, 2 * B][:bs]  # rows-0 lengths
         g = torch.Generator().manual_seed(seed)
@@ -38,6 +41,17 @@ class Case:
         self.gpu = self._to_gpu(self.cpu)
         self.nr = torch.tensor([nr], dtype=torch.int32)
         self.seed = seed
+        # slru: random level boundaries within the caps (request slot 0: all level 0)
+        self.pstate_cpu = self.pstate_gpu = None
+        if policy == "slru":
+            R = self.cpu.lru.shape[0]
+            cap1, cap2 = kp.slru_caps(B)
+            b2 = B - torch.randint(0, cap2 + 1, (R,), generator=g)
+            b1 = (b2 - torch.randint(0, cap1 + 1, (R,), generator=g)).clamp(min=0)
+            words = [kp.slru_pack(int(x), int(y), B) for x, y in zip(b1, b2, strict=True)]
+            words[0] = 0
+            self.pstate_cpu = torch.tensor(words, dtype=torch.int32).view(R, 1)
+            self.pstate_gpu = self.pstate_cpu.cuda()
 
     @staticmethod
     def _to_gpu(st):
@@ -72,7 +86,9 @@ def step(case: Case, tk, *, mode=ResolveMode.COPY, plan=True, **launch):
         out = torch.full((bs, W, k), 777, dtype=torch.int32, device=dev)
         p = MissPlan.empty(bs, W * k, dev) if plan else None
         fn = ref.resolve_verify if dev == "cpu" else resolve_verify
-        fn(**case.args(st, tk, dev), out_rows=out, plan=p, mode=mode, validate=True,
+        pol = {} if case.policy == "lru" else dict(
+            policy=case.policy, policy_state=case.pstate_cpu if dev == "cpu" else case.pstate_gpu)
+        fn(**case.args(st, tk, dev), out_rows=out, plan=p, mode=mode, validate=True, **pol,
            **({} if dev == "cpu" else launch))
         outs.append(out)
         plans.append(p)
@@ -85,6 +101,8 @@ def assert_same(case: Case, out_c, out_g, plan_c, plan_g):
     assert torch.equal(case.gpu.slot_tokens.cpu(), case.cpu.slot_tokens), "slot_tokens differ"
     assert torch.equal(case.gpu.lru.cpu(), case.cpu.lru), "lru differs"
     assert torch.equal(case.gpu.device_cache.cpu(), case.cpu.device_cache), "device KV differs"
+    if case.pstate_cpu is not None:
+        assert torch.equal(case.pstate_gpu.cpu(), case.pstate_cpu), "policy_state differs"
     if plan_c is not None:
         assert torch.equal(plan_g.count.cpu(), plan_c.count), "plan counts differ"
         for b in range(case.bs):
@@ -93,16 +111,18 @@ def assert_same(case: Case, out_c, out_g, plan_c, plan_g):
             assert torch.equal(plan_g.dst[b, :c].cpu(), plan_c.dst[b, :c]), f"plan.dst row {b}"
 
 
+@pytest.mark.parametrize("policy", ["lru", "slru"])
 @pytest.mark.parametrize("n, k, B, item", GRID)
-def test_kernel_matches_reference(n, k, B, item):
-    case = Case(n=n, k=k, B=B, item=item, seed=n * 7 + k % 13)
+def test_kernel_matches_reference(n, k, B, item, policy):
+    case = Case(n=n, k=k, B=B, item=item, seed=n * 7 + k % 13, policy=policy)
     for s, churn in enumerate((0.3, 0.05, 0.6)):
         assert_same(case, *step(case, case.topk(s, churn)))
 
 
+@pytest.mark.parametrize("policy", ["lru", "slru"])
 @pytest.mark.parametrize("block, ctas", [(32, 1), (128, 3), (1024, None), (96, 32)])
-def test_every_block_size_and_cta_split(block, ctas):
-    case = Case(n=3, k=64, B=256, item=656, seed=block)
+def test_every_block_size_and_cta_split(block, ctas, policy):
+    case = Case(n=3, k=64, B=256, item=656, seed=block, policy=policy)
     for s in range(2):
         assert_same(case, *step(case, case.topk(s, 0.4), block_size=block, ctas_per_request=ctas))
 
@@ -135,18 +155,21 @@ def test_plan_replays_with_the_replay_kernel():
     assert torch.equal(dev_g.cpu(), dev_c)
 
 
+@pytest.mark.parametrize("policy", ["lru", "slru"])
 @pytest.mark.parametrize("n, k, B, item", [(3, 64, 256, 656), (1, 2048, 8192, 656)])
-def test_cuda_graph_capture_and_replay(n, k, B, item):
-    case = Case(n=n, k=k, B=B, item=item, seed=5)
+def test_cuda_graph_capture_and_replay(n, k, B, item, policy):
+    case = Case(n=n, k=k, B=B, item=item, seed=5, policy=policy)
     W, bs = case.W, case.bs
     static = case.args(case.gpu, case.topk(0, 0.2), "cuda")
     out = torch.zeros(bs, W, k, dtype=torch.int32, device="cuda")
     plan = MissPlan.empty(bs, W * k, "cuda")
     reserve_verify_workspace("cuda", bs)
-    call = dict(static, out_rows=out, plan=plan, validate=False)
+    pol = {} if policy == "lru" else dict(policy=policy, policy_state=case.pstate_gpu)
+    call = dict(static, out_rows=out, plan=plan, validate=False, **pol)
     # Warm up on a throwaway copy of the state (builds the module, sets smem attributes).
     resolve_verify(**{**call, "slot_tokens": case.gpu.slot_tokens.clone(),
-                      "lru": case.gpu.lru.clone(), "device_cache": case.gpu.device_cache.clone()})
+                      "lru": case.gpu.lru.clone(), "device_cache": case.gpu.device_cache.clone(),
+                      **({} if policy == "lru" else {"policy_state": case.pstate_gpu.clone()})})
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -159,6 +182,7 @@ def test_cuda_graph_capture_and_replay(n, k, B, item):
         graph.replay()
         out_c = torch.full((bs, W, k), 777, dtype=torch.int32)
         plan_c = MissPlan.empty(bs, W * k, "cpu")
-        ref.resolve_verify(**case.args(case.cpu, tk, "cpu"), out_rows=out_c, plan=plan_c)
+        ref.resolve_verify(**case.args(case.cpu, tk, "cpu"), out_rows=out_c, plan=plan_c,
+                           **({} if policy == "lru" else dict(policy=policy, policy_state=case.pstate_cpu)))
         torch.cuda.synchronize()
         assert_same(case, out_c, out, plan_c, plan)

@@ -50,7 +50,7 @@ def test_bucket_numpy_and_torch_agree_and_rank_as_the_score_says():
 
 
 def test_kernel_constants_match_the_spec():
-    src = CUH.read_text()
+    src = CUH.read_text() + (CUH.parent / "common.cuh").read_text()
 
     def const(name):
         return int(re.search(rf"\b{name} = (\d+)", src).group(1))
@@ -171,16 +171,16 @@ def test_slru_zero_word_is_all_level_zero_and_short_requests_keep_it():
 
 
 def test_config_policy_key():
-    # slru is what a parsed config runs by default; lru under speculative decoding
+    # slru is the default, with and without speculative decoding
     assert HiSparseConfig.from_json(None).policy == "slru" == HiSparseConfig().policy
-    assert HiSparseConfig.from_json("{}", num_draft_tokens=3).policy == "lru"
+    assert HiSparseConfig.from_json("{}", num_draft_tokens=3).policy == "slru"
     cfg = HiSparseConfig.from_json('{"policy": "fra"}')
     assert cfg.policy == "fra" and '"policy": "fra"' in cfg.to_json()
     with pytest.raises(ValueError, match=r"'policy' = \"lfu\" is not a replacement policy; use one of 'lru', 'fra', 'slru'"):
         HiSparseConfig.from_json('{"policy": "lfu"}')
     with pytest.raises(ValueError, match=r"'policy' = 1 is not a replacement policy"):
         HiSparseConfig.from_json('{"policy": 1}')
-    with pytest.raises(ValueError, match=r"'policy' = 'fra' with speculative decoding.*Remove 'policy'"):
+    with pytest.raises(ValueError, match=r"'policy' = 'fra' with speculative decoding.*implements 'lru' and 'slru' only. Remove 'policy'"):
         HiSparseConfig.from_json('{"policy": "fra"}', num_draft_tokens=3)
     assert HiSparseConfig.from_json('{"policy": "lru"}', num_draft_tokens=3).policy == "lru"
 
@@ -215,8 +215,10 @@ def test_slot_state_keeps_zeroed_words_for_fra_only():
     # SlotState and state_bytes agree (tests/unit/test_state_bytes.py checks the rest)
     assert st.policy_state.numel() * 4 == 3 * (slot_state_bytes(num_layers=2, buffer_size=4, max_context=0, policy="fra")
                                               - slot_state_bytes(num_layers=2, buffer_size=4, max_context=0))
-    with pytest.raises(ValueError, match="verify kernel implements only 'lru'"):
+    with pytest.raises(ValueError, match="verify kernel implements 'lru' and 'slru' only"):
         SlotState(num_layers=1, num_reqs=1, buffer_size=8, device="cpu", num_draft_tokens=2, policy="fra")
+    spec = SlotState(num_layers=1, num_reqs=1, buffer_size=8, device="cpu", num_draft_tokens=2, policy="slru")
+    assert spec.policy_state.shape == (1, 1, 1)
 
 
 def test_planner_counts_fra_and_suggests_it():
@@ -253,6 +255,5 @@ def test_startup_line_says_when_the_policy_is_the_default():
     pytest.importorskip("sglang")
     from sglang_hisparse.sglang_adapter.coordinator import _policy_note
 
-    assert _policy_note("slru", 0).startswith("slru (the default;")
-    assert _policy_note("lru", 3).startswith("lru (the default under speculative decoding")
-    assert _policy_note("lru", 0) == "lru" and _policy_note("fra", 0) == "fra"
+    assert _policy_note("slru").startswith("slru (the default;")
+    assert _policy_note("lru") == "lru" and _policy_note("fra") == "fra"

@@ -134,3 +134,22 @@ def test_w_too_large_for_the_buffer_is_named() -> None:
     model, sizes, _ = CONFIGS["L3-k4-B12-W3"]
     with pytest.raises(ValueError, match=r"'device_buffer_size' = 12 must be >= speculative_num_draft_tokens \* top_k = 4 \* 4 = 16.*at least 16"):
         SpecDecodeEngine(model, sizes, num_draft_tokens=4, skip_io=False)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_spec_lifecycles_are_exact_under_slru(config: str) -> None:
+    # The verify kernel's slru: the union's victims are lru's, the new LRU keeps the levels;
+    # outputs stay exact through every lifecycle with its word per request and layer.
+    model, sizes, W = CONFIGS[config]
+    spec = ScenarioSpec(**{**SPEC.__dict__, "max_prompt": sizes.max_ctx // 2, "max_new": sizes.buffer_size + 8})
+    stats = []
+    for seed in range(2):
+        engine = SpecDecodeEngine(model, sizes, num_draft_tokens=W, prefetch=True, skip_io=False,
+                                  max_batch=8, accept_seed=seed, policy="slru")
+        assert engine.core.state.policy_state is not None
+        try:
+            stats.append(run_scenario(engine, random.Random(BASE_SEED + 9100 * seed + len(config)), spec))
+        except AssertionError as e:
+            e.add_note(replay_note(BASE_SEED, f"tests/unit/test_spec_harness.py::test_spec_lifecycles_are_exact_under_slru[{config}]"))
+            raise
+    assert _total(stats, "checked_outputs") > 0 and _total(stats, "long_requests") > 0
