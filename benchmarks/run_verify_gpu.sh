@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Verify-step resolve kernel (issue 7) on a GPU machine, in < 4 minutes:
+# Verify-step resolve kernel (issue 7) on a GPU machine, in < 6 minutes (lru and slru builds):
 #   0. environment facts                          -> $OUT/verify_env.txt
 #   1. parallel JIT precompile of every module    -> $OUT/verify_build.log
 #   2. GPU tests: kernel == reference bit-exact   -> $OUT/verify_pytest.log, $OUT/verify_junit.xml
@@ -28,7 +28,7 @@ secs() { echo $(( $(date +%s) - T0 )); }
 cat "$OUT/verify_env.txt"
 
 echo "== [$(secs) s] precompiling the verify/replay/gather modules in parallel"
-timeout 150 $PY - > "$OUT/verify_build.log" 2>&1 <<'EOF'
+timeout 220 $PY - > "$OUT/verify_build.log" 2>&1 <<'EOF'
 import time
 from concurrent.futures import ThreadPoolExecutor
 from sglang_hisparse.kernels import _jit
@@ -38,7 +38,11 @@ specs = {(k, B, n + 1, 656 if B == 4 * k else 1152)
          for n in (1, 3) for k in (64, 2048) for B in (4 * k, (n + 2) * k)}   # GPU test grid
 specs |= {(64, 256, 4, 656), (64, 320, 4, 1152), (64, 256, 2, 656)}           # small tests
 specs |= {(2048, B, 4, i) for B in (8192, 10240) for i in (656, 1152)}        # benchmark
-jobs = [("verify", s) for s in sorted(specs)] + [("replay", (1152,)), ("gather", (656,)),
+# the slru builds (policy 2) the tests run: the grid, the block/CTA split and the graph cases
+slru = {(k, B, n + 1, 656 if B == 4 * k else 1152, 2)
+        for n in (1, 3) for k in (64, 2048) for B in (4 * k, (n + 2) * k)}
+slru |= {(64, 256, 4, 656, 2), (2048, 8192, 2, 656, 2)}
+jobs = [("verify", s) for s in sorted(specs) + sorted(slru)] + [("replay", (1152,)), ("gather", (656,)),
                                                  ("gather", (1152,))]
 def build(job):
     kind, args = job

@@ -3,7 +3,8 @@
 //
 // Semantics: sglang_hisparse/kernels/reference.py:resolve_verify (the window W of the decode
 // resolve's W = 1), bit for bit. Compile-time K (top-k per row), B (history slots), W (verify
-// rows), ITEM (row bytes), PLAN (record the miss plan), COPY (false = no-IO timing oracle);
+// rows), ITEM (row bytes), PLAN (record the miss plan), COPY (false = no-IO timing oracle),
+// POLICY (kPolicyLru, or kPolicySlru: the lru build is the code without it);
 // runtime batch, block size (multiple of 32, <= 1024) and CTAs per request (chosen in Python:
 // verify_ops.default_verify_ctas, from verify_ctas_per_sm below). Slots B..B+W-1 hold the
 // verify window outside the LRU.
@@ -38,7 +39,7 @@ struct VerifyArgs {
   int64_t* plan_src; int32_t* plan_dst; int32_t* plan_count; int64_t plan_stride;
   int32_t* arrivals;  // [bs] zeros; the last CTA of a request to arrive resets its entry
   int ctas;
-  // slru's level boundaries, one int32 per request ([R, 1], resolve.cuh's word); null for lru
+  // slru's level boundaries, one int32 per request ([R, 1], resolve.cuh's word); slru builds
   int32_t* pstate; int64_t ps_stride;
 };
 
@@ -68,8 +69,9 @@ constexpr int kNoSlot = 0xffff;
 // Grid: (ctas, bs). Every CTA of a request repeats the smem-only bookkeeping over the union and
 // copies its 1/ctas share of the misses; the CTA that arrives last, after all have read the old
 // slot_tokens/lru, writes the new state, out_rows and the plan (same scheme as resolve.cuh).
-template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
+template <int K, int B, int W, int ITEM, bool PLAN, bool COPY, int POLICY = kPolicyLru>
 __global__ void resolve_verify_kernel(VerifyArgs a) {
+  static_assert(POLICY == kPolicyLru || POLICY == kPolicySlru, "the verify kernel runs lru and slru");
   using L = VerifyLayout<K, B, W>;
   constexpr int WK = L::WK;
   static_assert(WK <= 32767 && B <= 32767, "entry indices and slot ids are packed in 16 bits");
@@ -112,11 +114,11 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   int32_t* stok = a.slot_tokens + r * a.st_stride;
   int16_t* lru = a.lru + r * a.lru_stride;
   const int base = static_cast<int>(n0 - 1);  // first window position; history is [0, base)
-  // slru (a.pstate set): levels 0 | 1 | 2 of the LRU array cut at b1, b2 (kernel_policy.py),
-  // read before this CTA arrives; the writer rewrites them after the last.
-  const bool slru = a.pstate != nullptr;
+  // slru: levels 0 | 1 | 2 of the LRU array cut at b1, b2 (kernel_policy.py), read before this
+  // CTA arrives; the writer rewrites them after the last.
+  constexpr bool slru = POLICY == kPolicySlru;
   int b1 = B, b2 = B;
-  if (slru) {
+  if constexpr (slru) {
     const int32_t w = a.pstate[r * a.ps_stride];
     b1 = B - (w & 0xffff);
     b2 = B - ((w >> 16) & 0xffff);
@@ -160,7 +162,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   // slru: the evictables of levels 0 and 1 (by old LRU position), packed, one block scan; its
   // barriers end every read of the old LRU before the arrival below.
   int ev0 = 0, ev1 = 0;
-  if (slru) {
+  if constexpr (slru) {
     const int per_b = (B + T - 1) / T, j0 = min(B, tid * per_b), j1 = min(B, j0 + per_b);
     int mine = 0;
     for (int j = j0; j < j1; ++j) {
@@ -208,7 +210,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
       else if (p >= 0 && p < base) row = rows[hval[find(p)] & kNoSlot];
       out[i] = row;
     }
-    if (slru) {
+    if constexpr (slru) {
       // As resolve.cuh's slru writer: level-0 evictables left | misses | level-1 evictables
       // left | level-0 hits | level-2 evictables left | level-1/2 hits; then the new boundaries.
       const int h0 = b1 - ev0;
@@ -253,9 +255,9 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
   }
 }
 
-template <int K, int B, int W, int ITEM, bool PLAN, bool COPY>
+template <int K, int B, int W, int ITEM, bool PLAN, bool COPY, int POLICY>
 void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cudaStream_t stream) {
-  auto kernel = resolve_verify_kernel<K, B, W, ITEM, PLAN, COPY>;
+  auto kernel = resolve_verify_kernel<K, B, W, ITEM, PLAN, COPY, POLICY>;
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
   const int optin = smem_limits(dev).optin;  // host queries only: capture-safe
   HS_CHECK(bytes <= static_cast<size_t>(optin),
@@ -271,10 +273,10 @@ void launch_verify(const VerifyArgs& a, int dev, int64_t bs, int64_t block, cuda
 // How many CTAs of `block` threads of this kernel one SM of the current device holds (its
 // shared memory, registers and threads), for verify_ops.default_verify_ctas. Host queries only,
 // so a graph capture may call it.
-template <int K, int B, int W, int ITEM>
+template <int K, int B, int W, int ITEM, int POLICY = kPolicyLru>
 int64_t verify_ctas_per_sm(int64_t block) {
   constexpr size_t bytes = VerifyLayout<K, B, W>::bytes;
-  auto kernel = resolve_verify_kernel<K, B, W, ITEM, true, true>;
+  auto kernel = resolve_verify_kernel<K, B, W, ITEM, true, true, POLICY>;
   set_smem(kernel, bytes);
   int per_sm = 0;
   HS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block),
@@ -285,14 +287,14 @@ int64_t verify_ctas_per_sm(int64_t block) {
   return per_sm;
 }
 
-template <int K, int B, int W, int ITEM>
+template <int K, int B, int W, int ITEM, int POLICY = kPolicyLru>
 void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView seq_lens,
                            TensorView num_real, TensorView slot_tokens, TensorView slot_rows,
                            TensorView lru, TensorView host_rows, TensorView host_cache,
                            TensorView device_cache, TensorView out_rows, TensorView plan_src,
                            TensorView plan_dst, TensorView plan_count, TensorView arrivals,
                            int64_t ctas, int64_t block, int64_t write_plan, int64_t copy,
-                           TensorView policy_state, int64_t policy) {
+                           TensorView policy_state) {
   check_tensor(top_k, "top_k", 3, kDLInt, 32);
   const int dev = top_k.device().device_id;
   check_cuda(top_k, "top_k", dev);
@@ -319,9 +321,7 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   if (write_plan) check_plan(plan_src, plan_dst, plan_count, bs, W * K, "W*k", dev);
   if (bs == 0) return;
   check_arrivals(arrivals, bs, ctas, dev);
-  HS_CHECK(policy == kPolicyLru || policy == kPolicySlru,
-           "the verify kernel implements the lru and slru policies (id " << policy << " given)");
-  if (policy == kPolicySlru) {
+  if constexpr (POLICY == kPolicySlru) {
     check_tensor(policy_state, "policy_state", 2, kDLInt, 32);
     check_cuda(policy_state, "policy_state", dev);
     HS_CHECK(policy_state.size(0) == R && policy_state.size(1) == 1,
@@ -348,14 +348,14 @@ void resolve_verify_launch(TensorView top_k, TensorView req_index, TensorView se
   a.plan_stride = write_plan ? plan_src.stride(0) : 0;
   a.arrivals = ctas > 1 ? ptr<int32_t>(arrivals) : nullptr;
   a.ctas = static_cast<int>(ctas);
-  a.pstate = policy == kPolicySlru ? ptr<int32_t>(policy_state) : nullptr;
-  a.ps_stride = policy == kPolicySlru ? policy_state.stride(0) : 0;
+  a.pstate = POLICY == kPolicySlru ? ptr<int32_t>(policy_state) : nullptr;
+  a.ps_stride = POLICY == kPolicySlru ? policy_state.stride(0) : 0;
 
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
-  if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true>(a, dev, bs, block, stream);
-  else if (write_plan) launch_verify<K, B, W, ITEM, true, false>(a, dev, bs, block, stream);
-  else if (copy) launch_verify<K, B, W, ITEM, false, true>(a, dev, bs, block, stream);
-  else launch_verify<K, B, W, ITEM, false, false>(a, dev, bs, block, stream);
+  if (write_plan && copy) launch_verify<K, B, W, ITEM, true, true, POLICY>(a, dev, bs, block, stream);
+  else if (write_plan) launch_verify<K, B, W, ITEM, true, false, POLICY>(a, dev, bs, block, stream);
+  else if (copy) launch_verify<K, B, W, ITEM, false, true, POLICY>(a, dev, bs, block, stream);
+  else launch_verify<K, B, W, ITEM, false, false, POLICY>(a, dev, bs, block, stream);
 }
 
 }  // namespace hisparse

@@ -44,12 +44,12 @@ _VERIFY_ARGS = (
     "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
     "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
     "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
-    "int64_t block, int64_t write_plan, int64_t copy, TensorView policy_state, int64_t policy"
+    "int64_t block, int64_t write_plan, int64_t copy, TensorView policy_state"
 )
 _VERIFY_CALL = (
     "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
     "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy, "
-    "policy_state, policy"
+    "policy_state"
 )
 _REPLAY_ARGS = (
     "TensorView plan_src, TensorView plan_dst, TensorView plan_count, TensorView num_real, "
@@ -171,19 +171,21 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, 
 
 
 @functools.cache
-def verify_module(k: int, B: int, W: int, item: int) -> Any:
+def verify_module(k: int, B: int, W: int, item: int, policy: int = 0) -> Any:
     """The compiled verify-step launcher for top-k ``k``, ``B`` history slots, ``W`` rows,
     ``item``-byte rows (one build serves plan/no-plan, copy/no-IO, every block size and batch),
     and ``ctas_per_sm(block)``: how many of its CTAs of ``block`` threads one SM of the current
-    device holds (the occupancy ``verify_ops`` sizes the grid from)."""
+    device holds (the occupancy ``verify_ops`` sizes the grid from). ``policy``: 0 lru, 2 slru
+    (``kernel_policy.policy_id``; its ``resolve_verify`` reads and rewrites ``policy_state``,
+    which lru's ignores)."""
     wrapper = (
         '#include "resolve_verify.cuh"\nusing tvm::ffi::TensorView;\n'
         f"void resolve_verify({_VERIFY_ARGS}) {{\n"
-        f"  hisparse::resolve_verify_launch<{k}, {B}, {W}, {item}>({_VERIFY_CALL});\n}}\n"
+        f"  hisparse::resolve_verify_launch<{k}, {B}, {W}, {item}, {policy}>({_VERIFY_CALL});\n}}\n"
         "int64_t ctas_per_sm(int64_t block) {\n"
-        f"  return hisparse::verify_ctas_per_sm<{k}, {B}, {W}, {item}>(block);\n}}\n"
+        f"  return hisparse::verify_ctas_per_sm<{k}, {B}, {W}, {item}, {policy}>(block);\n}}\n"
     )
-    return _build(f"hisparse_verify_k{k}_b{B}_w{W}_i{item}", wrapper,
+    return _build(f"hisparse_verify_k{k}_b{B}_w{W}_i{item}" + (f"_p{policy}" if policy else ""), wrapper,
                   ["resolve_verify", "ctas_per_sm"])
 
 

@@ -51,7 +51,7 @@ def reserve_verify_workspace(device: torch.device | str, max_batch: int) -> None
 
 
 def default_verify_ctas(bs: int, *, k: int, B: int, W: int, item: int, block: int,
-                        device: torch.device) -> int:
+                        device: torch.device, policy: int = 0) -> int:
     """CTAs per request when the caller leaves them open: the whole batch in one resident wave
     (SMs x CTAs per SM, over the batch), at least 1, at most ``MAX_CTAS_PER_REQUEST``.
 
@@ -60,10 +60,10 @@ def default_verify_ctas(bs: int, *, k: int, B: int, W: int, item: int, block: in
     CTAs an SM holds, unlike the decode kernel, whose grid is sized from the SM count alone
     (``ops.default_ctas_per_request``).
     """
-    key = (device, k, B, W, item, block)
+    key = (device, k, B, W, item, block, policy)
     if key not in _ctas_per_sm:
         with torch.cuda.device(device):
-            _ctas_per_sm[key] = int(verify_module(k, B, W, item).ctas_per_sm(block))
+            _ctas_per_sm[key] = int(verify_module(k, B, W, item, policy).ctas_per_sm(block))
     c = _sms(device) * _ctas_per_sm[key] // max(bs, 1)
     return max(1, min(MAX_CTAS_PER_REQUEST, c))
 
@@ -116,7 +116,7 @@ def resolve_verify(
     block = check_block_size(block_size or DEFAULT_BLOCK_SIZE)
     if ctas_per_request is None:
         ctas = default_verify_ctas(bs, k=k, B=B, W=W, item=item, block=block,
-                                   device=top_k.device)
+                                   device=top_k.device, policy=policy_id(policy))
     elif 1 <= ctas_per_request <= 1024:
         ctas = ctas_per_request
     else:
@@ -124,9 +124,9 @@ def resolve_verify(
                          f"(None = one resident wave).")
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
-    verify_module(k, B, W, item).resolve_verify(
+    verify_module(k, B, W, item, policy_id(policy)).resolve_verify(
         top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
         host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals, ctas, block,
         int(plan is not None), int(mode is ResolveMode.COPY),
-        policy_state if policy_state is not None else arrivals, policy_id(policy),
+        policy_state if policy_state is not None else arrivals,
     )

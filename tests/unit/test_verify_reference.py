@@ -279,13 +279,13 @@ def test_op_dispatches_cpu_tensors_to_the_reference():
 
 def test_default_verify_ctas_fill_one_resident_wave(monkeypatch):
     """The verify grid (Python, like the decode op's): SMs x CTAs per SM over the batch, in
-    [1, MAX_CTAS_PER_REQUEST]; the occupancy is asked once per (device, shape, block)."""
+    [1, MAX_CTAS_PER_REQUEST]; the occupancy is asked once per (device, shape, block, policy)."""
     from sglang_hisparse.kernels import ops, verify_ops
 
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(ops, "_sms", lambda device: 132)
     monkeypatch.setattr(verify_ops, "_sms", lambda device: 132)
-    monkeypatch.setattr(verify_ops, "_ctas_per_sm", {(dev, 64, 256, 4, 656, 512): 2})
+    monkeypatch.setattr(verify_ops, "_ctas_per_sm", {(dev, 64, 256, 4, 656, 512, 0): 2})  # (.., policy)
     shape = dict(k=64, B=256, W=4, item=656, block=512, device=dev)
     assert verify_ops.default_verify_ctas(1, **shape) == ops.MAX_CTAS_PER_REQUEST
     assert verify_ops.default_verify_ctas(16, **shape) == 132 * 2 // 16
