@@ -89,7 +89,7 @@ class RigConfig:
     residency: str = "pressure"
     residency_watermark: float | None = None
     #: ``--hisparse-config`` "policy", the hot buffers' replacement policy (None: not written,
-    #: the server's default, slru; lru under speculative decoding)
+    #: the server's default, slru)
     policy: str | None = None
     #: SGLang's radix cache on (the rig's other groups run --disable-radix-cache)
     radix: bool = False
