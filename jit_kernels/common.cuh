@@ -70,6 +70,28 @@ __device__ __forceinline__ int warp_inclusive_scan(int v) {
 constexpr int kPolicyLru = 0, kPolicyFra = 1, kPolicySlru = 2;
 constexpr int kSlruCap1 = 3, kSlruCap2 = 10;
 
+// slru's writer (both kernels; kernel_policy.py is the spec). `order` holds the evictables
+// (levels 0, 1, 2, in old order) then the hits (level 0, then 1-2), the victims being
+// order[0, m); n0 / n1 are the evictables of levels 0 / 1, b1 the old level-0 boundary. The new
+// LRU: level-0 evictables left | misses | level-1 evictables left | level-0 hits | level-2
+// evictables left | level-1/2 hits; thread 0 stores the new boundaries, capped, into *word.
+__device__ __forceinline__ void slru_write(const int16_t* order, int16_t* lru, int B, int n_evict,
+                                           int m, int n0, int n1, int b1, int tid, int T,
+                                           int32_t* word) {
+  const int h0 = b1 - n0;  // positions < b1 hold evictables or hits
+  const int e1 = max(n0, m), e2 = max(m, n0 + n1), a0 = e1 - m;
+  for (int j = tid; j < B; j += T) {
+    const int at = j < a0 ? m + j : j < e1 ? j - a0 : j < e2 ? j
+                 : j < e2 + h0 ? n_evict + (j - e2) : j < n_evict + h0 ? j - h0 : j;
+    lru[j] = order[at];
+  }
+  if (tid == 0) {
+    const int nb2 = max(e2 + h0, B - kSlruCap2 * B / 16);
+    const int nb1 = max(e1, nb2 - kSlruCap1 * B / 16);
+    *word = (B - nb1) | ((B - nb2) << 16);
+  }
+}
+
 // Scan scratch at the end of both kernels' shared-memory layouts, in ints: block_exclusive_scan
 // uses 33 (a total per warp and the block's), resolve.cuh's exchanges 32.
 // NOTE: 40, not 33: the 28 spare bytes are in every figure sglang_hisparse/kernel_limits.py

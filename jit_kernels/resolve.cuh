@@ -807,22 +807,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
       }
     }
     if (writer && POLICY == kPolicySlru) {
-      // order = evictables (levels 0, 1, 2, old order) | hits (level 0, then 1-2); victims are
-      // order[0, m). New array: level-0 evictables left | misses | level-1 evictables left |
-      // level-0 hits | level-2 evictables left | level-1/2 hits (kernel_policy.py).
-      const int h0 = sl_b1 - sl_n0;  // positions < b1 hold evictables or hits
-      const int e1 = max(sl_n0, m), e2 = max(m, sl_n0 + sl_n1), a0 = e1 - m;
-      for (int j = tid; j < B; j += T) {
-        const int at = j < a0 ? m + j : j < e1 ? j - a0 : j < e2 ? j
-                     : j < e2 + h0 ? n_evict + (j - e2) : j < n_evict + h0 ? j - h0 : j;
-        lru[j] = order[at];
-      }
-      if (tid == 0) {
-        int nb2 = e2 + h0;
-        nb2 = max(nb2, B - kSlruCap2 * B / 16);
-        const int nb1 = max(e1, nb2 - kSlruCap1 * B / 16);
-        a.pstate[r * a.ps_stride] = (B - nb1) | ((B - nb2) << 16);
-      }
+      slru_write(order, lru, B, n_evict, m, sl_n0, sl_n1, sl_b1, tid, T, a.pstate + r * a.ps_stride);
     } else if (writer) {
       for (int j = tid; j < B; j += T) {
         const int at = j >= n_evict ? j : (j + m < n_evict ? j + m : j + m - n_evict);

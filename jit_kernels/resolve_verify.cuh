@@ -211,20 +211,7 @@ __global__ void resolve_verify_kernel(VerifyArgs a) {
       out[i] = row;
     }
     if constexpr (slru) {
-      // As resolve.cuh's slru writer: level-0 evictables left | misses | level-1 evictables
-      // left | level-0 hits | level-2 evictables left | level-1/2 hits; then the new boundaries.
-      const int h0 = b1 - ev0;
-      const int e1 = max(ev0, m), e2 = max(m, ev0 + ev1), a0 = e1 - m;
-      for (int j = tid; j < B; j += T) {
-        const int at = j < a0 ? m + j : j < e1 ? j - a0 : j < e2 ? j
-                     : j < e2 + h0 ? n_evict + (j - e2) : j < n_evict + h0 ? j - h0 : j;
-        lru[j] = order[at];
-      }
-      if (tid == 0) {
-        const int nb2 = max(e2 + h0, B - kSlruCap2 * B / 16);
-        const int nb1 = max(e1, nb2 - kSlruCap1 * B / 16);
-        a.pstate[r * a.ps_stride] = (B - nb1) | ((B - nb2) << 16);
-      }
+      slru_write(order, lru, B, n_evict, m, ev0, ev1, b1, tid, T, a.pstate + r * a.ps_stride);
     } else {
       // New LRU = evictables rotated left by m (rest, then the misses), then the hits.
       for (int j = tid; j < B; j += T) {
