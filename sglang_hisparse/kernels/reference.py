@@ -86,6 +86,7 @@ from ..kernel_policy import (
     FRA_W_HITS,
     POLICY_FRA,
     POLICY_SLRU,
+    VERIFY_POLICIES,
     policy_id,
     slru_next,
     slru_pack,
@@ -366,6 +367,15 @@ def resolve(
                     policy=(policy_id(policy), policy_state) if policy_id(policy) else None)
 
 
+def check_verify_policy(policy: str, policy_state: torch.Tensor | None, *, lru: torch.Tensor) -> None:
+    """:func:`check_policy_state` for the verify kernel, which implements
+    ``kernel_policy.VERIFY_POLICIES`` only."""
+    if policy not in VERIFY_POLICIES:
+        raise ValueError(f"policy {policy!r}: the verify kernel implements "
+                         f"{' and '.join(repr(p) for p in VERIFY_POLICIES)} only")
+    check_policy_state(policy, policy_state, lru=lru)
+
+
 def check_policy_state(policy: str, policy_state: torch.Tensor | None, *, lru: torch.Tensor) -> None:
     """``policy`` is known and ``policy_state`` fits it: None for lru, int32 [R, S] with
     ``S = kernel_policy.state_width`` (B for fra, 1 for slru), unit stride in S, on ``lru``'s
@@ -403,9 +413,7 @@ def resolve_verify(
     and ``plan`` (src/dst [bs, >= W*k], count [bs]) if given; with ``policy="slru"`` also its
     ``policy_state`` int32 [R, 1] (the union's victims are lru's, the new LRU keeps the levels).
     """
-    if policy not in ("lru", "slru"):
-        raise ValueError(f"policy {policy!r}: the verify kernel implements 'lru' and 'slru' only")
-    check_policy_state(policy, policy_state, lru=lru)
+    check_verify_policy(policy, policy_state, lru=lru)
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows, plan=plan)

@@ -99,16 +99,14 @@ def resolve_verify(
         policy: ``"lru"`` (default) or ``"slru"`` (``kernel_policy``; the verify kernel has no
             fra); policy_state: slru's int32 [R, 1] (one layer's view; mutated), else None.
     """
-    if policy not in ("lru", "slru"):
-        raise ValueError(f"policy {policy!r}: the verify kernel implements 'lru' and 'slru' only")
     kw = dict(top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=num_real_reqs,
               slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows,
               host_cache=host_cache, device_cache=device_cache, out_rows=out_rows)
-    reference.check_policy_state(policy, policy_state, lru=lru)
-    if not top_k.is_cuda:
+    if not top_k.is_cuda:  # (checks the policy itself)
         reference.resolve_verify(**kw, plan=plan, mode=mode, validate=validate, policy=policy,
                                  policy_state=policy_state)
         return
+    reference.check_verify_policy(policy, policy_state, lru=lru)
     if validation_enabled(validate):
         validate_verify(**kw, plan=plan)
         _check_pinned(host_cache)

@@ -281,17 +281,16 @@ def _published_text() -> str | None:
     return get_memory().hisparse_config
 
 
-def published_config(num_draft_tokens: int = 0) -> HiSparseConfig:
+def published_config() -> HiSparseConfig:
     """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
     config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
     in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``,
-    ``policy``) here. ``num_draft_tokens``: the coordinator's verify window W (the config is
-    validated against it)."""
+    ``policy``) here."""
     try:
         text = _published_text()
-    except ValueError:  # not a server: the defaults, unvalidated (the caller checks its sizes)
+    except ValueError:
         return HiSparseConfig()
-    return HiSparseConfig.from_json(text, num_draft_tokens=int(num_draft_tokens or 0))
+    return HiSparseConfig.from_json(text)
 
 
 def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:

@@ -231,7 +231,7 @@ class SGLangHiSparseCoordinator:
         self.raw_indices_buffer = (torch.full((num_reqs, top_k), -1, dtype=torch.int32, device=device)
                                    if self.is_v4 else None)
         # SGLang passes only its own keys; ours come from the validated server config
-        cfg = published_config(num_draft_tokens)
+        cfg = published_config()
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
                                                 ("residency_watermark", residency_watermark)) if v is not None})
         mode, watermark = cfg.residency, cfg.watermark_rows(self.dual.size_device)
