@@ -305,7 +305,8 @@ class HiSparseTokenAllocator(BaseTokenToKVPoolAllocator):
         self.evict_to_free_tokens(tree_cache, num_tokens)
         rows = num_tokens if self.page_size == 1 else 0
         if requests and self._hot_size:
-            slots = [int(r.req_pool_idx) for r in requests if getattr(r, "req_pool_idx", None) is not None]
+            # SGLang 0.5.23 keeps the request slot in ``Req.kv`` (``ReqKvInfo.req_pool_idx``)
+            slots = [int(r.kv.req_pool_idx) for r in requests if r.kv.req_pool_idx is not None]
             rows += self.core.hot.rows_to_grow(slots, self._hot_size)
         # resident requests' cold rows count: the coordinator shrinks them before the step grows
         return self.core.logical.available_size() >= num_tokens and self.core.available_rows() >= rows

@@ -5,13 +5,18 @@ SGLang 0.5.23's ``ScheduleBatch.check_decode_mem`` asks the allocator's
 says yes. The base check compares ``available_size()`` with the new tokens only; a HiSparse
 decode step also takes a fresh device page for every short request whose hot buffer has no
 spare row (and, at page size 1, the temporary rows ``alloc()`` maps to the new ids). These
-states are hand-built with 4-row pages: exact page counts asserted.
+states are hand-built with 4-row pages: exact page counts asserted. The requests are SGLang's
+own ``Req`` objects: 0.5.23 keeps the request slot at ``req.kv.req_pool_idx``, and a stand-in
+with a top-level ``req_pool_idx`` once hid that the check read a field ``Req`` no longer has
+(every slot list came out empty, so growth was never counted and real servers died in
+``map_last_loc`` instead of retracting).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from array import array
 
+import pytest
 import torch
 
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
@@ -32,8 +37,18 @@ def _alloc(device_rows: int, page: int) -> HiSparseTokenAllocator:
     return a
 
 
-def _reqs(*slots: int) -> list[SimpleNamespace]:
-    return [SimpleNamespace(req_pool_idx=r) for r in slots]
+def _reqs(*slots: int) -> list:
+    """Real SGLang requests holding request slots ``slots`` (as the scheduler leaves them
+    after ``alloc_for_extend``)."""
+    schedule_batch = pytest.importorskip("sglang.srt.managers.schedule_batch")
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    out = []
+    for r in slots:
+        req = schedule_batch.Req(f"req{r}", "", array("q", [1, 2, 3]), SamplingParams(max_new_tokens=4))
+        req.kv.req_pool_idx = r
+        out.append(req)
+    return out
 
 
 def test_growth_pages_are_counted_exactly() -> None:
