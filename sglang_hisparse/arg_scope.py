@@ -13,11 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_hisparse import SUPPORTED_SGLANG
 from sglang_hisparse.config import IN_TREE_HINT
 
 #: what the refusals say sglang-hisparse does serve
 SUPPORTED = ("DSA models (DeepSeek-V3.2, GLM-5.x), MiniMax-M3 (bf16 / fp8 KV) and DeepSeek-V4 (fp8_e4m3 KV) "
              "on CUDA")
+
+#: why ``SGLANG_PLUGINS`` does not serve a dense-attention model either (tests/unit/test_in_tree_scope.py)
+DENSE_IN_TREE = (f"SGLang {SUPPORTED_SGLANG}'s in-tree HiSparse refuses it as well (hisparse_hook.validate_hisparse "
+                 f"asserts a DSA, DeepSeek-V4 or MiniMax-M3 model), and its mem_cache/sparsity framework "
+                 f"(\"algorithm\": \"quest\") is built on no server path (create_sparse_coordinator has no "
+                 f"caller), so SGLANG_PLUGINS would not serve it either")
 
 #: (platform fact of SGLang's ``get_platform()``, name in the message); CUDA is the default
 NON_CUDA = (("is_hip", "ROCm"), ("is_npu", "NPU"), ("is_xpu", "XPU"), ("is_musa", "MUSA"))
@@ -59,7 +66,7 @@ def check_model(cfg: Any, model_config: Any) -> int:
         raise ValueError(
             f"--enable-hisparse: model {label} is not a DSA model (its config has no "
             f"'index_topk'). sglang-hisparse resolves the top-k selections of a DSA indexer: it "
-            f"serves {SUPPORTED}. Drop --enable-hisparse for this model."
+            f"serves {SUPPORTED}. Drop --enable-hisparse for this model: {DENSE_IN_TREE}."
         )
     if not is_deepseek_dsa(hf_config):
         raise ValueError(

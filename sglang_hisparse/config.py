@@ -13,7 +13,9 @@ Our rules are stricter than SGLang's own parser (``sparsity/factory.py``
 ``swap_in_block_size`` in [1, 1024]. We read none of those keys (a silently ignored key hides a
 typo), and our resolve kernel needs whole warps; the errors say the rule is ours and how to run
 SGLang's parser instead. Every rejection is a ``ValueError`` naming the key, the value, the rule
-and the fix.
+and the fix. The four named keys configure SGLang's ``mem_cache/sparsity`` framework (e.g.
+``"algorithm": "quest"`` for dense attention), which SGLang 0.5.23 builds on no server path, so
+its in-tree HiSparse ignores them too (:data:`SPARSITY_FRAMEWORK_KEYS`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sglang_hisparse import SUPPORTED_SGLANG
 from sglang_hisparse.kernel_limits import (
     SM90_MAX_SMEM_PER_BLOCK,
     largest_buffer,
@@ -33,6 +36,9 @@ from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES, SERVING_POLI
 FLAG = "--hisparse-config"
 #: how to run SGLang's own HiSparse (its parser, coordinator and pools) instead of ours
 IN_TREE_HINT = "set SGLANG_PLUGINS to a list without 'hisparse' to run SGLang's in-tree HiSparse"
+#: keys SGLang's parser takes for its sparsity framework (``sparsity/factory.py``); in 0.5.23 only
+#: ``create_sparse_coordinator`` reads them, and nothing calls it (tests/unit/test_in_tree_scope.py)
+SPARSITY_FRAMEWORK_KEYS = ("algorithm", "backend", "min_sparse_prompt_len", "page_size")
 
 #: LRU order is stored as int16 slot ids (``lru [L, R, B]``), so B slots need ids 0..B-1 < 2**15.
 MAX_DEVICE_BUFFER_SIZE = 2**15 - 1
@@ -123,6 +129,7 @@ class HiSparseConfig:
                 f"no other key, and an ignored key would hide a typo (SGLang's in-tree parser "
                 f"accepts 'algorithm', 'backend', 'min_sparse_prompt_len', 'page_size' and passes "
                 f"any other key through). Remove or rename them, or {IN_TREE_HINT}."
+                + _framework_note(unknown)
             )
         residency, watermark = _check_residency(raw)
         for key, value in raw.items():
@@ -193,6 +200,19 @@ class HiSparseConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _framework_note(unknown: list[Any]) -> str:
+    """For unknown keys of SGLang's sparsity framework: that the in-tree HiSparse ignores them
+    too, so the in-tree hint would not make them mean anything; empty for any other key."""
+    named = [k for k in SPARSITY_FRAMEWORK_KEYS if k in unknown]
+    if not named:
+        return ""
+    what, them = ("is a key", "it") if len(named) == 1 else ("are keys", "them")
+    return (f" {', '.join(repr(k) for k in named)} {what} of SGLang's mem_cache/sparsity framework "
+            f"(e.g. \"algorithm\": \"quest\" for dense attention), which SGLang {SUPPORTED_SGLANG} "
+            f"builds on no server path (create_sparse_coordinator has no caller): its in-tree HiSparse "
+            f"ignores {them} too and runs its DSA / DeepSeek-V4 / MiniMax-M3 HiSparse. Remove {them}.")
 
 
 def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int = 0) -> None:
