@@ -140,18 +140,42 @@ def _check_m3(cfg: Any, label: str, model_config: Any) -> int:
                 f"HiSparse). Serve this checkpoint co-located (drop --disaggregation-mode).")
         _require_mooncake(cfg, f"MiniMax-M3 ({label})", "the dense layers' K/V and the index keys go device to "
                           "device as MiniMax state, which SGLang 0.5.23 sends only over Mooncake")
-    tp = int(getattr(cfg, "tp_size", 1) or 1)
-    if getattr(cfg, "enable_dp_attention", False):
-        tp = max(1, tp // int(getattr(cfg, "dp_size", 1) or 1))
-    heads = int(model_config.get_num_kv_heads(tp))
-    if heads != 1:
-        raise ValueError(
-            f"--enable-hisparse with MiniMax-M3 ({label}): {heads} KV heads per attention rank at "
-            f"attention TP {tp}; HiSparse's M3 pool holds one KV head per rank (as SGLang's own "
-            f"coordinator asserts). Raise --tp-size to {tp * heads} or more."
-        )
+    _check_m3_heads(cfg, label, model_config)
     block, blocks = m3_selection(hf_config)
     return block * blocks
+
+
+def _check_m3_heads(cfg: Any, label: str, model_config: Any) -> None:
+    """One KV head per attention rank, counted as SGLang sizes M3's main pool
+    (kv_cache_configurator.py ``_build_minimax_sparse_kv_pool``: ``get_num_kv_heads(attn_tp_size,
+    attn_dcp_size)``), whose ``head_num`` the in-tree coordinator asserts is 1 and whose K/V the
+    M3 backend reads as one head (minimax_sparse_backend.py ``_hisparse_swap_in_blocks``).
+
+    NOTE: the widths come from SGLang's ``parallel_widths_of`` over the resolved arguments
+    (attention TP = tp / attn_dp / attn_cp) rather than from ``enable_dp_attention`` and
+    ``dp_size``: 0.5.23 resolves the deprecated ``--dp-size N --enable-dp-attention`` into
+    ``attn_dp_size N, dp_size 1`` and clears the flag (parallel_hook.py
+    ``handle_deprecated_dp_attention``), so the flag is False whenever attention DP runs.
+    """
+    from sglang.srt.runtime_context import parallel_widths_of
+
+    widths = parallel_widths_of(cfg)
+    attn_tp, dcp = int(widths["attn_tp_size"]), int(widths["attn_dcp_size"])
+    heads = int(model_config.get_num_kv_heads(attn_tp, dcp))
+    if heads == 1:
+        return
+    tp, dp, cp = int(cfg.tp_size), int(widths["attn_dp_size"]), int(cfg.attn_cp_size)
+    split = "".join(f" / {flag} {n}" for flag, n in (("--attn-dp-size", dp), ("--attn-cp-size", cp)) if n > 1)
+    need = attn_tp * heads  # the attention TP size that leaves one head per rank
+    fix = f"Raise --tp-size to {need * dp * cp}"
+    if dp > 1 and tp // (need * cp) >= 1:
+        fix += f", or lower --attn-dp-size to {tp // (need * cp)}"
+    raise ValueError(
+        f"--enable-hisparse with MiniMax-M3 ({label}): {heads} KV heads per attention rank at "
+        f"attention TP {attn_tp} (--tp-size {tp}{split}); HiSparse's M3 pool holds one KV head per "
+        f"rank (as SGLang's own coordinator asserts at startup and its M3 backend at the first "
+        f"decode). {fix}."
+    )
 
 
 def _refuse_paths(cfg: Any, model: str, *, pd: str | None, spec: str) -> None:

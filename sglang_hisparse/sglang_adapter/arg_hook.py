@@ -236,7 +236,10 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
         num_layers=layers, item_bytes=row, capacity_tokens=device_rows * ratio,
         page_size=int(getattr(view, "page_size", None) or 1),
     )
-    replicas = 1 if getattr(view, "enable_dp_attention", False) else int(getattr(view, "dp_size", 1) or 1)
+    # After 0.5.23's resolution dp_size counts replicas only: attention DP lives in attn_dp_size,
+    # inside tp_size, and the deprecated --dp-size N --enable-dp-attention has become
+    # attn_dp_size N, dp_size 1 with the flag cleared (parallel_hook.handle_deprecated_dp_attention).
+    replicas = int(view.dp_size)
     ranks = ranks_per_host(
         tp_size=int(getattr(view, "tp_size", 1) or 1), pp_size=pp,
         nnodes=int(getattr(view, "nnodes", 1) or 1), dp_replicas=max(replicas, 1),

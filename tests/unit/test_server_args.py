@@ -168,6 +168,33 @@ def test_m3_refusals_name_the_rule(m3_model_dir, extra, match):
         check(m3_model_dir, *OK, *extra)
 
 
+def attention_dp(spelling: str, n: int) -> list[str]:
+    """``n`` attention-DP groups, as 0.5.23 spells it or in the deprecated spelling."""
+    if spelling == "deprecated":
+        return ["--dp-size", str(n), "--enable-dp-attention"]
+    return ["--attn-dp-size", str(n)]
+
+
+@pytest.mark.parametrize("spelling", ["attn-dp-size", "deprecated"])
+def test_m3_counts_kv_heads_per_attention_rank_under_attention_dp(m3_model_dir, spelling):
+    """Attention DP splits the TP group (attention TP = tp / attn_dp): TP 8 with 8 attention-DP
+    groups leaves one rank per group, which holds all 4 KV heads; SGLang's M3 pool then gets
+    head_num 4 (kv_cache_configurator.py ``_build_minimax_sparse_kv_pool``), which its HiSparse
+    backend asserts is 1 at the first decode (minimax_sparse_backend.py:374). After SGLang's
+    resolution ``enable_dp_attention`` is False in both spellings (the deprecated one becomes
+    ``attn_dp_size 8, dp_size 1``, parallel_hook.handle_deprecated_dp_attention), so that
+    flag says nothing about the attention TP size."""
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    with pytest.raises(ValueError, match=r"MiniMax-M3.*4 KV heads per attention rank at attention TP 1 "
+                                         r"\(--tp-size 8 / --attn-dp-size 8\).*one KV head per rank.*"
+                                         r"Raise --tp-size to 32, or lower --attn-dp-size to 2"):
+        check(m3_model_dir, *OK, "--tp-size", "8", *attention_dp(spelling, 8))
+    # 8 / 2 = attention TP 4: one of the 4 KV heads per rank
+    view = resolved_view(check(m3_model_dir, *OK, "--tp-size", "8", *attention_dp(spelling, 2)))
+    assert (view.tp_size, view.attn_dp_size, view.dp_size, view.enable_dp_attention) == (8, 2, 1, False)
+
+
 def test_m3_pd_decode_needs_k_only_index_layers_and_mooncake(tmp_path):
     """PD decode with MiniMax-M3 (docs/v4-m3.md D7): served when every sparse layer drops its
     index value (SGLang transfers no index value) and the backend is Mooncake (the dense K/V
