@@ -108,6 +108,12 @@ TARGETS: tuple[HookTarget, ...] = (
         hook="AROUND",
     ),
     HookTarget(
+        "sglang.srt.mem_cache.prefill_budget.PrefillBudget.check_prefill",
+        "sglang_hisparse.sglang_adapter.radix_hooks:admit_on_both_spaces",
+        "admission: the prompt against device rows, prompt + max_new_tokens against logical ids",
+        hook="AROUND",
+    ),
+    HookTarget(
         "sglang.srt.managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req",
         "sglang_hisparse.sglang_adapter.radix_hooks:reserve_prefix_rows",
         "radix cache: a matched prefix may need device rows to be loaded into",
@@ -123,6 +129,24 @@ TARGETS: tuple[HookTarget, ...] = (
         "sglang.srt.arg_groups.pd_disaggregation_hook.handle_pd_disaggregation",
         "sglang_hisparse.sglang_adapter.radix_hooks:allow_pd_decode_radix",
         "PD decode radix cache: SGLang refuses it with HiSparse inline",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets",
+        "sglang_hisparse.sglang_adapter.radix_hooks:pd_budget_with_tree",
+        "PD decode radix cache: the tree's evictable ids count toward admission (else it hangs)",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue._radix_full_available",
+        "sglang_hisparse.sglang_adapter.radix_hooks:pd_prealloc_evicts_logical",
+        "PD decode radix cache: a prealloc evicts the tree for logical ids only, not for device rows",
+        hook="AROUND",
+    ),
+    HookTarget(
+        "sglang.srt.disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+        "sglang_hisparse.sglang_adapter.radix_hooks:pd_rebind_after_checkpoint",
+        "PD decode radix cache: host rows follow the ids the joining checkpoint repointed",
         hook="AROUND",
     ),
     HookTarget(

@@ -173,6 +173,8 @@ class DualSpaceAllocator:
         self._cached: dict[int, None] = {}
         #: device rows of cached prefix pages taken back so far (evict_cached: pressure, allocations)
         self.cached_evicted_rows = 0
+        #: cached pages evict_cached skips (protect_cached: an extend's own matched prefix)
+        self._protected: set[int] = set()
 
     def _bind_prefill(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         self._prefill_row[ids] = rows
@@ -466,14 +468,29 @@ class DualSpaceAllocator:
 
     def evict_cached(self, rows: int) -> int:
         """Free at least ``rows`` device rows of cached prefix pages, least recently cached
-        first (their ids stay allocated, their KV on host); returns the rows freed."""
+        first, skipping the pages :meth:`protect_cached` named (their ids stay allocated, their
+        KV on host); returns the rows freed."""
         freed = 0
-        while freed < rows and self._cached:
-            lp = next(iter(self._cached))
+        for lp in [p for p in self._cached if p not in self._protected]:
+            if freed >= rows:
+                break
             del self._cached[lp]
             freed += self.drop_unread(torch.tensor([lp], dtype=torch.int64))
         self.cached_evicted_rows += freed
         return freed
+
+    def protect_cached(self, logical_ids: torch.Tensor) -> int:
+        """Until :meth:`release_protected`, no allocation evicts the cached pages of
+        ``logical_ids`` (int, any device; read on the CPU): an extend batch that matched them
+        allocates its new ids first and holds its prefix after (SGLang's ``alloc_for_extend``
+        order), and evicting them then would only load them back from host. Returns the
+        cached pages protected."""
+        pages = torch.unique(_as_cpu_int64(logical_ids, "protected logical ids") // self.page_size)
+        self._protected = {p for p in pages.tolist() if p in self._cached}
+        return len(self._protected)
+
+    def release_protected(self) -> None:
+        self._protected = set()
 
     @property
     def cached_rows(self) -> int:

@@ -358,6 +358,17 @@ class SGLangHiSparseCoordinator:
             self._prepare(r, prefix, computed[off : off + int(ext)])
             off += int(ext)
 
+    def protect_matched(self, reqs: list[Any], tree_cache: Any) -> None:
+        """Before ``alloc_for_extend``: the cached device pages new requests of the batch
+        matched stay while the batch allocates (``DualSpaceAllocator.protect_cached``). One
+        read-back of the matched ids, only while the device-tier cache holds pages."""
+        if not self.dual.cached_rows:
+            return
+        parts = [tree_cache.prefix_device_indices(q) for q in reqs
+                 if q.kv.req_pool_idx is None and int(q.prefix_len or 0) > 0]
+        if parts:
+            self.dual.protect_cached(torch.cat([p.reshape(-1).to(torch.int64) for p in parts]))
+
     def _cpu_rows(self, spans: list[tuple[int, int]]) -> list[torch.Tensor]:
         """``req_to_token[r, :n]`` on the CPU for each (r, n), in one read-back."""
         r2t = self.req_to_token_pool.req_to_token
@@ -395,6 +406,20 @@ class SGLangHiSparseCoordinator:
         req.prefix_len = m
         self.core.telemetry.add_prefix(m, 0, 0)
         return dst[m:]
+
+    def rebind_tree_rows(self, reqs: list[Any]) -> None:
+        """PD decode with its radix cache, after ``process_prebuilt``'s checkpoints: each
+        request's first ``cache_protected_len`` positions read the ids its ``req_to_token`` row
+        holds now. The checkpoint freed the ids of pages the tree already had (a concurrent
+        identical or overlapping prompt inserted first) and repointed the row to the tree's,
+        whose host rows hold the same KV; the freed ids go to later transfers. Device to
+        device, no host sync; the core's other state is by position."""
+        r2t = self.req_to_token_pool.req_to_token
+        for req in reqs:
+            r, m = req.kv.req_pool_idx, int(req.kv.cache_protected_len or 0)
+            if r is None or not m or self.is_v4:
+                continue
+            self.host_pool.bind(r, 0, r2t[r, :m])
 
     def release_unstaged(self, req: Any) -> None:
         """Before ``release_kv_cache``: a request released with prefill state but without

@@ -8,10 +8,13 @@ need our side of the protocol (docs/prefix-cache.md):
 |---|---|---|
 | ``mem_cache.allocation.alloc_for_extend`` | AROUND | after SGLang wrote each request's prefix and new ids into ``req_to_token``: ``prepare_prefix`` holds the tree part of the row (loading from host what no device row holds) and the ids this extend computed |
 | ``mem_cache.common.release_kv_cache`` | AROUND | a request released before staging without ``request_finished`` (aborted between chunks) gets it first: its computed ids go to host, its holds are dropped |
-| ``mem_cache.prefill_budget.PrefillBudget._available_and_evictable`` | AROUND | the tree's evictable ids free logical ids, not device rows: the budget is at most the rows |
+| ``mem_cache.prefill_budget.PrefillBudget._available_and_evictable`` | AROUND | the tree's evictable ids free logical ids, not device rows: what a prefill allocates is at most the rows (outputs still to decode take logical ids, not rows) |
 | ``managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req`` | AROUND | a new request's matched prefix may be loaded back into device rows: its page-rounded length is reserved |
 | ``disaggregation.decode.DecodePreallocQueue._pre_alloc`` | AROUND | PD decode with its radix cache: SGLang's HiSparse branch asserts no prefix; ours runs it for the whole fill, then gives the matched positions back to the tree's ids (their host rows are the tree's) and returns only the suffix's host rows as the transfer destination |
 | ``arg_groups.pd_disaggregation_hook.handle_pd_disaggregation`` | AROUND | its decode-radix branch refuses HiSparse inline: ours runs it with HiSparse hidden, after applying the HiSparse rules that hiding would skip |
+| ``disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets`` | AROUND | PD decode with its radix cache: SGLang's HiSparse budget counts free logical ids only; the tree's evictable ids are freed on demand in ``_pre_alloc``, so they count (without them a tree full of finished requests' ids blocks admission forever) |
+| ``disaggregation.decode.DecodePreallocQueue._radix_full_available`` | AROUND | what ``_pre_alloc`` evicts the tree for: a HiSparse prealloc takes logical ids only, so the free logical ids (SGLang's figure is ``available_size()``, which also counts device rows that evicting never frees, and flushes the tree) |
+| ``disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin.process_prebuilt`` | AROUND | its checkpoint inserts each request into the decode tree, which frees ids the tree already had and repoints ``req_to_token`` to the tree's: the request's host rows are rebound to what its row now holds, so the freed ids' host rows, reused by later transfers, are never read for it |
 
 Each returns SGLang's result unchanged without a HiSparse allocator (``HiSparseTokenAllocator``
 with a coordinator attached) or with the tree off.
@@ -35,12 +38,21 @@ def _sharing(tree_cache: Any) -> bool:
 
 
 def prepare_extend_prefixes(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``alloc_for_extend(batch)`` -> ``(out_cache_loc, req_pool_indices, *_cpu)``."""
-    out = original(batch, *args, **kwargs)
+    """AROUND ``alloc_for_extend(batch)`` -> ``(out_cache_loc, req_pool_indices, *_cpu)``.
+
+    The new requests' matched pages that sit in the device-tier cache are protected while
+    SGLang allocates the batch's new ids (an allocation short of rows evicts cached pages,
+    oldest first, and would otherwise take the very prefix this batch is about to hold and
+    load it back from host)."""
     tree = getattr(batch, "tree_cache", None)
     coord = _coordinator(getattr(tree, "token_to_kv_pool_allocator", None))
     if coord is None or not _sharing(tree):
-        return out
+        return original(batch, *args, **kwargs)
+    coord.protect_matched(batch.reqs, tree)
+    try:
+        out = original(batch, *args, **kwargs)
+    finally:
+        coord.dual.release_protected()
     out_cache_loc, _, req_pool_indices_cpu = out
     coord.prepare_extend(batch.reqs, [int(r) for r in req_pool_indices_cpu.tolist()],
                          list(batch.extend_lens), out_cache_loc)
@@ -60,13 +72,28 @@ def release_unstaged(original: Callable[..., Any], req: Any, tree_cache: Any, *a
 
 
 def available_rows_bound(original: Callable[..., int], budget: Any, *args: Any, **kwargs: Any) -> int:
-    """AROUND ``PrefillBudget._available_and_evictable``: SGLang's ``available + evictable``,
-    at most the device rows a prefill could get (free plus what resident requests give up)."""
+    """AROUND ``PrefillBudget._available_and_evictable``: SGLang's ``available + evictable``
+    (logical ids), at most the device rows a prefill could get (free plus what resident
+    requests give up) plus the decode headroom SGLang reserves out of the same figure.
+
+    SGLang subtracts two offsets from this figure: ``current_offset``, what the admitted
+    prefills allocate now (their prompts' pages), and in ``total_offset`` also each running
+    and admitted request's expected remaining output (``max_new_tokens`` x new_token_ratio).
+    The outputs take logical ids, but device rows only while a hot buffer grows to B + 1
+    (resident requests give theirs up under pressure), which the decode check counts and
+    retracts for (``HiSparseTokenAllocator.check_decode_capacity``). So the rows bound carries
+    that headroom back: after SGLang's subtraction the budget is ``min(logical - total_offset,
+    rows - current_offset)``.
+
+    NOTE: charging the outputs against device rows (the bound without the headroom) capped a
+    HiSparse decode batch by HBM again: under real traffic (``testing.rig_traffic``) six
+    requests ran where the logical space held sixteen, and SGLang never over-admitted."""
     total = original(budget, *args, **kwargs)
     allocator = getattr(budget, "allocator", None)
     if _coordinator(allocator) is None:
         return total
-    return min(total, allocator.core.available_rows())
+    headroom = max(int(budget.total_offset) - int(budget.current_offset), 0)
+    return min(total, allocator.core.available_rows() + headroom)
 
 
 def pd_prealloc_with_prefix(original: Callable[..., Any], queue: Any, req: Any, prefix_indices: Any = None,
@@ -145,3 +172,62 @@ def reserve_prefix_rows(original: Callable[..., int], adder: Any, req: Any, *arg
     m = int(getattr(req, "prefix_len", 0) or 0)
     ps = allocator.page_size
     return reserve + -(-m // ps) * ps
+
+
+def _pd_radix_coordinator(queue: Any) -> Any:
+    """The coordinator of a HiSparse PD decode queue whose decode radix cache is on, or None."""
+    scheduler = getattr(queue, "scheduler", None)
+    coord = getattr(scheduler, "hisparse_coordinator", None)
+    if coord is None or not getattr(scheduler, "enable_hisparse", False) or not _sharing(queue.tree_cache):
+        return None
+    return coord
+
+
+def pd_budget_with_tree(original: Callable[..., int], queue: Any, *args: Any, **kwargs: Any) -> int:
+    """AROUND ``DecodePreallocQueue._allocatable_token_budgets(...)``: plus the decode tree's
+    evictable ids, which ``_pre_alloc`` evicts for (``pd_prealloc_evicts_logical``)."""
+    budget = original(queue, *args, **kwargs)
+    if _pd_radix_coordinator(queue) is None or queue._uses_swa_tail_prealloc():
+        return budget
+    return budget + int(queue._radix_full_evictable())
+
+
+def pd_prealloc_evicts_logical(original: Callable[..., int], queue: Any, *args: Any, **kwargs: Any) -> int:
+    """AROUND ``DecodePreallocQueue._radix_full_available()``: the free logical ids on a
+    HiSparse decode server (``_pre_alloc`` evicts the tree until the fill fits in them)."""
+    if _pd_radix_coordinator(queue) is None or queue.scheduler.tp_worker.is_hybrid_swa:
+        return original(queue, *args, **kwargs)
+    return int(queue.token_to_kv_pool_allocator.logical_attn_allocator.available_size())
+
+
+def pd_rebind_after_checkpoint(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``process_prebuilt(batch, future_map)``: after its checkpoints, every request's
+    host rows follow its ``req_to_token`` row (the coordinator's ``rebind_tree_rows``)."""
+    out = original(batch, *args, **kwargs)
+    coord = _coordinator(getattr(batch, "token_to_kv_pool_allocator", None))
+    if coord is not None and _sharing(getattr(batch, "tree_cache", None)):
+        coord.rebind_tree_rows(batch.reqs)
+    return out
+
+
+def admit_on_both_spaces(original: Callable[..., Any], budget: Any, *args: Any, total_tokens: int,
+                         max_new_tokens: int, **kwargs: Any) -> Any:
+    """AROUND ``PrefillBudget.check_prefill(*, extend_input_len, total_tokens, max_new_tokens,
+    ...)`` (a request that may stop early: SGLang's EOS path): its prompt must fit the device
+    rows (SGLang's check on the row-bounded figure, ``available_rows_bound``), and its prompt
+    plus ``max_new_tokens`` outputs the logical ids.
+
+    SGLang checks ``prompt + max_new_tokens`` against one figure; against the device rows a
+    request whose prompt and outputs together exceed them is never admitted (under real
+    traffic the rig's queue hung with every row free), though its outputs take logical ids
+    and at most B + 1 device rows."""
+    allocator = getattr(budget, "allocator", None)
+    if _coordinator(allocator) is None:
+        return original(budget, *args, total_tokens=total_tokens, max_new_tokens=max_new_tokens, **kwargs)
+    fits, limit = original(budget, *args, total_tokens=total_tokens - max_new_tokens,
+                           max_new_tokens=max_new_tokens, **kwargs)
+    if not fits:
+        return fits, limit
+    tree = budget.tree_cache
+    logical = allocator.core.logical.available_size() + (int(tree.evictable_size()) if _sharing(tree) else 0)
+    return (True, limit) if total_tokens < logical - budget.total_offset else (False, None)

@@ -255,3 +255,27 @@ def test_a_finished_resident_request_leaves_its_rows_as_a_device_cache() -> None
     before = a.rows.available_size()
     assert a.evict_cached(1) == 1 and a.rows.available_size() == before + 1
     engine.check_no_leaks()
+
+
+def test_protected_cached_pages_outlive_an_allocation_that_evicts() -> None:
+    """``protect_cached``: an extend that matched cached pages allocates its new ids first
+    (SGLang's ``alloc_for_extend``), and an allocation short of rows evicts cached pages,
+    oldest first; the matched (protected) ones are skipped, the others go, and after
+    ``release_protected`` they are evictable again."""
+    engine = _engine("L3-k4-B8-p1", residency="pressure")
+    a = engine.allocator
+    first = _run(engine, ToyRequest(rid=0, seed=41, prompt_len=20, max_new=4))
+    second = _run(engine, ToyRequest(rid=1, seed=42, prompt_len=20, max_new=4))
+    n1, n2 = first.seq_len, second.seq_len
+    assert a.cached_rows == n1 + n2
+    # pages of one id (p1), cached in release order: the first request's are the oldest
+    ids1 = torch.tensor(list(a._cached)[:n1], dtype=torch.int64)
+    # the oldest cached pages (the first request's) are what a later turn on it matched
+    assert a.protect_cached(ids1) == n1
+    taken = a.alloc(a.rows.available_size() + 3)  # 3 rows more than are free
+    assert taken is not None
+    assert a.cached_rows == n1 + n2 - 3 and bool((a.translate(ids1) > 0).all())
+    a.release_protected()
+    assert a.evict_cached(1) == 1 and a.cached_rows == n1 + n2 - 4
+    a.free(taken)
+    a.check_integrity()
