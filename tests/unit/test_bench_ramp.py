@@ -34,7 +34,7 @@ def test_ramp_is_exact_and_leaves_nothing_behind(ramp):
     toy = ToyModel(num_layers=5, top_k=K, item_bytes=ITEM, shared=shared_pattern(5, "glm", 4))
     model, dev = BenchModel(toy), torch.device("cpu")
     compute = ComputeStandIn(model, max_batch=4, device=dev)
-    args = SimpleNamespace(warmup=1, ramp_steps=1)
+    args = SimpleNamespace(warmup=1, ramp_steps=1)  # not an SGLang object: the benchmark's parsed CLI flags
     levels = ramp.ramp_levels(4)
     cap = N0 + ramp.ramp_total_steps(args, 4) + 2
     table = SelectionTable(SelectionSpec(), seeds=torch.arange(1000, 1004), n0=N0, k=K,

@@ -138,6 +138,7 @@ def test_the_forward_waits_once_per_backup(monkeypatch) -> None:
     waits: list[object] = []
     streams = rig.core.streams  # pretend to be CUDA for the stream calls only
     monkeypatch.setattr(streams, "is_cuda", True)
+    # not an SGLang object: a recorder in place of torch.cuda's current stream (no CUDA on CPU)
     monkeypatch.setattr(streams, "current", lambda: SimpleNamespace(wait_event=waits.append, wait_stream=lambda s: None))
     monkeypatch.setattr(streams, "on", lambda side: contextlib.nullcontext())
     rig.step([0])  # first step after staging: no backup, nothing to wait for

@@ -51,6 +51,9 @@ def configurator(dsa_model_dir, monkeypatch):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache import kv_cache_configurator as kcc
     from sglang.srt.model_executor.model_runner_components.layer_setup import ModelLayerInfo
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        resolve_spec_aux_hidden_state_config,
+    )
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -64,18 +67,23 @@ def configurator(dsa_model_dir, monkeypatch):
         ])
         args.resolve_once()
         ctx = rc.create_context(args, role="scheduler")
+        # NOTE: a stand-in for SGLang's GroupCoordinator (the world group): a real one needs
+        # torch.distributed.init_process_group and gloo groups, which are process-global; only its
+        # cpu_group is read, by get_available_gpu_memory, which is faked above
         ctx.parallel.override_permanently(world_group=SimpleNamespace(cpu_group=None))
         use = rc.use_context(ctx)
         use.__enter__()
         contexts.append(use)
+        model_config = ModelConfig.from_server_args(args)
+        spec_algorithm = SpeculativeAlgorithm.from_string(None)
         kvc = kcc.KVCacheConfigurator(
             device="cuda", gpu_id=0, attn_dp_size=1, pp_size=1, pp_group=None, model=None,
-            model_config=ModelConfig.from_server_args(args), server_args=args,
+            model_config=model_config, server_args=args,
             kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="bfloat16", model_dtype=torch.bfloat16,
-            page_size=PAGE, sliding_window_size=None, spec_algorithm=SpeculativeAlgorithm.from_string(None),
+            page_size=PAGE, sliding_window_size=None, spec_algorithm=spec_algorithm,
             is_draft_worker=False, post_capture_kv_active=False,
-            spec_aux_config=SimpleNamespace(eagle_draft_num_layers=None, draft_model_config=None,
-                                            dflash_draft_num_layers=None),
+            spec_aux_config=resolve_spec_aux_hidden_state_config(
+                server_args=args, model_config=model_config, spec_algorithm=spec_algorithm, is_draft_worker=False),
             is_hybrid_swa=False, is_hybrid_swa_compress=False, use_mla_backend=True,
             layer_info=ModelLayerInfo(start_layer=0, end_layer=layers, num_effective_layers=layers),
             forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,

@@ -75,6 +75,7 @@ def test_transfer_paths_move_the_same_bytes(monkeypatch, unfused):
     monkeypatch.setenv("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING", unfused)
     dev, host = _layers(4, 8, 32, 3), _layers(4, 12, 32, 4)
     ref_dev, ref_host = [t.clone() for t in dev], [t.clone() for t in host]
+    # not an SGLang object: the fields of our CoreContext that transfer reads
     ctx = SimpleNamespace(device=torch.device("cpu"), device_kv=dev, host_kv=host,
                           host_kv_cuda=None, layer_tables=None, row_layout=TOKEN)
     transfer.to_host(ctx, torch.tensor([1, 6]), torch.tensor([11, 0]))

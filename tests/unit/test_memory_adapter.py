@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("sglang.srt.mem_cache.memory_pool")
 
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
 
@@ -158,7 +159,8 @@ def test_kv_writes_and_reads_are_translated(alloc, pool, monkeypatch):
     slot_rows = alloc.core.shrink_to_hot_buffer(1, ids, hot_size=2)
     new = alloc.alloc_decode(t(4), t(4), ids[-1:])
     alloc.core.map_tokens(new, slot_rows[-1:])
-    layer = SimpleNamespace(layer_id=0)
+    # deepseek_v2.py:2183 (DeepseekV2AttentionMLA.attn_mqa): the layer the MLA backend passes
+    layer = RadixAttention(128, 512 + 64, 1.0, num_kv_heads=1, layer_id=0, v_head_dim=512)
     pool.set_mla_kv_buffer(layer, new, None, None)
     pool.get_mla_kv_buffer(layer, torch.cat([new, ids[:1]]))
     assert seen["set"].tolist() == [slot_rows[-1].item()]
@@ -250,6 +252,8 @@ def test_ranks_check_figures_agreed_across_the_world_group(monkeypatch):
     dist = memory_host.dist
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    # NOTE: a stand-in for SGLang's GroupCoordinator: a real one needs torch.distributed's
+    # process group (init_process_group, gloo groups), which is process-global; only cpu_group is read
     monkeypatch.setattr(sgl_dist, "get_world_group", lambda: SimpleNamespace(cpu_group="world-cpu"))
     monkeypatch.setattr(memory_host, "available_host_bytes", lambda: 900)
     seen = {}

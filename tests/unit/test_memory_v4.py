@@ -6,8 +6,6 @@ built (docs/v4-m3.md D6)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -32,7 +30,6 @@ def v4_pool(v4_model_dir, monkeypatch):
                                 "--disable-radix-cache", "--kv-cache-dtype", "fp8_e4m3"])
     args.resolve_once()
     ctx = rc.create_context(args, role="scheduler")
-    ctx.parallel.override_permanently(world_group=SimpleNamespace(cpu_group=None))
     with rc.use_context(ctx):
         yield dsv4.DeepSeekV4TokenToKVPool(
             max_num_reqs=4, swa_size=1024, c4_size=C4_ROWS, c128_size=64, c4_state_pool_size=64,

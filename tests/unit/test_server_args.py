@@ -315,17 +315,20 @@ def test_sglang_plugins_excluding_us_gives_in_tree_validation(dsa_model_dir):
     assert "RAISED AssertionError Hierarchical sparse attention currently requires --disable-radix-cache" in out.stdout, out.stderr[-2000:]
 
 
-def test_parse_hisparse_config_sizes_the_default_buffer_for_the_verify_window(monkeypatch):
+def test_parse_hisparse_config_sizes_the_default_buffer_for_the_verify_window(dsa_model_dir):
     """Pool sizing and the coordinator read the config through parse_hisparse_config: with
-    speculation on, its default device_buffer_size must already hold W + 1 selections."""
-    from types import SimpleNamespace
-
+    speculation on, its default device_buffer_size must already hold W + 1 selections. The
+    'memory' and 'spec' namespaces are SGLang's own, projected from the real argument pipeline
+    into a model-owned context (create_context) that is active only inside the ``with``."""
     import sglang.srt.runtime_context as rc
 
     from sglang_hisparse.sglang_adapter.arg_hook import parse_hisparse_config
 
-    monkeypatch.setattr(rc, "get_memory", lambda: SimpleNamespace(hisparse_config=None))
-    monkeypatch.setattr(rc, "get_spec", lambda: SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4))
-    assert parse_hisparse_config().device_buffer_size == 5 * 2048
-    monkeypatch.setattr(rc, "get_spec", lambda: SimpleNamespace(speculative_algorithm=None, speculative_num_draft_tokens=None))
-    assert parse_hisparse_config().device_buffer_size == 2 * 2048
+    spec = check(dsa_model_dir, *OK, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+    with rc.use_context(rc.create_context(spec, role="scheduler")):
+        assert rc.get_memory().hisparse_config is None and rc.get_spec().speculative_num_draft_tokens == 4
+        assert parse_hisparse_config().device_buffer_size == 5 * 2048
+    with rc.use_context(rc.create_context(check(dsa_model_dir, *OK), role="scheduler")):
+        assert rc.get_spec().speculative_algorithm is None
+        assert parse_hisparse_config().device_buffer_size == 2 * 2048

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -23,7 +21,7 @@ from sglang.srt.managers.hisparse_coordinator import (  # noqa: E402
     HiSparseCoordinator,
     HiSparseTokenStats,
 )
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -285,17 +283,18 @@ def test_unsupported_paths_say_so() -> None:
                                           torch.zeros(1, 1, dtype=torch.int32), 0, 16)
     srv.coord.allocate_spec_scratch([0, 1])  # called for every new batch: a no-op without spec
     with pytest.raises(ValueError, match="num_draft_tokens = 0"):
-        srv.coord.prepare_spec_verify(SimpleNamespace())
+        srv.coord.prepare_spec_verify(ScheduleBatch(reqs=[], req_to_token_pool=srv.req_to_token_pool, device="cpu"))
     srv.coord.destroy()
 
 
 W = 3
 
 
-def _verify_batch(srv: Server, reqs: list[Req], seq: list[int]) -> SimpleNamespace:
+def _verify_batch(srv: Server, reqs: list[Req], seq: list[int]) -> ScheduleBatch:
     """alloc_for_spec_decode (page_size 64: alloc_logical_only for positions not yet
     allocated) + eagle_prepare_for_verify's out_cache_loc; SGLang's no-verify-sync mode
-    leaves seq_lens_cpu None."""
+    leaves seq_lens_cpu None. SGLang's own dataclass, built with the fields init_new sets
+    (init_new itself reads the published 'spec' namespace through Req.is_prefill_only)."""
     r2t = srv.req_to_token_pool.req_to_token
     for q, s in zip(reqs, seq, strict=True):
         r, have = q.kv.req_pool_idx, q.kv.kv_allocated_len
@@ -306,8 +305,9 @@ def _verify_batch(srv: Server, reqs: list[Req], seq: list[int]) -> SimpleNamespa
             q.kv.kv_allocated_len = s + W
     rs = [q.kv.req_pool_idx for q in reqs]
     loc = torch.cat([r2t[r, s : s + W].to(torch.int64) for r, s in zip(rs, seq, strict=True)])
-    return SimpleNamespace(reqs=reqs, req_pool_indices=t(*rs), req_pool_indices_cpu=t(*rs),
-                           seq_lens=t(*seq), seq_lens_cpu=None, out_cache_loc=loc)
+    return ScheduleBatch(reqs=reqs, req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
+                         device="cpu", req_pool_indices=t(*rs), req_pool_indices_cpu=t(*rs), seq_lens=t(*seq),
+                         seq_lens_cpu=None, out_cache_loc=loc)
 
 
 def test_speculative_verify_rounds_through_sglang_calls() -> None:
@@ -492,33 +492,37 @@ def test_startup_logs_the_state_bytes_and_whether_the_kv_budget_reserved_them(mo
     assert "more than the 0.0 MiB (5 slots) reserved out of the KV budget" in line
 
 
-def test_a_default_buffer_is_sized_for_the_models_top_k(monkeypatch) -> None:
+def test_a_default_buffer_is_sized_for_the_models_top_k(sglang_with_plugin, dsa_model_dir) -> None:
     """parse_hisparse_config cannot see the model's index_topk, so its default
     device_buffer_size assumes top_k 2048; ModelRunner passes the model's index_topk as
-    top_k (model_runner.py:1039-1045) and the coordinator re-derives the default with it."""
-    from types import SimpleNamespace as NS
-
+    top_k (model_runner.py:1039-1045) and the coordinator re-derives the default with it.
+    The 'memory' and 'spec' namespaces are SGLang's own, projected from the real argument
+    pipeline into a model-owned context (create_context) active only inside each ``with``."""
     import sglang.srt.runtime_context as rc
+    from sglang.srt.server_args import prepare_server_args
 
     from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size, parse_hisparse_config
 
-    def with_config(text: str | None) -> None:
-        monkeypatch.setattr(rc, "get_memory", lambda: NS(hisparse_config=text))
-        monkeypatch.setattr(rc, "get_spec", lambda: NS(speculative_algorithm=None, speculative_num_draft_tokens=None))
+    def published(*flags: str) -> contextlib.AbstractContextManager:
+        args = prepare_server_args(["--model-path", str(dsa_model_dir), "--skip-tokenizer-init", "--device", "cpu",
+                                    "--enable-hisparse", "--disable-radix-cache", *flags])
+        args.resolve_once()
+        return rc.use_context(rc.create_context(args, role="scheduler"))
 
-    with_config(None)
-    assert parse_hisparse_config().device_buffer_size == 4096
-    assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 1024
-    assert model_buffer_size(top_k=512, device_buffer_size=6144, num_draft_tokens=2) == 3 * 512
-    assert model_buffer_size(top_k=512, device_buffer_size=B, num_draft_tokens=0) == B  # not the parsed default
-    srv = Server()
-    coord = SGLangHiSparseCoordinator(
-        req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
-        top_k=TOP_K, device_buffer_size=4096, device="cpu", tp_group=None,
-    )
-    assert coord.device_buffer_size == coord.core.buffer_size == 2 * TOP_K
-    with_config('{"device_buffer_size": 4096}')  # an explicit size is kept
-    assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 4096
+    with published():
+        assert rc.get_memory().hisparse_config is None and rc.get_spec().speculative_algorithm is None
+        assert parse_hisparse_config().device_buffer_size == 4096
+        assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 1024
+        assert model_buffer_size(top_k=512, device_buffer_size=6144, num_draft_tokens=2) == 3 * 512
+        assert model_buffer_size(top_k=512, device_buffer_size=B, num_draft_tokens=0) == B  # not the parsed default
+        srv = Server()
+        coord = SGLangHiSparseCoordinator(
+            req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
+            top_k=TOP_K, device_buffer_size=4096, device="cpu", tp_group=None,
+        )
+        assert coord.device_buffer_size == coord.core.buffer_size == 2 * TOP_K
+    with published("--hisparse-config", '{"device_buffer_size": 4096}'):  # an explicit size is kept
+        assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 4096
 
 
 # -- no host sync per step (issue 35 item 7) ---------------------------------------------------
