@@ -290,6 +290,41 @@ def pressure_shrinks(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs), **stats}
 
 
+def radix_keeps_matched_cache(rig: Rig) -> dict[str, Any]:
+    """A finished request's pages stay on the device as cached prefix rows; a request matching
+    them arrives when the device rows are short, so its extend must evict cached pages: the
+    ones it matched are protected (the oldest, but loading them back from host would be
+    waste), the rest go."""
+    rnd = random.Random(35)
+    ps = rig.config.page_size
+    long = {"hold": ([rnd.randrange(1000) for _ in range(5 * ps - 40)], 150)}
+    _submit_all(rig, long)
+    rig.step()
+    base = [rnd.randrange(1000) for _ in range(2 * ps)]
+    first = {"base": (base, 4)}
+    _submit_all(rig, first)
+    while rig.results["base"].finish_reason is None:
+        rig.step()
+    dual = rig.coordinator.dual
+    cached = dual.cached_rows
+    before = rig.coordinator.telemetry()
+    follow = {"match": (base + [rnd.randrange(1000) for _ in range(ps + 20)], 4)}
+    _submit_all(rig, follow)
+    rig.run_until_idle()
+    after = rig.coordinator.telemetry()
+    hit = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
+    loaded = after["prefix_load_tokens"] - before["prefix_load_tokens"]
+    if not cached or hit < 2 * ps:
+        raise AssertionError(f"radix_keeps_matched_cache: {cached} cached rows, {hit} prefix tokens hit; the "
+                             f"scenario needs the base's pages cached and matched")
+    if loaded:
+        raise AssertionError(f"radix_keeps_matched_cache: {loaded} of the {hit} matched tokens were loaded from "
+                             f"host; the extend evicted its own cached prefix")
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**long, **first, **follow}), "cached_rows": cached,
+            "matched": hit, "loaded": loaded, **_stats(rig)}
+
+
 def abort_while_staging(rig: Rig) -> dict[str, Any]:
     """Aborts that arrive while a prompt is staging to host (after prefill, before the
     coordinator hands the request to decode): one seen in staging once, one twice.
@@ -380,6 +415,21 @@ def retract_and_resume(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs), "retracted": len(calls), **_stats(rig)}
 
 
+# -- real traffic (testing.rig_traffic): EOS / stop sets, arrivals, SGLang's own retraction -----
+#: the CI run's size; the soak (``-m slow``) runs ``python -m sglang_hisparse.testing.rig_traffic``
+TRAFFIC_REQUESTS = 32
+
+
+def traffic(rig: Rig) -> dict[str, Any]:
+    """Seeded real traffic (``testing.rig_traffic``): requests that stop at a stop token or their
+    drawn length, random arrivals, mixed lengths, shared prefixes, duplicates in flight,
+    follow-up turns, aborts, at a load where SGLang over-admits and retracts by its own rules.
+    Every token equals full KV, no stall, both idle checks pass."""
+    from sglang_hisparse.testing.rig_traffic import TrafficSpec, run_traffic
+
+    return run_traffic(rig, TrafficSpec(requests=TRAFFIC_REQUESTS, seed=11), pd=rig.pd_decode)
+
+
 #: environment a group's process needs before SGLang is imported (module-level constants)
 # -- PD decode (--disaggregation-mode decode, fake transfer backend) -------------------------
 def _pd_reference(rig: Rig, rid: str, prompt: list[int], new: int) -> list[int]:
@@ -454,6 +504,75 @@ def pd_radix_suffix_only(rig: Rig) -> dict[str, Any]:
     rig.check_idle()
     return {"requests": _check_tokens(rig, {**first, **reqs}, reference=_pd_reference),
             "transferred": short, **stats}
+
+
+def pd_radix_identical_in_flight(rig: Rig) -> dict[str, Any]:
+    """PD decode radix cache: identical prompts in flight together. Joining decode, each is
+    checkpointed into the tree; the later ones' duplicate ids are freed and their rows repointed
+    to the first's. Later transfers reuse the freed ids and write other prompts' KV into their
+    host rows, while the identical requests still decode past B (every step misses on host
+    rows): they must read the tree's rows, not the freed ones (the stand-in checks the bytes of
+    every row it reads)."""
+    rnd = random.Random(33)
+    same = [rnd.randrange(1000) for _ in range(3 * rig.config.page_size + 10)]
+    twins = {f"twin{i}": (list(same), 60) for i in range(3)}
+    _submit_all(rig, twins)
+    joined = set()
+
+    def on_step(r: Rig) -> None:
+        joined.update(q.rid for q in r.scheduler.running_batch.reqs if q.rid in twins)
+
+    for _ in range(200):
+        rig.step()
+        on_step(rig)
+        if joined == set(twins):
+            break
+    later = _random_requests(rnd, 6, (150, 220), (10, 30), "late")
+    _submit_all(rig, later)
+    rig.run_until_idle(on_step=on_step)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**twins, **later}, reference=_pd_reference), **_stats(rig)}
+
+
+def pd_radix_keeps_tree(rig: Rig) -> dict[str, Any]:
+    """PD decode radix cache with the device rows taken by running hot buffers and logical ids
+    to spare: a new request's prealloc evicts the tree only for logical ids it lacks (none
+    here), so the finished prompts the tree keeps stay matchable. Every tree eviction is
+    observed with the free logical ids at its call."""
+    rnd = random.Random(34)
+    done = _random_requests(rnd, 4, (100, 150), (2, 4), "kept")
+    _submit_all(rig, done)
+    rig.run_until_idle()
+    tree, dual = rig.scheduler.tree_cache, rig.coordinator.dual
+    kept = int(tree.evictable_size())
+    evictions: list[tuple[int, int]] = []
+    original = tree.evict_for_alloc
+
+    def evict_for_alloc(params: Any, *a: Any, **kw: Any) -> Any:  # NOTE: observes only
+        evictions.append((int(params.num_tokens), dual.logical.available_size()))
+        return original(params, *a, **kw)
+
+    tree.evict_for_alloc = evict_for_alloc
+    # one hot buffer (B + 1 rows) per page: all pages but one taken, then requests whose
+    # prompts need more rows than are left (a PD prealloc takes logical ids and host rows only)
+    pages = dual.size_device // rig.config.page_size
+    running = _random_requests(rnd, pages - 1, (100, 120), (60, 80), "busy")
+    _submit_all(rig, running)
+    for _ in range(20):
+        rig.step()
+    probes = _random_requests(rnd, 3, (3 * rig.config.page_size, 4 * rig.config.page_size), (2, 6), "probe")
+    _submit_all(rig, probes)
+    try:
+        rig.run_until_idle()
+    finally:
+        tree.evict_for_alloc = original
+    needless = [(n, free) for n, free in evictions if free >= 4 * rig.config.page_size + n]
+    if needless:
+        raise AssertionError(f"pd_radix_keeps_tree: {len(needless)} tree evictions with logical ids to spare "
+                             f"(asked, free logical ids): {needless[:4]}; the tree kept {kept} tokens")
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, {**done, **running, **probes}, reference=_pd_reference),
+            "tree_kept": kept, "evictions": len(evictions), **_stats(rig)}
 
 
 def _pd_release_before_admission(rig: Rig, how: str) -> dict[str, Any]:
@@ -544,10 +663,50 @@ GROUP_ENV: dict[str, dict[str, str]] = {
     "retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "pd_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
     "radix_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+    # a server long past its warm-up: SGLang's new-token ratio decays to its floor in 20 decode
+    # steps instead of 600, so admission counts on early stops as a busy server's does
+    **{g: {"SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "20"}
+       for g in ("traffic", "traffic_overlap", "traffic_pd", "traffic_pd_radix")},
+}
+
+_PD = ("--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+       "--disaggregation-decode-retraction-backup", "none")
+
+#: SGLang admits on its estimate of each request's remaining output, scaled by
+#: --schedule-conservativeness (an operator's throughput knob); 0.3 admits on a fifth of
+#: max_new_tokens at first, so decode over-runs the pool and retracts by SGLang's own rules
+_OVER_ADMIT = ("--schedule-conservativeness", "0.3")
+
+#: real traffic on a pool its load overfills (1024 device rows, 2048 logical ids, 16 running),
+#: with a hot buffer of several pages (B 64 over 16-token pages, as a server's B 2048 spans 32
+#: pages of 64), so that decode grows buffers into the device rows: co-located and PD decode
+#: (with and without its radix cache), the normal and the overlap loop, pressure residency
+#: with slru and always-hot buffers with lru
+_TRAFFIC = dict(device_rows=512, host_to_device_ratio=4, page_size=16, buffer_size=64, max_running_requests=16)
+TRAFFIC_GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
+    "traffic": (
+        RigConfig(radix=True, chunked_prefill_size=128, staging_polls=2, extra_args=_OVER_ADMIT, **_TRAFFIC),
+        [traffic],
+    ),
+    "traffic_overlap": (
+        RigConfig(radix=True, overlap=True, residency="always_hot", policy="lru", chunked_prefill_size=128,
+                  staging_polls=2, extra_args=_OVER_ADMIT, **_TRAFFIC),
+        [traffic],
+    ),
+    "traffic_pd": (
+        RigConfig(residency="always_hot", policy="lru", extra_args=(*_PD, *_OVER_ADMIT), **_TRAFFIC),
+        [traffic],
+    ),
+    "traffic_pd_radix": (
+        RigConfig(radix=True, extra_args=(*_PD, *_OVER_ADMIT, "--disaggregation-decode-enable-radix-cache"),
+                  **_TRAFFIC),
+        [traffic],
+    ),
 }
 
 GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     # the longest group first: the test starts two groups at a time, in this order
+    **TRAFFIC_GROUPS,
     "speculative": (
         RigConfig(buffer_size=64, draft_tokens=3, overlap=True, chunked_prefill_size=64,
                   max_running_requests=8, staging_polls=2),
@@ -662,6 +821,20 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
             "--disaggregation-decode-retraction-backup", "none",
             "--disaggregation-decode-enable-radix-cache")),
         [pd_radix_suffix_only, pd_success, pd_transfer_failure],
+    ),
+    # ... with hot buffers (every step past B misses on host rows), filling the device rows with
+    # logical ids to spare (16 x 256 rows: SGLang's PD admission reserves 512 decode tokens a
+    # request)
+    "pd_radix_hot": (
+        RigConfig(radix=True, residency="always_hot", device_rows=256, host_to_device_ratio=16,
+                  max_running_requests=8, extra_args=(*_PD, "--disaggregation-decode-enable-radix-cache")),
+        [pd_radix_identical_in_flight, pd_radix_keeps_tree],
+    ),
+    # a device pool of 7 usable pages: an extend must evict cached prefix pages
+    "radix_tight": (
+        RigConfig(radix=True, device_rows=512, host_to_device_ratio=4, max_running_requests=4,
+                  residency_watermark=0.0),
+        [radix_keeps_matched_cache],
     ),
     "pd_retract": (
         RigConfig(max_running_requests=8, extra_args=(

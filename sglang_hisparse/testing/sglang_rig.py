@@ -234,16 +234,23 @@ class Rig:
     def coordinator(self) -> Any:
         return self.scheduler.hisparse_coordinator
 
-    def submit(self, rid: str, prompt: list[int], max_new_tokens: int) -> None:
+    def submit(self, rid: str, prompt: list[int], max_new_tokens: int,
+               stop_token_ids: list[int] | None = None) -> None:
         """A tokenized request, sent over the scheduler's real input socket (PD decode: with
-        the fake backend's bootstrap host, so the fake receiver serves its transfer)."""
+        the fake backend's bootstrap host, so the fake receiver serves its transfer).
+
+        Without ``stop_token_ids`` the request runs with ``ignore_eos`` (exactly
+        ``max_new_tokens`` outputs, and SGLang reserves all of them at admission); with them it
+        stops at the first output in the set, as at an EOS, so SGLang admits on its estimated
+        output length and may over-admit and retract (``testing.rig_traffic``)."""
         from array import array
 
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, sock_send
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         # what TokenizerManager does to the sampling params before it sends them
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0,
+                                ignore_eos=stop_token_ids is None, stop_token_ids=stop_token_ids)
         params.normalize(None)
         params.verify(self.toy.vocab)
         req = TokenizedGenerateReqInput(
