@@ -680,8 +680,8 @@ _OVER_ADMIT = ("--schedule-conservativeness", "0.3")
 #: real traffic on a pool its load overfills (1024 device rows, 2048 logical ids, 16 running),
 #: with a hot buffer of several pages (B 64 over 16-token pages, as a server's B 2048 spans 32
 #: pages of 64), so that decode grows buffers into the device rows: co-located and PD decode
-#: (with and without its radix cache), the normal and the overlap loop, pressure residency
-#: with slru and always-hot buffers with lru
+#: (with and without its radix cache), each on the normal and the overlap loop, pressure
+#: residency with slru and always-hot buffers with lru
 _TRAFFIC = dict(device_rows=512, host_to_device_ratio=4, page_size=16, buffer_size=64, max_running_requests=16)
 TRAFFIC_GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
     "traffic": (
@@ -694,7 +694,8 @@ TRAFFIC_GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
         [traffic],
     ),
     "traffic_pd": (
-        RigConfig(residency="always_hot", policy="lru", extra_args=(*_PD, *_OVER_ADMIT), **_TRAFFIC),
+        RigConfig(residency="always_hot", policy="lru", overlap=True, extra_args=(*_PD, *_OVER_ADMIT),
+                  **_TRAFFIC),
         [traffic],
     ),
     "traffic_pd_radix": (
