@@ -471,8 +471,10 @@ class DualSpaceAllocator:
         first, skipping the pages :meth:`protect_cached` named (their ids stay allocated, their
         KV on host); returns the rows freed."""
         freed = 0
-        for lp in [p for p in self._cached if p not in self._protected]:
-            if freed >= rows:
+        while freed < rows:
+            # the oldest unprotected page (the first one whenever nothing is protected)
+            lp = next((p for p in self._cached if p not in self._protected), None)
+            if lp is None:
                 break
             del self._cached[lp]
             freed += self.drop_unread(torch.tensor([lp], dtype=torch.int64))
