@@ -114,6 +114,12 @@ TARGETS: tuple[HookTarget, ...] = (
         hook="AROUND",
     ),
     HookTarget(
+        "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req_ignore_eos",
+        "sglang_hisparse.sglang_adapter.radix_hooks:admit_ignore_eos_on_both_spaces",
+        "admission (ignore_eos): the prompt against device rows, the whole output against logical ids",
+        hook="AROUND",
+    ),
+    HookTarget(
         "sglang.srt.managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req",
         "sglang_hisparse.sglang_adapter.radix_hooks:reserve_prefix_rows",
         "radix cache: a matched prefix may need device rows to be loaded into",

@@ -8,6 +8,7 @@ need our side of the protocol (docs/prefix-cache.md):
 |---|---|---|
 | ``mem_cache.allocation.alloc_for_extend`` | AROUND | after SGLang wrote each request's prefix and new ids into ``req_to_token``: ``prepare_prefix`` holds the tree part of the row (loading from host what no device row holds) and the ids this extend computed |
 | ``mem_cache.common.release_kv_cache`` | AROUND | a request released before staging without ``request_finished`` (aborted between chunks) gets it first: its computed ids go to host, its holds are dropped |
+| ``managers.schedule_policy.PrefillAdder.add_one_req_ignore_eos`` | AROUND | the prompt against the device rows, then SGLang's whole-output simulation against the logical ids |
 | ``mem_cache.prefill_budget.PrefillBudget._available_and_evictable`` | AROUND | the tree's evictable ids free logical ids, not device rows: what a prefill allocates is at most the rows (outputs still to decode take logical ids, not rows) |
 | ``managers.schedule_policy.PrefillAdder._request_slot_reserve_for_req`` | AROUND | a new request's matched prefix may be loaded back into device rows: its page-rounded length is reserved |
 | ``disaggregation.decode.DecodePreallocQueue._pre_alloc`` | AROUND | PD decode with its radix cache: SGLang's HiSparse branch asserts no prefix; ours runs it for the whole fill, then gives the matched positions back to the tree's ids (their host rows are the tree's) and returns only the suffix's host rows as the transfer destination |
@@ -92,6 +93,9 @@ def available_rows_bound(original: Callable[..., int], budget: Any, *args: Any, 
     allocator = getattr(budget, "allocator", None)
     if _coordinator(allocator) is None:
         return total
+    if getattr(budget, "_hisparse_logical_only", False):  # admit_ignore_eos_on_both_spaces
+        # SGLang's figure is available_size() (the smaller space) + evictable: the logical one
+        return total - allocator.available_size() + allocator.core.logical.available_size()
     headroom = max(int(budget.total_offset) - int(budget.current_offset), 0)
     return min(total, allocator.core.available_rows() + headroom)
 
@@ -231,3 +235,29 @@ def admit_on_both_spaces(original: Callable[..., Any], budget: Any, *args: Any, 
     tree = budget.tree_cache
     logical = allocator.core.logical.available_size() + (int(tree.evictable_size()) if _sharing(tree) else 0)
     return (True, limit) if total_tokens < logical - budget.total_offset else (False, None)
+
+
+def admit_ignore_eos_on_both_spaces(original: Callable[..., Any], adder: Any, req: Any, *args: Any,
+                                    **kwargs: Any) -> Any:
+    """AROUND ``PrefillAdder.add_one_req_ignore_eos(req)`` (``ignore_eos`` without the radix
+    cache: SGLang's strictest path, which simulates every running request decoding to its end
+    against the budget): the prompt's pages must fit the device rows (the row-bounded figure,
+    ``available_rows_bound``), and SGLang's own checks then run on the logical ids alone.
+
+    On the row-bounded figure a request whose prompt and ``max_new_tokens`` together exceed
+    the device rows was never admitted (``long_output_past_device_rows``: queued for good on
+    an idle server), though its outputs take logical ids and at most B + 1 rows."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    budget = getattr(adder, "memory_budget", None)
+    if _coordinator(getattr(budget, "allocator", None)) is None:
+        return original(adder, req, *args, **kwargs)
+    paged = (adder.ceil_paged_tokens(len(req.full_untruncated_fill_ids) - req.prefix_len)
+             + adder.per_req_token_overhead + adder._request_slot_reserve_for_req(req))
+    if paged > min(budget.remaining_current, budget.remaining_total):
+        return AddReqResult.NO_TOKEN
+    budget._hisparse_logical_only = True
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        budget._hisparse_logical_only = False

@@ -392,6 +392,21 @@ def padded_batches(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs)}
 
 
+def long_output_past_device_rows(rig: Rig) -> dict[str, Any]:
+    """A request (``ignore_eos``, no radix cache: SGLang's strictest admission path) whose
+    prompt and outputs together exceed the device rows but fit the logical ids: its outputs
+    take logical ids and at most B + 1 rows, so it must be admitted and decode to its end."""
+    dual = rig.coordinator.dual
+    prompt = [random.Random(36).randrange(1000) for _ in range(100)]
+    reqs = {"past_rows": (prompt, dual.size_device - len(prompt) + 2 * rig.config.page_size)}
+    if len(prompt) + reqs["past_rows"][1] > dual.size_full:
+        raise AssertionError("long_output_past_device_rows: the request must fit the logical ids")
+    _submit_all(rig, reqs)
+    rig.run_until_idle(max_steps=4 * dual.size_device)
+    rig.check_idle()
+    return {"requests": _check_tokens(rig, reqs), "device_rows": dual.size_device, **_stats(rig)}
+
+
 # -- retraction: a KV pool too small for the decode demand -----------------------------------
 def retract_and_resume(rig: Rig) -> dict[str, Any]:
     """Decode runs out of KV, SGLang retracts requests (``retract_req``), and they resume by
@@ -842,6 +857,11 @@ GROUPS: dict[str, tuple[RigConfig, list[Scenario]]] = {
             "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
             "--disaggregation-decode-retraction-backup", "none")),
         [pd_retract_without_backup],
+    ),
+    # 512 device rows, 1024 logical ids, no radix cache
+    "tight": (
+        RigConfig(device_rows=512, host_to_device_ratio=2, max_running_requests=8),
+        [long_output_past_device_rows],
     ),
     "retract": (
         # aggressive admission (conservativeness 0.01) into 1024 logical ids: decode must retract
