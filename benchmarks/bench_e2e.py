@@ -43,9 +43,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from e2e_engine import FullKVRunner, HiSparseRunner  # noqa: E402
-from e2e_measure import link_ceiling, run_mode, sync  # noqa: E402
-from e2e_model import ComputeStandIn  # noqa: E402
+from e2e_engine import CheckLog, FullKVRunner, HiSparseRunner  # noqa: E402
+from e2e_measure import finish_mode, hbm_ceiling, link_ceiling, run_group, sync  # noqa: E402
+from e2e_model import ATTENTIONS, ComputeStandIn  # noqa: E402
 from e2e_plot import write_plot  # noqa: E402
 from e2e_points import (  # noqa: E402
     BASE_MODES,
@@ -61,14 +61,23 @@ from e2e_points import (  # noqa: E402
     residency_supported,
 )
 from e2e_ramp import ramp_total_steps, run_ramp_point  # noqa: E402
-from e2e_report import compare_modes, environment, notes, summarize, tables  # noqa: E402
+from e2e_report import (  # noqa: E402
+    attention_roofline,
+    compare_modes,
+    environment,
+    notes,
+    sanity,
+    summarize,
+    tables,
+)
 from e2e_selection import SelectionSpec, SelectionTable, calibration_table  # noqa: E402
 
 from sglang_hisparse.memory.budget import available_host_bytes  # noqa: E402
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
 
 SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, budget_gib="auto",
-             host_gib=0.003, warmup=2, steps=3, check_steps=2, check_requests=2, heads=2,
+             host_gib=0.003, warmup=2, steps=3, repeats=2, block_warmup=1, profile_steps=0,
+             check_steps=2, check_requests=2, heads=2,
              dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu",
              io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2], ramp_steps=1)
 
@@ -77,7 +86,7 @@ SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, bud
 #: window 128). Dense stand-in per C4 layer = two of V4-Flash's 43 layers on one of 8 GPUs:
 #: 284 B params (fp8) / 8 / 43 x 2 ~ 1650 MB streamed; 88 MFLOP, the DSA default's share
 #: scaled by active parameters per layer (13 B / 43 against 37 B / 61), x 2.
-V4_DEFAULTS = dict(layers=[21], top_k=512, buffer=1024, item=592, page=64, dense_mb=1650.0,
+V4_DEFAULTS = dict(layers=[21], top_k=512, buffer=1024, item=592, page=64, dense_mb=1650.0, attention="bag",
                    dense_mflop=88.0, anchor_rule="every", anchor_every=1, io_hiding=[],
                    ramp_steps=0, toy_variant=False, modes=["full", "prefetch", "noio"])
 SMOKE_V4 = dict(contexts=[1024, 2048], layers=[3], top_k=16, buffer=32, item=592, page=64,
@@ -105,8 +114,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--host-gib", type=float, default=None,
                     help="pinned host pool (default: min(84, 0.75 x available, available - 10) GiB)")
     ap.add_argument("--max-batch", type=int, default=1024)
-    ap.add_argument("--warmup", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=12, help="timed decode steps per mode")
+    ap.add_argument("--warmup", type=int, default=6, help="untimed steps after a runner is built "
+                    "(the first captures its CUDA graph)")
+    ap.add_argument("--steps", type=int, default=12, help="timed decode steps per mode and round")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved rounds per group (A B C, C B A, A B C): their spread is the noise")
+    ap.add_argument("--block-warmup", type=int, default=2,
+                    help="untimed steps before each mode's timed steps in a round (after another runner ran)")
+    ap.add_argument("--profile-steps", type=int, default=3,
+                    help="steps per mode under torch.profiler for the GPU's busy time (0: none)")
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="replay each step's forward from a CUDA graph (CUDA only; --no-graphs: eager, "
+                         "whose points are then invalid by the sanity lines)")
+    ap.add_argument("--kinds", nargs="+", choices=["main", "low_pressure", "ramp", "toy"], default=None,
+                    help="run only these kinds of point (default: all)")
     ap.add_argument("--check-steps", type=int, default=2)
     ap.add_argument("--check-requests", type=int, default=2, help="sampled requests per checked step")
     ap.add_argument("--selection", choices=["calibrated", "toy"], default="calibrated",
@@ -125,10 +146,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--calibration", type=Path, default=None,
                     help="calibration table JSON to embed (python benchmarks/e2e_selection.py --json); "
                          "default: compute the quick one")
-    ap.add_argument("--heads", type=int, default=16, help="attention heads per GPU (--attention gather)")
-    ap.add_argument("--attention", choices=["bag", "gather"], default="bag",
-                    help="timed attention: bag = read each selected row once (fused-kernel traffic); "
-                         "gather = materialise rows + 16-head bmm attention")
+    ap.add_argument("--heads", type=int, default=16,
+                    help="attention heads per GPU (DeepSeek-V3.2 / GLM-5.x: 128 heads over TP 8)")
+    ap.add_argument("--attention", choices=list(ATTENTIONS), default="sparse_mla",
+                    help="timed attention: sparse_mla = real sparse MLA decode (Triton; e2e_attention); "
+                         "bag = read each selected row once (a stand-in with the kernel's traffic); "
+                         "gather = materialise rows + bmm attention")
     ap.add_argument("--dense-mb", type=float, default=1400.0, help="weights streamed per layer (MB)")
     ap.add_argument("--dense-mflop", type=float, default=88.0, help="dense MFLOP per token per layer")
     ap.add_argument("--page", type=int, default=64, help="page size (SGLang DSA uses 64)")
@@ -157,6 +180,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error("--stack v4: C4 pages hold 64 entries of 592-byte host rows; leave --page and --item unset")
         if args.ramp_steps or args.attention != "bag":
             ap.error("--stack v4: no ramp (--ramp-steps 0) and --attention bag only")
+    if args.attention == "sparse_mla" and args.device == "cuda" and args.item != 1152 and not args.plan_only:
+        ap.error(f"--attention sparse_mla reads MLA rows of 576 bf16 (--item 1152), not {args.item} B; "
+                 "use --attention bag for other rows")
+    if args.repeats < 2:
+        ap.error("--repeats must be >= 2: the rounds' spread is the noise every comparison is read against")
     if "full" not in args.modes or "noio" not in args.modes:
         ap.error("--modes must include full and noio (ratios are taken against them)")
     if args.budget_gib != "auto":
@@ -201,13 +229,36 @@ def core_options(base: str, change: str, args) -> dict:
     return options
 
 
+def _build(mode: str, point: dict, plan: dict, model, compute, storage, selections, args, device,
+           filled: bool, check: list[int]):
+    """A mode's runner, admitted, graphs on (CUDA), warmed up (the first step captures) and
+    checked (every mode of the point checks the same steps here, so their outputs compare)."""
+    runner = make_runner(mode, point, plan, model, compute, storage, selections, args, device)
+    if isinstance(runner, FullKVRunner):
+        runner.admit()
+    else:
+        runner.admit(fill_host=not filled)
+    runner.dense = not mode.endswith("_nodense")
+    runner.graphs = args.graphs and device.type == "cuda"
+    for _ in range(args.warmup):
+        runner.step()
+    runner.check_log = CheckLog()
+    for _ in range(args.check_steps):
+        runner.step(check=check, log=runner.check_log)
+    sync(device)
+    return runner
+
+
 def run_point(args, point: dict, plan: dict, model, compute, storage, device) -> dict:
+    """The point's groups in order (e2e_points.build_points): a mode's runner is built at its
+    first group and finished (profiled, checked, freed) after its last; its headline figures are
+    its first group's rounds, every group's rounds are in ``groups``."""
     results: dict[str, dict] = {}
     check_full = list(range(min(args.check_requests, plan["full_batch"])))
     selections = None
     t0 = time.perf_counter()
     ramp = point["kind"] == "ramp"
-    steps = ramp_total_steps(args, plan["hisparse_batch"]) if ramp else args.warmup + args.steps + args.check_steps
+    steps = ramp_total_steps(args, plan["hisparse_batch"]) if ramp else plan["runner_steps"]
     if point["selection"] == "calibrated":
         bs = max(plan["full_batch"], plan["hisparse_batch"])
         seeds = torch.arange(1000, 1000 + bs, dtype=torch.int64, device=device)
@@ -219,43 +270,79 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
                              options=lambda mode: core_options(mode, "", args))
         return dict(out, selection_table_s=sel_s)
     ceiling = link_ceiling(storage, args.item, device)
+    hbm = hbm_ceiling(device)
+    attention = attention_roofline(compute, plan, args, device, hbm)
+    groups = point["groups"]
+    last_use = {m: max(i for i, g in enumerate(groups) if m in g) for g in groups for m in g}
+    runners: dict[str, object] = {}
+    headline: dict[str, object] = {}
+    group_recs: list[dict] = []
     filled = False
-    for mode in point["modes"]:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        t0 = time.perf_counter()
-        compute.dense_enabled = not mode.endswith("_nodense")
-        runner = None
-        try:
-            runner = make_runner(mode, point, plan, model, compute, storage, selections, args, device)
-            if isinstance(runner, FullKVRunner):
-                runner.admit()
-            else:
-                runner.admit(fill_host=not filled)
-                filled = True
-            sync(device)
-            setup_s = time.perf_counter() - t0
-            kv_alloc = (torch.cuda.memory_allocated(device) - mem0) if device.type == "cuda" else None
-            rec = run_mode(mode, runner, args, device, check_full)
-        except Exception as exc:  # one failed mode must not lose the others
-            if mode in ("full", "noio"):
-                raise
-            print(f"  {point['label']} {mode}: FAILED {exc!r}", flush=True)
-            results[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
-            continue
-        finally:
-            if runner is not None and hasattr(runner, "destroy"):
+    try:
+        for gi, group in enumerate(groups):
+            for mode in group:
+                if mode in runners or mode in results:
+                    continue
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+                t1 = time.perf_counter()
+                try:
+                    runners[mode] = _build(mode, point, plan, model, compute, storage, selections, args,
+                                           device, filled, check_full)
+                except Exception as exc:  # one failed mode must not lose the others
+                    if mode in ("full", "noio"):
+                        raise
+                    print(f"  {point['label']} {mode}: FAILED {exc!r}", flush=True)
+                    results[mode] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
+                    continue
+                filled = filled or not isinstance(runners[mode], FullKVRunner)
+                kv = (torch.cuda.memory_allocated(device) - mem0) / GIB if device.type == "cuda" else None
+                runners[mode]._setup = dict(setup_s=time.perf_counter() - t1, hbm_kv_alloc_gib=kv)
+            alive = [m for m in group if m in runners]
+            samples = run_group(alive, runners, args, device)
+            rec = {}
+            for m in alive:
+                fig = samples[m].figures()
+                fig.pop("step_ms_per_step")
+                rec[m] = fig
+                headline.setdefault(m, samples[m])
+            group_recs.append(rec)
+            for m in alive:
+                if last_use[m] != gi:
+                    continue
+                runner = runners.pop(m)
+                try:
+                    results[m] = finish_mode(m, runner, headline[m], args, device, check_full)
+                    results[m].update(runner._setup)
+                except Exception as exc:
+                    if m in ("full", "noio"):
+                        raise
+                    results[m] = dict(error=repr(exc), trace=traceback.format_exc()[-2000:])
+                finally:
+                    if hasattr(runner, "destroy"):
+                        runner.destroy()
+                    del runner
+                r = results[m]
+                if "error" not in r:
+                    gp = r.get("gpu_profile") or {}
+                    gap = gp.get("host_gap_share")
+                    print(f"  {point['label']:<22} {m:<18} batch {r['batch']:>5}  step {r['step_ms']:8.2f} ms  "
+                          f"{r['tokens_per_s']:10.0f} tok/s  miss {r.get('miss_rate', 0.0):.3f}  "
+                          f"spread {100 * (r['spread'] or 0):.1f} %  host gap "
+                          f"{'-' if gap is None else f'{100 * gap:.1f} %'}  exact {r['exact_vs_oracle']}", flush=True)
+    finally:
+        for runner in runners.values():
+            if hasattr(runner, "destroy"):
                 runner.destroy()
-            del runner
-        rec.update(setup_s=setup_s, hbm_kv_alloc_gib=None if kv_alloc is None else kv_alloc / GIB)
-        results[mode] = rec
-        print(f"  {point['label']:<22} {mode:<18} batch {rec['batch']:>5}  step {rec['step_ms']:8.2f} ms  "
-              f"{rec['tokens_per_s']:10.0f} tok/s  miss {rec.get('miss_rate', 0.0):.3f}  "
-              f"exact {rec['exact_vs_oracle']}  setup {setup_s:.1f} s", flush=True)
-    compute.dense_enabled = True
+        runners.clear()
     out = compare_modes(plan, results, args, ceiling=ceiling)
+    out["groups"] = [dict(modes=g, rounds=r) for g, r in zip(groups, group_recs, strict=False)]
+    out["hbm_ceiling"] = hbm
+    out["attention_roofline"] = attention
+    out["sanity"] = sanity(point, out, attention)
+    out["valid"] = all(out["sanity"].values())
     return dict(point, **out, selection_table_s=sel_s)
 
 

@@ -24,15 +24,25 @@ over the same entries (``map_last_loc(grows=)``), as SGLang's V4 decode does. En
 ``BenchModel.row_layout`` (C4 pages), and ``BenchModel.resident`` (windows, C128 entries) is
 read every step by both runners.
 
-``step(check=...)``: when ``check`` holds sampled request positions, each layer's toy
-attention output (``ToyModel.attend``, float32) of those requests is recorded with its top-k,
-and compared with the same output on recomputed oracle bytes (what full-KV residency holds).
+The forward of a step (every layer: KV write, indexer, resolve, attention, dense) reads only
+**static** per-step inputs (``_StepInputs``: token count, positions, new ids, seq_lens, the
+calibrated selections), filled by the step's bookkeeping outside it, so on CUDA it is captured
+once per (batch, grows, checked) into a CUDA graph and replayed (``graphs = True``), as SGLang's
+CUDA-graph runner replays a decode forward; the coordinator's per-step protocol (alloc_decode,
+map_last_loc, wait_for_pending_backup, num_real_reqs) stays outside the graph where SGLang calls
+it. The indexer scores a fixed width (the runner's capacity ``cap``) and masks positions at or
+past the step's length on the device, so one graph serves every step. Eager (``graphs = False``,
+CPU) runs the same forward uncaptured.
+
+``step(check=...)``: when ``check`` holds sampled request positions, the forward records every
+layer's top-k and resolved rows into static buffers; afterwards each sampled request's toy
+attention output (``ToyModel.attend``, float32) is recorded with its top-k and compared with the
+same output on recomputed oracle bytes (what full-KV residency holds).
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +73,7 @@ class CheckLog:
 
 
 class _Runner:
-    """Shared batch bookkeeping and the per-layer model work."""
+    """Shared batch bookkeeping, the static step inputs, the per-layer model work and its graphs."""
 
     def __init__(self, model: BenchModel, compute: ComputeStandIn, *, bs: int, n: int,
                  cap: int, device: torch.device, selections: SelectionTable | None = None,
@@ -76,7 +86,38 @@ class _Runner:
         self._req_index_all = torch.arange(bs, dtype=torch.int64, device=device)
         #: int64 [bs, cap]: token id (full: device row; HiSparse: logical id) per position
         self._r2t_all = torch.zeros(bs, cap, dtype=torch.int64, device=device)
+        toy, k = model.toy, model.toy.top_k
+        # -- static step inputs (filled per step outside the forward; a graph reads them) -------
+        #: int64 [1]: the step's entries e (index positions) and tokens n
+        self._e_dev = torch.zeros(1, dtype=torch.int64, device=device)
+        self._ntok_dev = torch.zeros(1, dtype=torch.int64, device=device)
+        #: int64 [bs]: the new entry's position (e - 1), its id, the step's seq_lens (entries)
+        self._pos_all = torch.zeros(bs, dtype=torch.int64, device=device)
+        self._ids_all = torch.zeros(bs, dtype=torch.int64, device=device)
+        self._seq_all = torch.ones(bs, dtype=torch.int64, device=device)
+        A = len(model.anchors)
+        #: int32 [A, bs, k]: the calibrated selections of this step (None: the toy indexer's own)
+        self._forced_all = None if selections is None else torch.zeros(A, bs, k, dtype=torch.int32, device=device)
+        # -- what a checked forward records ----------------------------------------------------
+        self._topk_rec = torch.full((A, bs, k), -1, dtype=torch.int32, device=device)
+        self._rows_rec = torch.full((toy.num_layers, bs, k), -1, dtype=torch.int64, device=device)
+        self._anchor_slot = {a: i for i, a in enumerate(model.anchors)}
+        self._anchor_of = []
+        last = 0
+        for layer, shared in enumerate(toy.shared):
+            last = last if shared else layer
+            self._anchor_of.append(last)
         self._prev_topk: dict[int, torch.Tensor] = {}
+        #: False: no dense stand-in in this runner's forward (the *_nodense modes)
+        self.dense = True
+        #: replay the forward from CUDA graphs (CUDA only; set before the first step)
+        self.graphs = False
+        self._graphs: dict[tuple[int, bool, bool], Any] = {}
+        self._graph_pool = None
+        #: steps replayed from a graph / run eagerly, and graph captures (the sanity lines read them)
+        self.replays = self.eager_steps = self.captures = 0
+        #: checked steps replay their own graph too (False: they run eagerly, e.g. the ramp's)
+        self.check_in_graph = True
         #: request slots 0..active-1 decode (all ``bs`` unless a ramp changes it)
         self.active = bs
         self._views(bs)
@@ -132,11 +173,12 @@ class _Runner:
         """Resolve ``top_k`` to device rows and run the timed attention over them; the rows."""
         raise NotImplementedError
 
-    def _select(self, keys: torch.Tensor, layer: int, e: int) -> torch.Tensor:
-        """The anchor's top-k over ``e`` positions; query and selection at this step's tokens."""
-        m = self.model
-        forced = None if self.selections is None else self.selections.get(layer, self.n, self.bs)
-        return m.select(keys, m.queries(self.seeds, self.n, layer), e, forced=forced)
+    def _bookkeeping(self) -> None:
+        """The step's protocol outside the forward (after ``n`` advanced)."""
+        raise NotImplementedError
+
+    def _inert(self, inert: bool) -> None:
+        """A graph's warm-up and capture must not change coordinator state (HiSparse overrides)."""
 
     def _read_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """uint8 [n, I] of device rows ``rows`` of ``layer`` (through the row layout)."""
@@ -148,60 +190,93 @@ class _Runner:
         raise NotImplementedError
 
     # per step ---------------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor | None, seq_lens: torch.Tensor, check: list[int] | None,
-                 log: CheckLog | None) -> None:
-        """``ids``: the new entries' ids (None: this step added no entry)."""
-        toy, e = self.model.toy, self.e
-        pos = torch.full((self.bs,), e - 1, dtype=torch.int64, device=self.device)
+    def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
+        """One decode step: bookkeeping, static inputs, the forward (a graph replay when
+        ``graphs``), then the sampled checks."""
+        self.n += 1
+        grows, bs, e = self._grows(), self.bs, self.e
+        self._fill_inputs(grows)
+        self._bookkeeping()
+        record = check is not None and log is not None
+        if self.graphs and (self.check_in_graph or not record):
+            key = (bs, grows, record)
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._graphs[key] = self._capture(grows, record)
+            graph.replay()
+            self.replays += 1
+        else:
+            self._forward(grows, record)
+            self.eager_steps += 1
+        if record:
+            for layer in range(self.model.toy.num_layers):
+                top_k = self._topk_rec[self._anchor_slot[self._anchor_of[layer]], :bs]
+                if layer == self._anchor_of[layer]:
+                    self._churn(layer, top_k, check, log)
+                self._check(layer, top_k, self._rows_rec[layer, :bs], check, log)
+        del e
+
+    def _fill_inputs(self, grows: bool) -> None:
+        """The static inputs of this step (device writes, no host sync)."""
+        bs, e = self.bs, self.e
+        self._e_dev.fill_(e)
+        self._ntok_dev.fill_(self.n)
+        self._pos_all[:bs].fill_(e - 1)
+        self._seq_all[:bs].fill_(e)
+        if self._forced_all is not None:
+            self._forced_all[:, :bs].copy_(self.selections.get_all(self.n, bs))
+
+    def _capture(self, grows: bool, record: bool):
+        """The forward warmed up on a side stream, then captured (both inert for the coordinator:
+        the warm-up's KV writes rewrite this step's rows with the same bytes)."""
+        self._inert(True)
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._forward(grows, record)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._forward(grows, record)
+        finally:
+            self._inert(False)
+        self.captures += 1
+        return graph
+
+    def _forward(self, grows: bool, record: bool) -> None:
+        """Every layer of one step on the static inputs: a graph captures exactly this."""
+        toy, bs = self.model.toy, self.bs
+        pos, seq = self._pos_all[:bs], self._seq_all[:bs]
+        ids = self._ids_all[:bs] if grows else None
         top_k = None
         for layer in range(toy.num_layers):
             if ids is not None:
                 self._write_layer(layer, ids, pos)
             if not toy.shared[layer]:
-                keys = self._index_table(layer)[self.req_to_token[:, :e]]  # [bs, e, D]
-                top_k = self._select(keys, layer, e)
-                if check is not None and log is not None:
-                    self._churn(layer, top_k, check, log)
-            rows = self._attend(layer, top_k, seq_lens)
-            self._last_rows = rows
+                keys = self._index_table(layer)[self.req_to_token]  # [bs, cap, D]: fixed width
+                top_k = self._select(keys, layer)
+                if record:
+                    self._topk_rec[self._anchor_slot[layer], :bs].copy_(top_k)
+            rows = self._attend(layer, top_k, seq)
+            if record:
+                self._rows_rec[layer, :bs].copy_(rows)
             self._attend_resident(layer)
-            self.compute.dense(layer, self.bs)
-            if check is not None and log is not None:
-                self._check(layer, top_k, rows, check, log)
+            if self.dense:
+                self.compute.dense(layer, bs)
+
+    def _select(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
+        """The anchor's top-k over the step's ``e`` positions (device scalars); query and
+        selection at this step's tokens."""
+        m = self.model
+        forced = None if self._forced_all is None else self._forced_all[self._anchor_slot[layer], : self.bs]
+        return m.select(keys, m.queries(self.seeds, self._ntok_dev, layer), self._e_dev, forced=forced)
 
     def _attend_resident(self, layer: int) -> None:
         if self.resident is not None:
             self.compute.bag(self.resident, self._resident_ids[layer][: self.bs])
-
-    def profile(self, reps: int = 3) -> dict[str, float]:
-        """ms per step of each model component alone at this batch and length (no coordinator,
-        no IO): the anchors' indexer, every layer's attention, every layer's dense stand-in."""
-        m, e, L = self.model, self.e, self.model.toy.num_layers
-        rows = self._last_rows
-
-        def indexer() -> None:
-            for a in m.anchors:
-                self._select(self._index_table(a)[self.req_to_token[:, :e]], a, e)
-
-        def attention() -> None:
-            for layer in range(L):
-                self.compute.attention(self._kv_layer(layer), rows)
-                self._attend_resident(layer)
-
-        def dense() -> None:
-            for layer in range(L):
-                self.compute.dense(layer, self.bs)
-
-        out = {}
-        for name, fn in (("indexer_ms", indexer), ("attention_ms", attention), ("dense_standin_ms", dense)):
-            fn()
-            _sync(self.device)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            _sync(self.device)
-            out[name] = (time.perf_counter() - t0) * 1e3 / reps
-        return out
 
     def _churn(self, layer: int, top_k: torch.Tensor, check: list[int], log: CheckLog) -> None:
         for b in check:
@@ -221,7 +296,7 @@ class _Runner:
             log.compared += 1
             if not torch.equal(got, want) or not torch.equal(valid, (rows[b] >= 0)[None]):
                 log.mismatches.append(f"request {b} len {self.n} layer {layer}: output != oracle")
-            log.outputs[key] = (sel.cpu(), got.cpu())
+            log.outputs[key] = (sel.to("cpu", copy=True), got.cpu())  # sel: a view of a static buffer
 
 
 class FullKVRunner(_Runner):
@@ -271,10 +346,9 @@ class FullKVRunner(_Runner):
                 if layer in self.anchor_slot:
                     self.keys[self.anchor_slot[layer], rows] = toy.index_keys(seed, pos, layer)
 
-    def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
-        self.n += 1
-        ids = self.req_to_token[:, self.e - 1] if self._grows() else None
-        self._forward(ids, None, check, log)
+    def _bookkeeping(self) -> None:
+        if self._grows():
+            self._ids_all[: self.bs].copy_(self.req_to_token[:, self.e - 1])
         self._written[: self.bs] = [self.n] * self.bs
 
     def set_concurrency(self, c: int) -> None:
@@ -446,29 +520,32 @@ class HiSparseRunner(_Runner):
         self._views(c)
         self.req_cpu = list(range(c))
 
-    def step(self, check: list[int] | None = None, log: CheckLog | None = None) -> None:
-        self.n += 1
-        n, dev, grows = self.e, self.device, self._grows()
-        seq_cpu = torch.full((self.bs,), n, dtype=torch.int64)
-        seq_lens = torch.full((self.bs,), n, dtype=torch.int64, device=dev)
+    def _bookkeeping(self) -> None:
+        """SGLang's per-step protocol: alloc_decode -> map_last_loc -> wait_for_pending_backup ->
+        num_real_reqs (the static seq_lens already hold this step's length)."""
+        n, bs, grows = self.e, self.bs, self._grows()
+        seq_cpu = torch.full((bs,), n, dtype=torch.int64)
         if grows:
             last = self.req_to_token[:, n - 2]
             new_ids = self.allocator.alloc_decode(seq_cpu, last)
             if new_ids is None:
                 raise RuntimeError("step: logical ids exhausted")
             self.req_to_token[:, n - 1] = new_ids
+            self._ids_all[:bs].copy_(new_ids)
             if self.r2t32 is not None:
-                self.r2t32[: self.bs, n - 1] = new_ids
+                self.r2t32[:bs, n - 1] = new_ids
         else:
-            new_ids = torch.empty(0, dtype=torch.int64, device=dev)
+            new_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         # a compressed stack says which rows gained an entry (all or none: one length)
-        flags = None if self.model.compress_ratio == 1 else [grows] * self.bs
-        self.core.map_last_loc(req_index=self.req_index, seq_lens=seq_lens, new_logical=new_ids,
+        flags = None if self.model.compress_ratio == 1 else [grows] * bs
+        self.core.map_last_loc(req_index=self.req_index, seq_lens=self._seq_all[:bs], new_logical=new_ids,
                                req_index_cpu=self.req_cpu, seq_lens_cpu=seq_cpu.tolist(), grows=flags)
         self.core.wait_for_pending_backup()
-        self.core.num_real_reqs.fill_(self.bs)
-        self._seq_lens = seq_lens
-        self._forward(new_ids if grows else None, seq_lens, check, log)
+        self.core.num_real_reqs.fill_(bs)
+
+    def _inert(self, inert: bool) -> None:
+        # num_real_reqs 0: every resolve and replay of the warm-up and capture does nothing
+        self.core.num_real_reqs.fill_(0 if inert else self.bs)
 
     def _write_layer(self, layer, ids, pos):
         self.pool.write(layer, ids, self.model.kv_rows(self.seeds, pos, layer))

@@ -1,8 +1,16 @@
-"""One mode's measurement in bench_e2e: warm-up, CUDA-event timed steps, checked steps, the
-telemetry window; and the point's same-run link ceiling (the plain scattered gather)."""
+"""How bench_e2e measures: interleaved repeats of timed steps, the telemetry window, the GPU's
+busy time from a profiler trace, checked steps, and the point's same-run ceilings (the plain
+scattered gather for the link, a device copy for HBM).
+
+A **group** is a set of modes whose runners are alive together; ``run_group`` times them in
+``--repeats`` rounds, each mode ``--steps`` steps a round after ``--block-warmup`` untimed ones,
+the order reversed every other round (A B C, C B A, A B C), so slow drift of the machine lands on
+every mode alike and the rounds' spread is the run-to-run noise a difference has to beat.
+"""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -41,47 +49,172 @@ def link_ceiling(storage: torch.Tensor, item: int, device: torch.device, rows: i
     return dict(rows=rows, item=item, ms=ms, gbps=rows * item / (ms * 1e-3) / 1e9)
 
 
-def run_mode(mode: str, runner, args, device: torch.device, check: list[int]) -> dict:
-    """Warm up, time ``args.steps`` steps (one CUDA event pair per step), then the checked
-    steps; return the mode's record."""
-    for _ in range(args.warmup):
-        runner.step()
-    sync(device)
-    core = getattr(runner, "core", None)
-    before = core.telemetry.snapshot() if core else None
-    t0 = time.perf_counter()
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
-        events[0].record()
-        for i in range(args.steps):
-            runner.step()
-            events[i + 1].record()
-        events[-1].synchronize()
-        per_step = [events[i].elapsed_time(events[i + 1]) for i in range(args.steps)]
-    else:
-        per_step = []
-        for _ in range(args.steps):
+def hbm_ceiling(device: torch.device, nbytes: int = 1 << 30, reps: int = 10) -> dict | None:
+    """Same-run HBM ceiling: a device-to-device copy of ``nbytes`` (read + write), median."""
+    if device.type != "cuda":
+        return None
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    ms = sorted(times)[len(times) // 2]
+    del a, b
+    return dict(bytes=2 * nbytes, ms=ms, gbps=2 * nbytes / (ms * 1e-3) / 1e9)
+
+
+def timed_steps(runner, steps: int, device: torch.device) -> list[float]:
+    """``steps`` steps, one CUDA event pair per step (CPU: wall clock); ms per step."""
+    if device.type != "cuda":
+        out = []
+        for _ in range(steps):
             t = time.perf_counter()
             runner.step()
-            per_step.append((time.perf_counter() - t) * 1e3)
-    step_ms = sum(per_step) / len(per_step)
-    wall_ms = (time.perf_counter() - t0) * 1e3 / args.steps
-    after = core.telemetry.snapshot() if core else None
-    log = CheckLog()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    events[0].record()
+    for i in range(steps):
+        runner.step()
+        events[i + 1].record()
+    events[-1].synchronize()
+    return [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+
+
+class Samples:
+    """One mode's timed steps in one group: per round, its step times and telemetry deltas."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[float]] = []
+        self.selected = self.misses = self.h2d_bytes = 0
+        self.steps = 0
+
+    def add(self, runner, steps: int, device: torch.device) -> None:
+        core = getattr(runner, "core", None)
+        before = core.telemetry.snapshot() if core else None
+        self.rounds.append(timed_steps(runner, steps, device))
+        self.steps += steps
+        if before is not None:
+            after = core.telemetry.snapshot()
+            self.selected += after.selected - before.selected
+            self.misses += after.misses - before.misses
+            self.h2d_bytes += after.h2d_bytes - before.h2d_bytes
+
+    def figures(self) -> dict:
+        flat = [ms for r in self.rounds for ms in r]
+        means = [sum(r) / len(r) for r in self.rounds]
+        step = sum(flat) / len(flat)
+        out = dict(step_ms=step, step_ms_median=statistics.median(flat), step_ms_per_step=flat,
+                   round_ms=means, spread=(max(means) - min(means)) / step if len(means) > 1 else None)
+        if self.selected:
+            out.update(miss_rate=self.misses / self.selected,
+                       h2d_mb_per_step=self.h2d_bytes / self.steps / 2**20)
+        return out
+
+
+def run_group(modes: list[str], runners: dict, args, device: torch.device) -> dict[str, Samples]:
+    """Interleaved rounds over the alive runners of ``modes`` (see the module docstring)."""
+    samples = {m: Samples() for m in modes}
+    for r in range(args.repeats):
+        order = modes if r % 2 == 0 else modes[::-1]
+        for m in order:
+            for _ in range(args.block_warmup):
+                runners[m].step()
+            samples[m].add(runners[m], args.steps, device)
+    return samples
+
+
+#: kernel-name fragments -> component of the step (the first that matches; the rest is "other")
+CATEGORIES = (
+    ("attention", ("sparse_mla", "embedding_bag", "EmbeddingBag")),
+    ("resolve", ("resolve", "replay", "hisparse", "gather_rows", "layer_copy")),
+    ("dense", ("gemm", "gemv", "cutlass", "xmma", "cublas", "sm90_")),
+    ("indexer", ("topk", "sort", "radix", "index", "gather", "scatter", "reduce", "elementwise",
+                 "vectorized", "unrolled", "where", "mul", "add")),
+)
+
+
+def _category(name: str) -> str:
+    for cat, frags in CATEGORIES:
+        if any(f in name for f in frags):
+            return cat
+    return "other"
+
+
+def _kernel_intervals(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every device activity (kernels, copies, memsets) in a trace."""
+    out = []
+    try:
+        for ev in prof.profiler.kineto_results.events():
+            if ev.device_type() == torch.autograd.DeviceType.CUDA:
+                s = ev.start_ns() / 1e3
+                out.append((ev.name(), s, s + ev.duration_ns() / 1e3))
+    except AttributeError:
+        for ev in prof.events():
+            if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
+                out.append((ev.name, ev.time_range.start, ev.time_range.end))
+    return out
+
+
+def gpu_profile(runner, steps: int, device: torch.device) -> dict | None:
+    """``steps`` steps under torch.profiler: the GPU's busy time (the union of every device
+    activity's interval, all streams) against the span from the first activity's start to the
+    last one's end; ``host_gap_share`` = 1 - busy / span, the share of the step the GPU waited
+    for the host. Also busy time per component (``CATEGORIES``, by kernel name) and the
+    kernels per step."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.step()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.step()
+        sync(device)
+    iv = sorted(_kernel_intervals(prof), key=lambda t: t[1])
+    if not iv:
+        return dict(error="the profiler saw no device activity", host_gap_share=None)
+    busy, cur_s, cur_e = 0.0, iv[0][1], iv[0][2]
+    by_cat: dict[str, float] = {}
+    for name, s, e in iv:
+        by_cat[_category(name)] = by_cat.get(_category(name), 0.0) + (e - s)
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, _, e in iv) - iv[0][1]
+    return dict(steps=steps, span_ms_per_step=span / steps / 1e3, busy_ms_per_step=busy / steps / 1e3,
+                host_gap_share=1.0 - busy / span if span > 0 else None,
+                activities_per_step=len(iv) / steps,
+                component_ms_per_step={k: v / steps / 1e3 for k, v in sorted(by_cat.items())})
+
+
+def finish_mode(mode: str, runner, samples: Samples, args, device: torch.device, check: list[int]) -> dict:
+    """A mode's record after its groups: the headline group's figures, the profile, the checked
+    steps (those at build, which every mode of the point took at the same lengths, and
+    ``--check-steps`` more after all its timed steps) and the graph counters."""
+    rec = dict(batch=runner.bs, **samples.figures())
+    rec.update(tokens_per_s=runner.bs * 1e3 / rec["step_ms"], tpot_ms=rec["step_ms"])
+    if getattr(args, "profile_steps", 0):
+        rec["gpu_profile"] = gpu_profile(runner, args.profile_steps, device)
+    log = getattr(runner, "check_log", None) or CheckLog()  # (the steps checked at build, if any)
     for _ in range(args.check_steps):
         runner.step(check=check, log=log)
     sync(device)
-    rec = dict(batch=runner.bs, step_ms=step_ms, step_ms_per_step=per_step, wall_step_ms=wall_ms,
-               tokens_per_s=runner.bs * 1e3 / step_ms, tpot_ms=step_ms,
-               checked_outputs=log.compared, oracle_mismatches=log.mismatches[:5],
-               topk_churn=sum(log.churn) / len(log.churn) if log.churn else None)
-    if before is not None and after is not None:
-        sel, miss = after.selected - before.selected, after.misses - before.misses
-        rec.update(miss_rate=miss / sel if sel else 0.0,
-                   h2d_mb_per_step=(after.h2d_bytes - before.h2d_bytes) / args.steps / 2**20)
+    rec.update(checked_outputs=log.compared, oracle_mismatches=log.mismatches[:5],
+               topk_churn=sum(log.churn) / len(log.churn) if log.churn else None,
+               graphs=dict(replays=runner.replays, eager_steps=runner.eager_steps, captures=runner.captures))
     if hasattr(runner, "backup_path"):
         rec["backup_path"] = runner.backup_path
-    rec.update(runner.profile())
     rec["exact_vs_oracle"] = None if mode == "noio" else not log.mismatches
     rec["_log"] = log
     return rec

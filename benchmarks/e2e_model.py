@@ -13,7 +13,12 @@ Per decode step and layer (``bs`` requests of one length ``n``; ``k`` top-k)::
                        the top-k changes per step. Elementwise (no matmul) so a request's
                        scores, hence its top-k (ties broken by position), do not depend
                        on the batch it runs in.
-    attention          ``bag`` (default): one ``embedding_bag`` sum over the k resolved rows
+    attention          ``sparse_mla`` (default): a real sparse MLA decode
+                       (``e2e_attention.SparseMLADecode``, Triton): per request, ``heads`` query
+                       heads of 576 dims against the k resolved rows (K: all 576 bf16 dims, V:
+                       the first 512), softmax and the weighted sum; each row read once for
+                       all heads, as FlashMLA's sparse decode does.
+                       ``bag``: one ``embedding_bag`` sum over the k resolved rows
                        viewed as bf16 [I/2]: reads each selected row once, the traffic of a
                        fused sparse MLA kernel (the ~71 MFLOP of 16-head math per request and
                        layer is left out). ``gather``: materialises the rows uint8 [bs, k, I]
@@ -47,6 +52,8 @@ from sglang_hisparse.testing.toy_model import _MASK, ToyModel, _mix
 
 #: hidden size of the dense stand-in's activations (DeepSeek-V3.x / GLM-5 hidden size)
 HIDDEN = 7168
+#: timed attentions (module docstring): the real sparse MLA decode and two stand-ins
+ATTENTIONS = ("sparse_mla", "bag", "gather")
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -106,8 +113,8 @@ class BenchModel:
     one_pass_scores: the indexer's scoring pass (the field's comment)."""
 
     def __post_init__(self) -> None:
-        if self.attention not in ("bag", "gather"):
-            raise ValueError(f"attention = {self.attention!r}; use 'bag' or 'gather'.")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention = {self.attention!r}; use one of {ATTENTIONS}.")
         if self.row_layout.paged and (self.attention != "bag" or self.toy.item_bytes != self.row_layout.host_item()):
             raise ValueError(f"the {self.row_layout.name} layout takes attention 'bag' and "
                              f"{self.row_layout.host_item()}-byte rows.")
@@ -171,18 +178,21 @@ class BenchModel:
         seed_term = (s * 0xCC9E2D51) & _MASK
         return _unit(p * 0x632BE5AB + d * 0x1B873593 + seed_term + layer * 0x38495AB5)
 
-    def queries(self, seeds: torch.Tensor, n: int, layer: int) -> torch.Tensor:
+    def queries(self, seeds: torch.Tensor, n: int | torch.Tensor, layer: int) -> torch.Tensor:
         """float32 [bs, D]: per-request stable direction + ``churn`` * per-step noise
-        (``n``: the step's token count, so a compressed stack's query changes every step)."""
+        (``n``: the step's token count, an int or an int64 [1] device tensor, so a compressed
+        stack's query changes every step)."""
         s = seeds.to(torch.int64).reshape(-1, 1)
         d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=s.device)
         stable = _unit(d * 0x1B873593 + ((s * 0x2545F491) & _MASK) + layer * 0x9E3779B9)
         noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + layer)
         return stable + self.churn * noise
 
-    def select(self, keys: torch.Tensor, q: torch.Tensor, n: int,
+    def select(self, keys: torch.Tensor, q: torch.Tensor, n: int | torch.Tensor,
                forced: torch.Tensor | None = None) -> torch.Tensor:
-        """Top-k positions int32 [bs, k] of ``keys`` float32 [bs, n, D] under ``q`` [bs, D].
+        """Top-k positions int32 [bs, k] of ``keys`` float32 [bs, w, D] under ``q`` [bs, D],
+        over the first ``n`` of the ``w`` positions (an int, or an int64 [1] device tensor so a
+        CUDA graph captured once serves every step: positions ``>= n`` rank below all others).
 
         ``forced`` int32 [bs, k'] (distinct positions < n per row, k' <= k): these win, in
         their order, ahead of every scored position (the calibrated selections of
@@ -193,12 +203,16 @@ class BenchModel:
             scores = keys[:, :, 0] * q[:, 0:1]
             for d in range(1, keys.shape[2]):
                 scores = torch.addcmul(scores, keys[:, :, d], q[:, d : d + 1])
-        pos = torch.arange(n, dtype=torch.int64, device=keys.device)
-        scores = scores + self.toy.recency * (pos.to(torch.float32) / n) ** 4
+        w = keys.shape[1]
+        pos = torch.arange(w, dtype=torch.int64, device=keys.device)
+        n_f = n.to(torch.float32) if torch.is_tensor(n) else float(n)
+        scores = scores + self.toy.recency * (pos.to(torch.float32) / n_f) ** 4
         # NOTE: float ties would let topk order equal scores differently in different batch
         # shapes (and across runs), so full-KV and HiSparse could disagree on a column. Keys
         # (score quantised to 2^-20, position) are unique: one answer, whatever the batch.
-        ranked = torch.round(scores * 2**20).to(torch.int64) * (1 << n.bit_length()) + pos
+        ranked = torch.round(scores * 2**20).to(torch.int64) * (1 << w.bit_length()) + pos
+        if torch.is_tensor(n) or n < w:
+            ranked = torch.where(pos < n, ranked, torch.full_like(ranked, -(1 << 62)))
         if forced is not None:
             # |ranked| < 2^45 for |score| < 2^7 and n < 2^18, so 2^60 + rank lifts the forced
             # positions above all others; distinct positions: scatter_ has one writer each.
@@ -235,8 +249,15 @@ class ComputeStandIn:
         self.w_tok = torch.zeros(HIDDEN, tok_cols, dtype=dt, device=device) if tok_cols else None
         self.x = torch.zeros(max_batch, HIDDEN, dtype=dt, device=device)
         self.dtype = dt
-        #: False: ``dense`` does nothing (the benchmark's *_nodense modes)
-        self.dense_enabled = True
+        self.mla = None
+        if model.attention == "sparse_mla":
+            from e2e_attention import SparseMLADecode
+
+            # MLA rows: 512 latent + 64 rope dims; a smaller toy row splits in halves
+            self.v_dim = 512 if self.dim > 512 else self.dim // 2
+            self.mla = SparseMLADecode(max_batch=max_batch, heads=model.heads, top_k=model.toy.top_k,
+                                       dim=self.dim, v_dim=self.v_dim, device=device)
+            self.q_mla = self.q.to(torch.bfloat16).contiguous()
 
     @property
     def weight_bytes(self) -> int:
@@ -250,6 +271,8 @@ class ComputeStandIn:
         """MLA-shaped attention over ``kv_layer`` uint8 [rows_total, I] rows ``rows`` int [bs, k]."""
         bs, k = rows.shape
         lay = self.model.row_layout
+        if self.mla is not None:
+            return self.mla(self.q_mla[:bs], kv_layer.view(torch.bfloat16), rows)
         if self.model.attention == "bag":
             idx = rows.clamp(min=0).to(torch.int64)
             if lay.paged:
@@ -272,8 +295,6 @@ class ComputeStandIn:
 
     def dense(self, layer: int, bs: int) -> None:
         """The layer's weight stream and per-token GEMM (results unused; only cost matters)."""
-        if not self.dense_enabled:
-            return
         if self.w_stream:
             torch.mm(self.w_stream[layer % len(self.w_stream)], self.v_stream)
         if self.w_tok is not None:

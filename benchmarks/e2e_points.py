@@ -104,25 +104,48 @@ def build_points(args: argparse.Namespace) -> list[dict]:
     base = list(args.modes)
     io = [f"prefetch+{name}" for name in args.io_hiding]
     res = ["pressure"] if args.residency else []
-    # NOTE: "prefetch#2" repeats prefetch after the changes (A, B..., A): the two prefetch runs
-    # bracket every change, so their spread is the noise a change's speedup must exceed.
-    again = ["prefetch#2"] if io and "prefetch" in base else []
+    # groups: the modes whose runners are alive together and timed in interleaved rounds
+    # (e2e_measure.run_group). Main: the headline group, then every change against prefetch in
+    # one A/B group (prefetch's runner carries over; the others are freed between the groups).
+    ab = [m for m in io + res if "prefetch" in base]
     points = [dict(kind="main", label=f"{L}L {_ctx(n)}", layers=L, context=n,
-                   selection=args.selection, modes=base + io + res + again)
+                   selection=args.selection, modes=base + io + res,
+                   groups=[list(base)] + ([["prefetch"] + ab] if ab else []))
               for L in args.layers for n in args.contexts]
     L0, n0 = args.layers[0], args.contexts[0]
     for b in args.low_pressure:
         points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
                            context=n0, selection=args.selection, batch=b,
-                           modes=["full", "prefetch", "noio"] + res))
+                           modes=["full", "prefetch", "noio"] + res,
+                           groups=[["full", "prefetch", "noio"]] + ([["full"] + res] if res else [])))
     if args.ramp_steps > 0:
         points.append(dict(kind="ramp", label=f"{L0}L {_ctx(n0)} ramp", layers=L0, context=n0,
                            selection=args.selection, modes=["full", "prefetch"] + res))
     # the labelled old-toy variant last: the least needed if a time limit cuts the run short
     if args.toy_variant and args.selection != "toy":
         points.append(dict(kind="toy", label=f"{L0}L {_ctx(n0)} toy churn {args.churn}", layers=L0,
-                           context=n0, selection="toy", modes=["full", "prefetch", "noio"]))
-    return points
+                           context=n0, selection="toy", modes=["full", "prefetch", "noio"],
+                           groups=[["full", "prefetch", "noio"]]))
+    kinds = getattr(args, "kinds", None)
+    return [p for p in points if not kinds or p["kind"] in kinds]
+
+
+def runner_steps(args: argparse.Namespace, point: dict) -> int:
+    """Decode steps one runner of ``point`` takes at most: warm-up, the checked steps at build,
+    its groups' rounds, the profiled steps and the checked ones after them (sizes the context
+    capacity and the selection table)."""
+    groups = point.get("groups") or [point["modes"]]
+    most = max(sum(m in g for g in groups) for m in point["modes"])
+    per_group = args.repeats * (args.block_warmup + args.steps)
+    return args.warmup + most * per_group + args.profile_steps + 1 + 2 * args.check_steps
+
+
+def peak_runners(point: dict) -> int:
+    """Runners alive at once (a mode's runner lives from its first group to its last)."""
+    groups = point.get("groups") or [[m] for m in point["modes"]]
+    first = {m: min(i for i, g in enumerate(groups) if m in g) for g0 in groups for m in g0}
+    last = {m: max(i for i, g in enumerate(groups) if m in g) for g0 in groups for m in g0}
+    return max(sum(first[m] <= i <= last[m] for m in first) for i in range(len(groups)))
 
 
 def host_rows_for(host_bytes: int, layers: int, item: int, page: int) -> int:
@@ -133,10 +156,13 @@ def host_rows_for(host_bytes: int, layers: int, item: int, page: int) -> int:
 def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_bytes: int) -> dict:
     """Batches, budget and bounds of one point (see the module docstring)."""
     n, page = point["context"], args.page
-    total_steps = args.warmup + args.steps + args.check_steps
+    # (a point without modes, e.g. bench_residency_ab's, runs its own schedule)
+    total_steps = runner_steps(args, point) if point.get("modes") and point["kind"] != "ramp" else (
+        args.warmup + args.steps + args.check_steps)
     if point["kind"] == "ramp":
-        # at most 2 * 11 + 1 levels (batch <= 1024), each ramp_steps timed + 1 checked step
-        total_steps = max(total_steps, args.warmup + 23 * (args.ramp_steps + 1))
+        # at most 2 * 11 + 1 levels (batch <= 1024), each one untimed step (a new level's graph
+        # is captured there), ramp_steps timed and one checked step
+        total_steps = max(total_steps, args.warmup + 23 * (args.ramp_steps + 2))
     cap_tokens = n + total_steps + 1
     # the index space's capacity per request: entries (tokens unless the stack compresses)
     cap = ceil_div(cap_tokens, model.compress_ratio)
@@ -172,7 +198,8 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
     row = model.toy.num_layers * model.device_row_bytes  # one entry's KV, every layer
     state = per_hs - row * hot_rows(args.buffer, page)  # HiSparse's non-row bytes per request
     device_rows = max((budget - hs * state) // row, 0)
-    return dict(context=n, layers=model.toy.num_layers, cap=cap, cap_tokens=cap_tokens,
+    return dict(context=n, layers=model.toy.num_layers, cap=cap, cap_tokens=cap_tokens, runner_steps=total_steps,
+                peak_runners=peak_runners(point) if point.get("modes") and point["kind"] != "ramp" else 1,
                 compress_ratio=model.compress_ratio, budget_bytes=budget, budget_gib=budget / GIB,
                 hisparse_device_rows=device_rows,
                 full_bytes_per_request=per_full, hisparse_bytes_per_request=per_hs,
@@ -194,7 +221,8 @@ def check_point(args: argparse.Namespace, model: BenchModel, plan: dict, device:
         total = torch.cuda.get_device_properties(device).total_memory
         bs = max(plan["hisparse_batch"], plan["full_batch"])
         scratch = 4 * bs * args.top_k * args.item + 3 * bs * plan["cap"] * 4 * model.toy.index_dim
-        need = plan["budget_bytes"] + weight_bytes + scratch + 2 * GIB
+        # every runner alive at once holds its own KV budget (and a graph pool)
+        need = plan["peak_runners"] * (plan["budget_bytes"] + GIB // 2) + weight_bytes + scratch + 2 * GIB
         plan["device_need_gib"] = need / GIB
         if need > 0.95 * total:
             raise ValueError(f"needs {need / GIB:.1f} GiB of HBM, the GPU has {total / GIB:.1f} GiB")

@@ -4,8 +4,10 @@ Per mode, one runner over R request slots (full KV: its budget's batch; HiSparse
 point's HiSparse batch); slots ``0..c-1`` decode at level c. A joining request is admitted
 (PD) at the current length, so every active request keeps one length and the batched engine
 stays one ``[c, n]`` block; on the way down the newest requests finish and free their rows.
-Each level runs ``--ramp-steps`` timed steps (a CUDA event pair and a sync around each, so
-per-step counters can be read) and one checked step (sampled request 0 vs the oracle bytes).
+Each level runs one untimed step (on CUDA its graph is captured there: one per concurrency),
+``--ramp-steps`` timed steps replayed from that graph (a CUDA event pair and a sync around each,
+so per-step counters can be read) and one checked step, eager (sampled request 0 vs the oracle
+bytes).
 
 Issue 29's reading: per level, pressure-mode's step over the slower of the pure modes at that
 concurrency (full KV where it fits, always-hot HiSparse), target <= 1.10.
@@ -36,7 +38,9 @@ def ramp_levels(top: int) -> list[int]:
 
 
 def ramp_total_steps(args, top: int) -> int:
-    return args.warmup + len(ramp_levels(top)) * (args.ramp_steps + 1)
+    """Warm-up, then per level one untimed step (a new level's graph is captured there), the
+    timed steps and one checked step."""
+    return args.warmup + len(ramp_levels(top)) * (args.ramp_steps + 2)
 
 
 def _counts(runner) -> dict:
@@ -63,6 +67,9 @@ def run_ramp_mode(runner, levels: list[int], args, device: torch.device) -> dict
     level indices of the whole schedule."""
     log, steps = CheckLog(), []
     slots = runner.slots
+    # one graph per level (captured at its untimed first step); its checked step runs eagerly
+    runner.graphs = getattr(args, "graphs", False) and device.type == "cuda"
+    runner.check_in_graph = False
     runner.set_concurrency(levels[0])
     for _ in range(args.warmup):
         runner.step()
@@ -70,6 +77,7 @@ def run_ramp_mode(runner, levels: list[int], args, device: torch.device) -> dict
         if c > slots:
             continue
         runner.set_concurrency(c)
+        runner.step()
         for _ in range(args.ramp_steps):
             ms = _timed_step(runner, device)
             steps.append(dict(level=i, c=c, step_ms=ms, **_counts(runner)))

@@ -133,40 +133,133 @@ def tables(points: list[dict]) -> dict:
         pf, noio = modes.get("prefetch"), modes.get("noio")
         if not pf or not noio or "error" in pf:
             continue
-        if p["kind"] == "main" and "pressure_over_always_hot" in p.get("ratios", {}):
-            high_rows.append(dict(point=p["label"], batch=pf["batch"], always_hot_step_ms=pf["step_ms"],
-                                  pressure_step_ms=modes["pressure"]["step_ms"],
-                                  pressure_over_always_hot=p["ratios"]["pressure_over_always_hot"],
-                                  met=p["ratios"]["pressure_over_always_hot"] >= HIGH_PRESSURE_TARGET))
+        ab = {r["mode"]: r for r in ab_rows(p)}
+        if p["kind"] == "main" and "pressure" in ab:
+            r = ab["pressure"]
+            high_rows.append(dict(point=p["label"], batch=pf["batch"], always_hot_step_ms=r["before_step_ms"],
+                                  pressure_step_ms=r["after_step_ms"], pressure_over_always_hot=r["speedup"],
+                                  noise=r["noise"], met=r["speedup"] >= HIGH_PRESSURE_TARGET,
+                                  valid=p.get("valid", False)))
         if p["kind"] == "main":
-            # before = the mean of the prefetch runs bracketing the changes; their spread is noise
-            again = modes.get("prefetch#2")
-            runs = [pf["step_ms"]] + ([again["step_ms"]] if again and "error" not in again else [])
-            before = sum(runs) / len(runs)
-            for mode, rec in modes.items():
-                if "+" not in mode:
-                    continue
-                row = dict(point=p["label"], change=mode.split("+", 1)[1], mode=mode)
-                if "error" in rec:
-                    row["error"] = rec["error"]
-                else:
-                    row.update(before_step_ms=before, before_runs_ms=runs,
-                               before_spread=(max(runs) - min(runs)) / before,
-                               after_step_ms=rec["step_ms"], noio_step_ms=noio["step_ms"],
-                               before_over_noio=noio["step_ms"] / before,
-                               after_over_noio=noio["step_ms"] / rec["step_ms"],
-                               speedup=before / rec["step_ms"],
-                               exact=bool(rec["exact_vs_oracle"]) and rec.get("exact_vs_full", False))
+            for row in ab_rows(p):
+                row.update(noio_step_ms=noio["step_ms"], before_over_noio=noio["step_ms"] / row["before_step_ms"],
+                           after_over_noio=noio["step_ms"] / row["after_step_ms"])
                 io_rows.append(row)
         elif p["kind"] == "low_pressure":
-            full = modes["full"]
-            row = dict(point=p["label"], batch=p["batch"], full_step_ms=full["step_ms"])
-            for mode, rec in modes.items():
-                if mode != "full" and "error" not in rec:
-                    row[f"{mode}_step_ms"] = rec["step_ms"]
-                    row[f"{mode}_over_full"] = rec["step_ms"] / full["step_ms"]
+            # each mode over full KV in the same group's rounds (full KV runs in every group)
+            row = dict(point=p["label"], batch=p["batch"], full_step_ms=modes["full"]["step_ms"],
+                       valid=p.get("valid", False))
+            for g in p.get("groups", []):
+                full = g["rounds"].get("full")
+                for mode, rec in g["rounds"].items():
+                    if mode != "full" and full is not None:
+                        row[f"{mode}_step_ms"] = rec["step_ms"]
+                        row[f"{mode}_over_full"] = rec["step_ms"] / full["step_ms"]
+                        row[f"{mode}_noise"] = max(rec["spread"] or 0.0, full["spread"] or 0.0)
             low_rows.append(row)
     return dict(io_hiding=io_rows, low_pressure=low_rows, high_pressure=high_rows)
+
+
+#: sanity lines (issue 47): a point failing one is reported invalid, not as a result
+HOST_GAP_LIMIT = 0.03
+SPREAD_LIMIT = 0.03
+
+
+def attention_roofline(compute, plan: dict, args, device: torch.device, hbm: dict | None) -> dict | None:
+    """The timed attention alone, replayed from a CUDA graph, at the point's HiSparse batch, half
+    and a quarter of it (and full KV's batch): us per call over random distinct rows of sane bf16
+    data, bytes and FLOPs per call, GB/s against the same-run HBM ceiling."""
+    mla = getattr(compute, "mla", None)
+    if mla is None or device.type != "cuda":
+        return None
+    from e2e_attention import attention_bytes, attention_flops, time_attention
+
+    k, H, dim = args.top_k, compute.model.heads, compute.dim
+    top = plan["hisparse_batch"]
+    batches = sorted({max(1, top // 4), max(1, top // 2), top, plan["full_batch"]})
+    pool_rows = max(262144, 4 * top * k)
+    g = torch.Generator(device=device).manual_seed(3)
+    kv = (torch.randn(pool_rows, dim, generator=g, device=device) * 0.5).to(torch.bfloat16)
+    q = (torch.randn(top, H, dim, generator=g, device=device) * 0.5).to(torch.bfloat16)
+    rows_all = torch.randperm(pool_rows, generator=g, device=device)[: top * k].view(top, k).to(torch.int32)
+    out = []
+    for b in batches:
+        us = time_attention(mla, q[:b].contiguous(), kv, rows_all[:b].contiguous())
+        nbytes = attention_bytes(b, k, dim=dim, heads=H, splits=mla.splits_for(b))
+        out.append(dict(batch=b, us=us, bytes=nbytes, gbps=nbytes / (us * 1e-6) / 1e9,
+                        tflops=attention_flops(b, H, k, dim=dim, v_dim=compute.v_dim) / (us * 1e-6) / 1e12,
+                        splits=mla.splits_for(b)))
+    del kv, q, rows_all
+    return dict(k=k, heads=H, dim=dim, hbm_gbps=None if hbm is None else hbm["gbps"], per_batch=out)
+
+
+def _attention_scales(att: dict | None) -> bool:
+    """A real attention's time grows with batch x k and no call beats the HBM ceiling: each
+    doubling of the batch that moves >= 16 MB at the smaller size costs >= 1.3x (smaller ones:
+    not less), and every call's GB/s <= 1.2x the same-run copy ceiling (a read-only kernel may
+    pass a copy's figure a little, never by 20 %)."""
+    if not att:
+        return False
+    rows = sorted(att["per_batch"], key=lambda r: r["batch"])
+    cap = att["hbm_gbps"]
+    if cap is None or any(r["gbps"] > 1.2 * cap for r in rows):
+        return False
+    for a, b in zip(rows, rows[1:], strict=False):
+        if b["batch"] >= 2 * a["batch"]:
+            need = 1.3 if a["bytes"] >= 16 * 2**20 else 1.0
+            if b["us"] < need * a["us"]:
+                return False
+    return True
+
+
+def sanity(point: dict, out: dict, attention: dict | None) -> dict:
+    """One boolean per sanity line (module constants); the point is valid only if all hold."""
+    modes = {m: r for m, r in out["modes"].items() if "error" not in r}
+    graphed = bool(modes) and all(r.get("graphs", {}).get("eager_steps", 1) == 0
+                                  and r.get("graphs", {}).get("replays", 0) > 0 for r in modes.values())
+    gaps = [(r.get("gpu_profile") or {}).get("host_gap_share") for r in modes.values()]
+    spreads = [r.get("spread") for r in modes.values()]
+
+    def at_most(a: str, b: str) -> bool:
+        if a not in modes or b not in modes:
+            return True
+        tol = max(modes[a]["spread"] or 0.0, modes[b]["spread"] or 0.0)
+        return modes[a]["step_ms"] <= modes[b]["step_ms"] * (1.0 + tol)
+
+    return dict(graph_replayed=graphed,
+                host_gap_under_3pct=bool(gaps) and all(g is not None and g < HOST_GAP_LIMIT for g in gaps),
+                attention_scales=_attention_scales(attention),
+                noio_le_prefetch_le_sync=at_most("noio", "prefetch") and at_most("prefetch", "sync"),
+                spread_under_3pct=bool(spreads) and all(x is not None and x < SPREAD_LIMIT for x in spreads))
+
+
+def ab_rows(p: dict) -> list[dict]:
+    """The A/B decisions of a point: in every group holding ``prefetch``, each other HiSparse
+    mode against it over the same interleaved rounds. ``speedup`` = prefetch step / the mode's;
+    ``noise`` = the larger of the two modes' spreads; a change ``beats`` the noise when every
+    round is faster and its speedup - 1 exceeds the noise."""
+    out = []
+    for g in p.get("groups", []):
+        rounds = g["rounds"]
+        base = rounds.get("prefetch")
+        if base is None:
+            continue
+        for mode, rec in rounds.items():
+            if mode in ("prefetch", "full", "noio", "sync") or mode.endswith("_nodense"):
+                continue
+            per_round = [a / b for a, b in zip(base["round_ms"], rec["round_ms"], strict=False)]
+            speedup = base["step_ms"] / rec["step_ms"]
+            noise = max(base["spread"] or 0.0, rec["spread"] or 0.0)
+            m = p["modes"].get(mode, {})
+            out.append(dict(point=p["label"], change=mode.split("+", 1)[1] if "+" in mode else mode, mode=mode,
+                            before_step_ms=base["step_ms"], after_step_ms=rec["step_ms"],
+                            before_round_ms=base["round_ms"], after_round_ms=rec["round_ms"],
+                            speedup=speedup, round_speedups=per_round, noise=noise,
+                            beats_noise=min(per_round) > 1.0 and speedup - 1.0 > noise,
+                            worse_beyond_noise=max(per_round) < 1.0 and 1.0 - speedup > noise,
+                            exact=bool(m.get("exact_vs_oracle")) and m.get("exact_vs_full", False),
+                            valid=p.get("valid", False)))
+    return out
 
 
 def environment(device: torch.device) -> dict:
@@ -194,9 +287,15 @@ def notes(args) -> list[str]:
         f"Dense stand-in per layer: streams {args.dense_mb:.0f} MB of bf16 weights (4 buffers cycled over "
         f"the layers, so 61-78 layers fit; each read comes from HBM) and {args.dense_mflop:.0f} MFLOP per "
         "token; weights are outside the KV budget, as in a server.",
-        "Timed attention (--attention bag): one embedding_bag over the k selected rows (each row read once: "
-        "a fused sparse MLA kernel's traffic). Indexer: D=8 float32 keys gathered through the token table, "
-        "elementwise scores, top-k over all n positions.",
+        (f"Timed attention (--attention sparse_mla): a real sparse MLA decode (benchmarks/e2e_attention.py, "
+         f"Triton split-K): {args.heads} heads x 576 dims against the k resolved rows, softmax, V = the rows' "
+         "first 512 dims; each row read once for all heads. 'attention_roofline' times it alone per batch."
+         if args.attention == "sparse_mla" else
+         f"Timed attention (--attention {args.attention}): a stand-in (bag: one embedding_bag over the k "
+         "selected rows, the traffic of a fused kernel; gather: rows materialised + bmm)."),
+        "Indexer: D=8 float32 keys gathered through the token table over the runner's whole capacity "
+        "(positions past the step's length masked on the device, so one graph serves every step), "
+        "elementwise scores, top-k.",
         "exposed_io_us_per_token = (mode step - no-IO step) / batch (full KV: 0, it moves nothing).",
         "Link figures are derived, not traced: h2d_gbps = telemetry bytes moved per step (misses of every "
         "layer, replays included) / step time; link_util = h2d_gbps / the same-run ceiling (plain scattered "
@@ -206,7 +305,15 @@ def notes(args) -> list[str]:
         "IO-hiding changes (one per prefetch+<change> mode, HiSparseCore options): prio = prefetch stream "
         "priority -1; ctasN = N CTAs per shared-layer replay (default 8); slicesN = anchors resolve in N "
         "batch slices on the prefetch stream, attention per slice behind its own event.",
-        "Both modes run eagerly (no CUDA graphs); step times come from CUDA events around each step.",
+        "Every mode's step forward (KV writes, indexer, resolve, attention, dense) is replayed from a CUDA "
+        "graph captured once per batch (--graphs); the coordinator's per-step protocol runs eagerly outside "
+        "it, as in SGLang. Step times come from CUDA events around each step; modes alive together are timed "
+        f"in {args.repeats} interleaved rounds (order reversed every other round) and 'spread' is the rounds' "
+        "(max - min) / mean.",
+        "Sanity lines per point (a point failing one is INVALID, not a result): graph_replayed (every timed "
+        "step replayed), host_gap_under_3pct (1 - GPU busy / span from a torch.profiler trace of "
+        "--profile-steps steps), attention_scales (the attention alone grows with batch x k and stays under "
+        "the same-run HBM ceiling), noio_le_prefetch_le_sync (within the pair's spread), spread_under_3pct.",
         "Exactness: on --check-steps steps after timing, sampled requests' toy attention outputs are "
         "compared bit for bit with the oracle bytes and with the full-KV mode's at the same request, "
         "length and layer (no-IO: not checked, invalid by design).",
@@ -234,6 +341,8 @@ def summarize(report: dict) -> str:
             lines.append(f"{p['label']:<26}{mode:<18}{r['batch']:>6}{r['step_ms']:>9.2f}{r['tokens_per_s']:>9.0f}"
                          f"{'' if io is None else f'{io:.2f}':>8}{r.get('miss_rate', 0.0):>7.3f}"
                          f"{'' if lu is None else f'{lu:.2f}':>6}{'' if li is None else f'{li:.2f}':>6}  {ex}")
+        bad = [k for k, v in p.get("sanity", {}).items() if not v]
+        lines.append(f"{'':<26}sanity: " + ("all lines hold (valid)" if not bad else "INVALID, fails " + ", ".join(bad)))
         rt = p["ratios"]
         if "prefetch_over_full" in rt:
             lines.append(f"{'':<26}prefetch/full {rt['prefetch_over_full']:.2f}x (batch {rt['batch_ratio']:.2f}x), "
@@ -250,10 +359,11 @@ def summarize(report: dict) -> str:
             if "error" in r:
                 lines.append(f"  {r['point']:<14}{r['change']:<9}FAILED {r['error'][:60]}")
                 continue
-            lines.append(f"  {r['point']:<14}{r['change']:<9}before {r['before_step_ms']:7.2f} ms ({r['before_over_noio']:.3f})"
-                         f"  after {r['after_step_ms']:7.2f} ms ({r['after_over_noio']:.3f})  speedup {r['speedup']:.3f}"
-                         f" (before runs spread {100 * r['before_spread']:.1f} %)"
-                         f"  exact {r['exact']}")
+            verdict = "BEATS noise" if r["beats_noise"] else ("worse" if r["worse_beyond_noise"] else "within noise")
+            lines.append(f"  {r['point']:<14}{r['change']:<9}prefetch {r['before_step_ms']:7.2f} ms ({r['before_over_noio']:.3f})"
+                         f"  with it {r['after_step_ms']:7.2f} ms ({r['after_over_noio']:.3f})  speedup {r['speedup']:.3f}"
+                         f" (noise {100 * r['noise']:.1f} %: {verdict})  exact {r['exact']}"
+                         + ("" if r["valid"] else "  [point INVALID]"))
     if t["low_pressure"]:
         lines.append(f"Low pressure (HiSparse step / plugin-off step; residency target <= {LOW_PRESSURE_TARGET}):")
         for r in t["low_pressure"]:

@@ -174,6 +174,14 @@ class SelectionTable:
             return self.table[self.anchor_slot[layer], t, :bs]
         return self._draw(layer, n)[:bs]
 
+    def get_all(self, n: int, bs: int) -> torch.Tensor:
+        """int32 [A, bs, k]: every anchor's selection at seq_len ``n`` (one copy per step into a
+        runner's static input)."""
+        t = n - self.n0 - 1
+        if 0 <= t < self.table.shape[1]:
+            return self.table[:, t, :bs]
+        return torch.stack([self._draw(a, n)[:bs] for a in self.anchor_slot])
+
 
 # -- calibration -------------------------------------------------------------------------------
 def _unique(sel: np.ndarray) -> np.ndarray:

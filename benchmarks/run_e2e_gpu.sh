@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# End-to-end benchmark on one H200 (benchmarks/E2E.md), in one call of at most ~8 minutes:
+# End-to-end benchmark on one H200 (benchmarks/E2E.md), in one call of at most ~9.5 minutes:
 #   1. the selection calibration table (CPU, in the background while the kernels build)
 #   2. the kernel build (resolve k 2048 / B 4096 / 1152-byte rows, replay, gather ceiling)
-#   3. bench_e2e.py: 61 and 78 layers x 32K and 128K (plugin off, sync, prefetch, no-IO,
-#      each IO-hiding change), the toy-churn variant, low pressure at batch 1 / 4 / 16
+#   3. bench_e2e.py: every step replayed from CUDA graphs, real sparse MLA attention (Triton,
+#      compiled at first use); 61 and 78 layers x 32K and 128K (plugin off, sync, prefetch,
+#      no-IO, then each IO-hiding change and pressure residency against prefetch in
+#      interleaved rounds), low pressure at batch 1 / 4 / 16, the ramp, the toy-churn variant.
+#      The whole set does not fit one call: split it with --kinds / --layers / --contexts, e.g.
+#        OUT=/tmp/a bash benchmarks/run_e2e_gpu.sh --kinds main --contexts 32768
+#        OUT=/tmp/b bash benchmarks/run_e2e_gpu.sh --kinds main --contexts 131072
+#        OUT=/tmp/c bash benchmarks/run_e2e_gpu.sh --kinds low_pressure ramp toy
 # Writes at most 3 files to $OUT: bench_e2e.json, bench_e2e.png (when matplotlib is there)
 # and run.log (machine, build, calibration, benchmark). Each step survives the others
 # failing: a failed build leaves the kernels to compile at first use, a failed calibration
@@ -64,7 +70,7 @@ CAL_ARG=()
 [ "${STACK:-dsa}" = v4 ] && CAL_ARG=()
 
 echo "== bench_e2e"
-left=$(( 470 - SECONDS )); [ "$left" -lt 60 ] && left=60
+left=$(( ${E2E_SECONDS:-570} - SECONDS )); [ "$left" -lt 60 ] && left=60
 # --deadline-s: points not started by then are recorded as skipped, so the summary and plot
 # are still written; the timeout only catches a point that hangs.
 timeout "$left" python3 benchmarks/bench_e2e.py --out "$OUT" "${STACK_ARG[@]}" "${CAL_ARG[@]}" --deadline-s $((left - 60)) "$@"

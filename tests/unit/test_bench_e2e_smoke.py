@@ -45,21 +45,41 @@ def test_json_has_every_point_and_mode(report):
         for mode, rec in p["modes"].items():
             assert "error" not in rec, (mode, rec.get("trace"))
             assert rec["batch"] >= 1 and rec["step_ms"] > 0 and rec["tokens_per_s"] > 0
-            assert rec["checked_outputs"] > 0 and len(rec["step_ms_per_step"]) == 3
+            # 2 interleaved rounds of 3 timed steps each (the smoke's --repeats / --steps)
+            assert rec["checked_outputs"] > 0 and len(rec["step_ms_per_step"]) == 6
+            assert len(rec["round_ms"]) == 2 and rec["spread"] is not None
             assert "h2d_gbps" in rec
         assert c_has(p, ("exposed_io_us_per_token",), "prefetch")
         assert 0.0 < p["modes"]["prefetch"]["miss_rate"] < 1.0
     main = [p for p in report["points"] if p["kind"] == "main"]
     for p in main:
         assert set(p["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense",
-                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure", "prefetch#2"}
+                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure"}
         assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
         assert {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"} <= set(p["ratios"])
-    assert len(report["tables"]["io_hiding"]) == 3 * len(main)
-    assert all(len(r["before_runs_ms"]) == 2 for r in report["tables"]["io_hiding"])
+        # the headline group, then every change against prefetch in one A/B group
+        assert [g["modes"][0] for g in p["groups"]] == ["full", "prefetch"]
+        assert set(p["groups"][1]["modes"]) == {"prefetch", "prefetch+prio", "prefetch+ctas16",
+                                                "prefetch+slices2", "pressure"}
+    # one A/B row per change and main point (pressure included), read over the same rounds
+    assert len(report["tables"]["io_hiding"]) == 4 * len(main)
+    assert all(len(r["before_round_ms"]) == len(r["after_round_ms"]) == 2 for r in report["tables"]["io_hiding"])
     (low,) = report["tables"]["low_pressure"]
     assert low["batch"] == 2 and "prefetch_over_full" in low and "pressure_over_full" in low
     assert [r["point"] for r in report["tables"]["high_pressure"]] == [p["label"] for p in main]
+
+
+@pytest.mark.slow
+def test_cpu_points_are_invalid_by_the_sanity_lines(report):
+    """The CPU smoke runs eagerly (no CUDA graphs, no profiler trace): every sanity line that
+    needs the GPU fails, so no CPU figure can pass as a result."""
+    for p in report["points"]:
+        if p["kind"] == "ramp":
+            continue
+        assert set(p["sanity"]) == {"graph_replayed", "host_gap_under_3pct", "attention_scales",
+                                    "noio_le_prefetch_le_sync", "spread_under_3pct"}
+        assert p["sanity"]["graph_replayed"] is False and p["valid"] is False
+        assert all(r["graphs"]["eager_steps"] > 0 for r in p["modes"].values())
 
 
 @pytest.mark.slow
