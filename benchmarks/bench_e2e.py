@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--churn", type=float, default=0.15, help="toy indexer query noise (--selection toy)")
     ap.add_argument("--toy-variant", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the first shape/context with --selection toy (labelled variant)")
-    ap.add_argument("--io-hiding", nargs="*", default=["prio", "ctas16", "slices2", "slices4"],
+    ap.add_argument("--io-hiding", nargs="*", default=["prio", "ctas16", "slices2", "slices4", "slru"],
                     choices=sorted(IO_HIDING), help="prefetch+<change> modes, one change each")
     ap.add_argument("--low-pressure", type=int, nargs="*", default=[1, 4, 16],
                     help="batches at which full KV and HiSparse run side by side, budget = their full KV")

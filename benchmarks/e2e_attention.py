@@ -83,7 +83,7 @@ def attention_flops(bs: int, heads: int, k: int, dim: int = 576, v_dim: int = 51
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(Q, KV, ROWS, ACC, LSE, OUT,
+    def _sparse_mla_split(Q, KV, ROWS, ACC, LSE, OUT,
                       stride_qb, stride_qh, stride_kv, stride_rb, stride_rk,
                       stride_ab, stride_as, stride_ah, stride_lb, stride_ls,
                       stride_ob, stride_oh,
@@ -162,7 +162,7 @@ if triton is not None:
             tl.store(LSE + b * stride_lb + s * stride_ls + heads, lse, mask=hmask)
 
     @triton.jit
-    def _combine_kernel(ACC, LSE, OUT,
+    def _sparse_mla_combine(ACC, LSE, OUT,
                         stride_ab, stride_as, stride_ah, stride_lb, stride_ls,
                         stride_ob, stride_oh, splits,
                         D_V: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -187,7 +187,7 @@ if triton is not None:
         tl.store(OUT + b * stride_ob + h * stride_oh + dv, out.to(OUT.dtype.element_ty))
 
     #: True when Triton was imported with TRITON_INTERPRET=1: the kernels run on CPU tensors
-    INTERPRETED = type(_split_kernel).__name__ == "InterpretedFunction"
+    INTERPRETED = type(_sparse_mla_split).__name__ == "InterpretedFunction"
 else:
     INTERPRETED = False
 
@@ -281,7 +281,7 @@ class SparseMLADecode:
         # partial slot of (request b, split s) is b * splits + s
         sab, sas, sah = splits * H * dv, H * dv, dv
         slb, sls = splits * H, H
-        _split_kernel[(bs, splits, self.head_blocks)](
+        _sparse_mla_split[(bs, splits, self.head_blocks)](
             q, kv, rows, self.partial, self.lse, out,
             q.stride(0), q.stride(1), kv.stride(0), rows.stride(0), rows.stride(1),
             sab, sas, sah, slb, sls, out.stride(0), out.stride(1),
@@ -289,7 +289,7 @@ class SparseMLADecode:
             D_V=dv, D_R=self.dim - dv, BLOCK_H=BLOCK_H, BLOCK_N=self.block_n,
             DIRECT=splits == 1, UPCAST=INTERPRETED, num_warps=self.num_warps, num_stages=self.num_stages)
         if splits > 1:
-            _combine_kernel[(bs, H)](
+            _sparse_mla_combine[(bs, H)](
                 self.partial, self.lse, out, sab, sas, sah, slb, sls,
                 out.stride(0), out.stride(1), splits,
                 D_V=dv, BLOCK_S=self.block_s, num_warps=4)

@@ -166,7 +166,9 @@ class _Runner:
         """float32 [tokens, D]: the anchor layer's key cache, by token id."""
         raise NotImplementedError
 
-    def _write_layer(self, layer: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
+    def _write_layer(self, layer: int, ids: torch.Tensor, kv: torch.Tensor, keys: torch.Tensor | None) -> None:
+        """The new entries' KV rows ``kv`` uint8 [bs, I] (and an anchor's index keys float32
+        [bs, D]) at ``ids``."""
         raise NotImplementedError
 
     def _attend(self, layer: int, top_k: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -252,12 +254,18 @@ class _Runner:
         pos, seq = self._pos_all[:bs], self._seq_all[:bs]
         ids = self._ids_all[:bs] if grows else None
         top_k = None
+        # every anchor's query at once (the toy's hash takes ~25 launches per call)
+        q_all = self.model.queries_layers(self.seeds, self._ntok_dev, self.model.anchors)
+        if ids is not None:  # the new entry's KV of every layer and its anchors' keys, at once
+            kv_new = self.model.kv_rows_layers(self.seeds, pos, toy.num_layers)
+            keys_new = self.model.index_key_rows_layers(self.seeds, pos, self.model.anchors)
         for layer in range(toy.num_layers):
             if ids is not None:
-                self._write_layer(layer, ids, pos)
+                slot = self._anchor_slot.get(layer)
+                self._write_layer(layer, ids, kv_new[layer], None if slot is None else keys_new[slot])
             if not toy.shared[layer]:
                 keys = self._index_table(layer)[self.req_to_token]  # [bs, cap, D]: fixed width
-                top_k = self._select(keys, layer)
+                top_k = self._select(keys, layer, q_all[self._anchor_slot[layer]])
                 if record:
                     self._topk_rec[self._anchor_slot[layer], :bs].copy_(top_k)
             rows = self._attend(layer, top_k, seq)
@@ -267,12 +275,11 @@ class _Runner:
             if self.dense:
                 self.compute.dense(layer, bs)
 
-    def _select(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
-        """The anchor's top-k over the step's ``e`` positions (device scalars); query and
-        selection at this step's tokens."""
-        m = self.model
+    def _select(self, keys: torch.Tensor, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """The anchor's top-k over the step's ``e`` positions (a device scalar) under its query
+        ``q`` at this step's tokens (``BenchModel.queries``)."""
         forced = None if self._forced_all is None else self._forced_all[self._anchor_slot[layer], : self.bs]
-        return m.select(keys, m.queries(self.seeds, self._ntok_dev, layer), self._e_dev, forced=forced)
+        return self.model.select(keys, q, self._e_dev, forced=forced)
 
     def _attend_resident(self, layer: int) -> None:
         if self.resident is not None:
@@ -368,10 +375,10 @@ class FullKVRunner(_Runner):
         self.active = c
         self._views(c)
 
-    def _write_layer(self, layer, ids, pos):
-        self._store(layer, ids, self.model.kv_rows(self.seeds, pos, layer))
-        if layer in self.anchor_slot:
-            self.keys[self.anchor_slot[layer]].index_copy_(0, ids, self.model.index_key_rows(self.seeds, pos, layer))
+    def _write_layer(self, layer, ids, kv, keys):
+        self._store(layer, ids, kv)
+        if keys is not None:
+            self.keys[self.anchor_slot[layer]].index_copy_(0, ids, keys)
 
     def _index_table(self, layer):
         return self.keys[self.anchor_slot[layer]]
@@ -547,10 +554,9 @@ class HiSparseRunner(_Runner):
         # num_real_reqs 0: every resolve and replay of the warm-up and capture does nothing
         self.core.num_real_reqs.fill_(0 if inert else self.bs)
 
-    def _write_layer(self, layer, ids, pos):
-        self.pool.write(layer, ids, self.model.kv_rows(self.seeds, pos, layer))
-        if not self.model.toy.shared[layer]:
-            keys = self.model.index_key_rows(self.seeds, pos, layer)
+    def _write_layer(self, layer, ids, kv, keys):
+        self.pool.write(layer, ids, kv)
+        if keys is not None:
             self.pool.write_index(layer, ids, keys.view(torch.uint8))
 
     def _index_table(self, layer):

@@ -132,7 +132,7 @@ def run_group(modes: list[str], runners: dict, args, device: torch.device) -> di
 
 #: kernel-name fragments -> component of the step (the first that matches; the rest is "other")
 CATEGORIES = (
-    ("attention", ("sparse_mla", "embedding_bag", "EmbeddingBag")),
+    ("attention", ("_sparse_mla_", "embedding_bag", "EmbeddingBag")),
     ("resolve", ("resolve", "replay", "hisparse", "gather_rows", "layer_copy")),
     ("dense", ("gemm", "gemv", "cutlass", "xmma", "cublas", "sm90_")),
     ("indexer", ("topk", "sort", "radix", "index", "gather", "scatter", "reduce", "elementwise",

@@ -154,7 +154,7 @@ class BenchModel:
     def _unpadded(self, rows: torch.Tensor) -> torch.Tensor:
         lay = self.row_layout
         if lay.paged:
-            rows[:, lay.data + lay.tail:] = 0
+            rows[..., lay.data + lay.tail:] = 0
         return rows
 
     # -- content (bit-identical to ToyModel) --------------------------------------------------
@@ -169,6 +169,28 @@ class BenchModel:
         base = ((s * 1_000_003 + layer * 7_919) * 0x85EBCA77) & _MASK
         words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
         return self._unpadded(words.contiguous().view(torch.uint8)[:, : m.item_bytes].contiguous())
+
+    def kv_rows_layers(self, seeds: torch.Tensor, pos: torch.Tensor, layers: int) -> torch.Tensor:
+        """uint8 [layers, bs, I]: ``[l] == kv_rows(seeds, pos, l)`` for every layer at once (one
+        chain of launches per step instead of one per layer: a model writes a layer's KV in one
+        kernel, the toy's hash takes ~40)."""
+        m = self.toy
+        s = seeds.to(torch.int64).reshape(1, -1, 1)
+        p = pos.to(torch.int64).reshape(1, -1, 1)
+        lay = torch.arange(layers, dtype=torch.int64, device=p.device).reshape(-1, 1, 1)
+        j = torch.arange(m.item_bytes // 8, dtype=torch.int64, device=p.device)
+        base = ((s * 1_000_003 + lay * 7_919) * 0x85EBCA77) & _MASK
+        words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
+        return self._unpadded(words.contiguous().view(torch.uint8)[..., : m.item_bytes].contiguous())
+
+    def index_key_rows_layers(self, seeds: torch.Tensor, pos: torch.Tensor, layers: list[int]) -> torch.Tensor:
+        """float32 [len(layers), bs, D]: ``[i] == index_key_rows(seeds, pos, layers[i])``."""
+        s = seeds.to(torch.int64).reshape(1, -1, 1)
+        p = pos.to(torch.int64).reshape(1, -1, 1)
+        d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=p.device)
+        lay = torch.tensor(layers, dtype=torch.int64, device=p.device).reshape(-1, 1, 1)
+        seed_term = (s * 0xCC9E2D51) & _MASK
+        return _unit(p * 0x632BE5AB + d * 0x1B873593 + seed_term + lay * 0x38495AB5)
 
     def index_key_rows(self, seeds: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """float32 [bs, D]: row ``i`` == ``toy.index_keys(seeds[i], pos[i:i+1], layer)[0]``."""
@@ -186,6 +208,15 @@ class BenchModel:
         d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=s.device)
         stable = _unit(d * 0x1B873593 + ((s * 0x2545F491) & _MASK) + layer * 0x9E3779B9)
         noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + layer)
+        return stable + self.churn * noise
+
+    def queries_layers(self, seeds: torch.Tensor, n: int | torch.Tensor, layers: list[int]) -> torch.Tensor:
+        """float32 [len(layers), bs, D]: ``[i] == queries(seeds, n, layers[i])``, in one chain."""
+        s = seeds.to(torch.int64).reshape(1, -1, 1)
+        d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=s.device)
+        lay = torch.tensor(layers, dtype=torch.int64, device=s.device).reshape(-1, 1, 1)
+        stable = _unit(d * 0x1B873593 + ((s * 0x2545F491) & _MASK) + lay * 0x9E3779B9)
+        noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + lay)
         return stable + self.churn * noise
 
     def select(self, keys: torch.Tensor, q: torch.Tensor, n: int | torch.Tensor,

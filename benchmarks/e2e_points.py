@@ -66,6 +66,8 @@ IO_HIDING = {
     "ctas32": dict(replay_ctas=32),
     "slices2": dict(anchor_slices=2),
     "slices4": dict(anchor_slices=4),
+    # not IO hiding but the same A/B: the server's default policy against the core's lru
+    "slru": dict(policy="slru"),
 }
 
 
@@ -92,7 +94,9 @@ def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = 
                           resident=V4Resident(window=args.v4_window), one_pass_scores=True)
     shared = shared_pattern(layers, args.anchor_rule, args.anchor_every)
     toy = ToyModel(num_layers=layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
-    return BenchModel(toy, churn=churn, heads=args.heads,
+    # one_pass_scores: with calibrated selections the indexer reads each gathered key once
+    # (one bmm, as a fused indexer does) instead of D elementwise passes
+    return BenchModel(toy, churn=churn, heads=args.heads, one_pass_scores=True,
                       attention=args.attention, dense_mb=args.dense_mb, dense_mflop=args.dense_mflop)
 
 

@@ -194,21 +194,22 @@ def attention_roofline(compute, plan: dict, args, device: torch.device, hbm: dic
 
 
 def _attention_scales(att: dict | None) -> bool:
-    """A real attention's time grows with batch x k and no call beats the HBM ceiling: each
-    doubling of the batch that moves >= 16 MB at the smaller size costs >= 1.3x (smaller ones:
-    not less), and every call's GB/s <= 1.2x the same-run copy ceiling (a read-only kernel may
-    pass a copy's figure a little, never by 20 %)."""
-    if not att:
+    """A real attention's time grows with batch x k and never beats HBM: the time never falls
+    as the batch grows, and the extra time from the smallest to the largest batch is at least
+    the extra selected rows' bytes at 1.2x the same-run copy ceiling (a read-only kernel may
+    pass a copy's figure a little, never by 20 %), as is every call's own rows' figure."""
+    if not att or att.get("hbm_gbps") is None:
         return False
     rows = sorted(att["per_batch"], key=lambda r: r["batch"])
-    cap = att["hbm_gbps"]
-    if cap is None or any(r["gbps"] > 1.2 * cap for r in rows):
+    cap = 1.2 * att["hbm_gbps"] * 1e9
+    row_bytes = att["k"] * att["dim"] * 2
+    if any(r["batch"] * row_bytes / (r["us"] * 1e-6) > cap for r in rows):
         return False
-    for a, b in zip(rows, rows[1:], strict=False):
-        if b["batch"] >= 2 * a["batch"]:
-            need = 1.3 if a["bytes"] >= 16 * 2**20 else 1.0
-            if b["us"] < need * a["us"]:
-                return False
+    if any(b["us"] < a["us"] for a, b in zip(rows, rows[1:], strict=False)):
+        return False
+    lo, hi = rows[0], rows[-1]
+    if hi["batch"] > lo["batch"]:
+        return (hi["us"] - lo["us"]) * 1e-6 >= (hi["batch"] - lo["batch"]) * row_bytes / cap
     return True
 
 

@@ -57,8 +57,13 @@ else
 ( timeout 180 python3 -c "from sglang_hisparse.kernels import _jit; _jit.gather_module(1152)" \
     > "$WORK/gather.txt" 2>&1 || echo "gather ceiling build failed: link figures will be missing" >> "$WORK/gather.txt" ) &
 GATHER=$!
+# the slru resolve (the server's default policy; the run's slru A/B) builds beside the lru one
+( timeout 240 python3 -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 --items 1152 --jobs 4 \
+    --policy slru > "$WORK/slru.txt" 2>&1 || echo "slru build failed: it compiles at first use" >> "$WORK/slru.txt" ) &
+SLRU=$!
 timeout 240 python3 -m sglang_hisparse.kernels --top-k 2048 --buffer 4096 --items 1152 --jobs 4 2>&1 | tail -20 \
   || echo "kernel build failed or timed out: kernels compile at first use"
+wait "$SLRU"; tail -3 "$WORK/slru.txt"
 wait "$GATHER"; tail -5 "$WORK/gather.txt"
 fi
 echo "build: $((SECONDS - t0)) s"

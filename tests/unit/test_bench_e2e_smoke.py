@@ -135,6 +135,13 @@ def test_batched_content_equals_toy_model(bench):
         assert torch.equal(model.kv_rows(seeds, pos, layer), want)
         keys = torch.cat([toy.index_keys(int(s), p.view(1), layer) for s, p in zip(seeds, pos, strict=True)])
         assert torch.equal(model.index_key_rows(seeds, pos, layer), keys)
+    # the per-step forward writes every layer's rows (and the anchors' keys) from one call each
+    all_kv = model.kv_rows_layers(seeds, pos, 3)
+    assert all(torch.equal(all_kv[layer], model.kv_rows(seeds, pos, layer)) for layer in range(3))
+    all_keys = model.index_key_rows_layers(seeds, pos, [0, 2])
+    assert torch.equal(all_keys[1], model.index_key_rows(seeds, pos, 2))
+    n = torch.tensor([40_001])
+    assert torch.equal(model.queries_layers(seeds, n, [0, 2])[1], model.queries(seeds, 40_001, 2))
 
 
 def test_calibrated_selections_are_distinct_and_batch_independent(bench):
