@@ -102,6 +102,8 @@ class _Runner:
         self._topk_rec = torch.full((A, bs, k), -1, dtype=torch.int32, device=device)
         self._rows_rec = torch.full((toy.num_layers, bs, k), -1, dtype=torch.int64, device=device)
         self._anchor_slot = {a: i for i, a in enumerate(model.anchors)}
+        #: int64 [A] anchor layer ids on the device (a graph's forward must not copy from the host)
+        self._anchors_dev = torch.tensor(model.anchors, dtype=torch.int64, device=device)
         self._anchor_of = []
         last = 0
         for layer, shared in enumerate(toy.shared):
@@ -255,10 +257,10 @@ class _Runner:
         ids = self._ids_all[:bs] if grows else None
         top_k = None
         # every anchor's query at once (the toy's hash takes ~25 launches per call)
-        q_all = self.model.queries_layers(self.seeds, self._ntok_dev, self.model.anchors)
+        q_all = self.model.queries_layers(self.seeds, self._ntok_dev, self._anchors_dev)
         if ids is not None:  # the new entry's KV of every layer and its anchors' keys, at once
             kv_new = self.model.kv_rows_layers(self.seeds, pos, toy.num_layers)
-            keys_new = self.model.index_key_rows_layers(self.seeds, pos, self.model.anchors)
+            keys_new = self.model.index_key_rows_layers(self.seeds, pos, self._anchors_dev)
         for layer in range(toy.num_layers):
             if ids is not None:
                 slot = self._anchor_slot.get(layer)

@@ -56,6 +56,13 @@ HIDDEN = 7168
 ATTENTIONS = ("sparse_mla", "bag", "gather")
 
 
+def _layer_ids(layers: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """int64 [n, 1, 1] layer ids. Pass a device tensor inside a CUDA-graph capture: a list
+    becomes a host-to-device copy of pageable memory, which a capture refuses."""
+    t = layers if torch.is_tensor(layers) else torch.tensor(layers, dtype=torch.int64, device=device)
+    return t.to(torch.int64).reshape(-1, 1, 1)
+
+
 def _unit(x: torch.Tensor) -> torch.Tensor:
     """The toy's hash -> float in [-1, 1) (same formula as ``ToyModel._unit``)."""
     return (_mix(x) & 0xFFFF).to(torch.float32) / 32768.0 - 1.0
@@ -183,12 +190,13 @@ class BenchModel:
         words = _mix(p * 0x9E3779B1 + base + j * 0xC2B2AE3D + 1)
         return self._unpadded(words.contiguous().view(torch.uint8)[..., : m.item_bytes].contiguous())
 
-    def index_key_rows_layers(self, seeds: torch.Tensor, pos: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    def index_key_rows_layers(self, seeds: torch.Tensor, pos: torch.Tensor,
+                              layers: list[int] | torch.Tensor) -> torch.Tensor:
         """float32 [len(layers), bs, D]: ``[i] == index_key_rows(seeds, pos, layers[i])``."""
         s = seeds.to(torch.int64).reshape(1, -1, 1)
         p = pos.to(torch.int64).reshape(1, -1, 1)
         d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=p.device)
-        lay = torch.tensor(layers, dtype=torch.int64, device=p.device).reshape(-1, 1, 1)
+        lay = _layer_ids(layers, p.device)
         seed_term = (s * 0xCC9E2D51) & _MASK
         return _unit(p * 0x632BE5AB + d * 0x1B873593 + seed_term + lay * 0x38495AB5)
 
@@ -210,11 +218,12 @@ class BenchModel:
         noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + layer)
         return stable + self.churn * noise
 
-    def queries_layers(self, seeds: torch.Tensor, n: int | torch.Tensor, layers: list[int]) -> torch.Tensor:
+    def queries_layers(self, seeds: torch.Tensor, n: int | torch.Tensor,
+                       layers: list[int] | torch.Tensor) -> torch.Tensor:
         """float32 [len(layers), bs, D]: ``[i] == queries(seeds, n, layers[i])``, in one chain."""
         s = seeds.to(torch.int64).reshape(1, -1, 1)
         d = torch.arange(self.toy.index_dim, dtype=torch.int64, device=s.device)
-        lay = torch.tensor(layers, dtype=torch.int64, device=s.device).reshape(-1, 1, 1)
+        lay = _layer_ids(layers, s.device)
         stable = _unit(d * 0x1B873593 + ((s * 0x2545F491) & _MASK) + lay * 0x9E3779B9)
         noise = _unit(d * 0x4CF5AD43 + (((s * 131 + n) * 0x2545F491) & _MASK) + lay)
         return stable + self.churn * noise
