@@ -1,12 +1,14 @@
 """Cross-mode comparison, link figures, tables, notes, the terminal summary and the plot of bench_e2e.
 
     python benchmarks/e2e_report.py bench_e2e.json [plot.png]   # summary (+ plot) of a finished run
+    python benchmarks/e2e_report.py bench_e2e.json --reevaluate new.json   # sanity lines recomputed
 
 The plot is ``e2e_plot.write_plot``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -14,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-#: issue 34's targets at realistic selections: prefetch/full by context, prefetch/no-IO
-THROUGHPUT_TARGETS = {32768: 3.0, 131072: 4.0}
-ORACLE_TARGET = 0.85
+#: issue 47's goals at realistic selections: prefetch/full by context, prefetch/no-IO (the
+#: paper reports 3.1x at 32K and 0.85 of the oracle)
+THROUGHPUT_TARGETS = {32768: 4.0, 131072: 6.0}
+ORACLE_TARGET = 0.90
 #: issue 29: at low pressure HiSparse's step <= this x plugin-off's; at high pressure the
 #: pressure mode's throughput >= this x always-hot's at the same batch
 LOW_PRESSURE_TARGET = 1.02
@@ -163,6 +166,9 @@ def tables(points: list[dict]) -> dict:
 #: sanity lines (issue 47): a point failing one is reported invalid, not as a result
 HOST_GAP_LIMIT = 0.03
 SPREAD_LIMIT = 0.03
+#: the least gain a change must show, besides beating the noise, to become a default: below it
+#: a consistent difference is real but not worth a new default (or its code path)
+MIN_GAIN = 0.005
 
 
 def attention_roofline(compute, plan: dict, args, device: torch.device, hbm: dict | None) -> dict | None:
@@ -238,7 +244,7 @@ def ab_rows(p: dict) -> list[dict]:
     """The A/B decisions of a point: in every group holding ``prefetch``, each other HiSparse
     mode against it over the same interleaved rounds. ``speedup`` = prefetch step / the mode's;
     ``noise`` = the larger of the two modes' spreads; a change ``beats`` the noise when every
-    round is faster and its speedup - 1 exceeds the noise."""
+    round is faster and its speedup - 1 exceeds the noise and ``MIN_GAIN``."""
     out = []
     for g in p.get("groups", []):
         rounds = g["rounds"]
@@ -256,7 +262,7 @@ def ab_rows(p: dict) -> list[dict]:
                             before_step_ms=base["step_ms"], after_step_ms=rec["step_ms"],
                             before_round_ms=base["round_ms"], after_round_ms=rec["round_ms"],
                             speedup=speedup, round_speedups=per_round, noise=noise,
-                            beats_noise=min(per_round) > 1.0 and speedup - 1.0 > noise,
+                            beats_noise=min(per_round) > 1.0 and speedup - 1.0 > max(noise, MIN_GAIN),
                             worse_beyond_noise=max(per_round) < 1.0 and 1.0 - speedup > noise,
                             exact=bool(m.get("exact_vs_oracle")) and m.get("exact_vs_full", False),
                             valid=p.get("valid", False)))
@@ -391,10 +397,41 @@ def _ramp_lines(p: dict) -> list[str]:
     return lines
 
 
+def reevaluate(rep: dict) -> dict:
+    """Recompute every point's sanity lines, validity and the tables from the figures a JSON
+    holds (the lines are functions of them), e.g. for a JSON written before a line changed."""
+    from e2e_measure import with_step_time
+
+    for p in rep["points"]:
+        if p.get("kind") == "ramp" or "modes" not in p or "error" in p:
+            continue
+        for rec in p["modes"].values():
+            if "error" not in rec:
+                with_step_time(rec.get("gpu_profile"), rec["step_ms"])
+        p["sanity"] = sanity(p, p, p.get("attention_roofline"))
+        p["valid"] = all(p["sanity"].values())
+        if "plan" in p and "ratios" in p:
+            cfg = argparse.Namespace(**rep["config"])
+            p["targets"] = _targets(p["plan"], p["ratios"], cfg)
+    rep["targets_met"] = all(p["targets"]["met"] for p in rep["points"] if p.get("targets", {}).get("applies"))
+    rep["tables"] = tables(rep["points"])
+    return rep
+
+
 if __name__ == "__main__":
-    rep = json.loads(Path(sys.argv[1]).read_text())
+    # python benchmarks/e2e_report.py bench_e2e.json [plot.png] [--reevaluate out.json]
+    argv = sys.argv[1:]
+    again = None
+    if "--reevaluate" in argv:
+        i = argv.index("--reevaluate")
+        again = Path(argv[i + 1])
+        del argv[i : i + 2]
+    rep = json.loads(Path(argv[0]).read_text())
+    if again is not None:
+        rep = reevaluate(rep)
+        again.write_text(json.dumps(rep, indent=2))
     print(summarize(rep))
-    if len(sys.argv) > 2:
+    if len(argv) > 1:
         from e2e_plot import write_plot
 
-        print(write_plot(rep, Path(sys.argv[2])))
+        print(write_plot(rep, Path(argv[1])))
