@@ -431,7 +431,7 @@ def retract_and_resume(rig: Rig) -> dict[str, Any]:
 
 
 # -- real traffic (testing.rig_traffic): EOS / stop sets, arrivals, SGLang's own retraction -----
-#: the CI run's size; the soak (``-m slow``) runs ``python -m sglang_hisparse.testing.rig_traffic``
+#: the CI run's size; the soak (``-m slow``) runs ``python -m sglang_hisparse.testing.rig_soak``
 TRAFFIC_REQUESTS = 32
 
 

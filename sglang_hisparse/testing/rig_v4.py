@@ -25,26 +25,14 @@ from typing import Any
 import torch
 
 from sglang_hisparse.kernels.row_layout import C4_PAGED
-from sglang_hisparse.testing.rig_worker import StandInRunner
+from sglang_hisparse.testing.rig_worker import COMPRESS_RATIOS, StandInRunner
 from sglang_hisparse.testing.token_model import TokenModel
 from sglang_hisparse.testing.toy_model import _mix
 
-__all__ = ["C4TokenModel", "V4StandInRunner", "toy_v4_config"]
+__all__ = ["C4TokenModel", "V4StandInRunner"]
 
 RATIO = 4
 _MASK = (1 << 62) - 1
-#: the toy's layer pattern: compress ratio 4 at layers 0 and 2 (the C4 layers), 128 at 1 and 3
-COMPRESS_RATIOS = (4, 128, 4, 128)
-
-
-def toy_v4_config(*, top_k: int, base: dict[str, Any]) -> dict[str, Any]:
-    """A config SGLang's ModelConfig reads as DeepSeek-V4 (``is_deepseek_v4``), from the rig's
-    DSA toy config ``base``."""
-    return dict(base, architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4", index_topk=top_k,
-                num_hidden_layers=len(COMPRESS_RATIOS), compress_ratios=list(COMPRESS_RATIOS), sliding_window=128,
-                window_size=128, hidden_size=4096, num_attention_heads=64, num_key_value_heads=1, head_dim=512,
-                qk_nope_head_dim=448, v_head_dim=512, q_lora_rank=1024, o_lora_rank=1024, o_groups=8,
-                max_position_embeddings=65536)
 
 
 @dataclass(frozen=True)

@@ -112,15 +112,27 @@ def toy_m3_config(*, num_layers: int, top_k: int, block: int, index_values: bool
     }
 
 
+#: the V4 toy's layer pattern: compress ratio 4 at layers 0 and 2 (the C4 layers), 128 at 1 and 3
+COMPRESS_RATIOS = (4, 128, 4, 128)
+
+
+def toy_v4_config(*, top_k: int, base: dict[str, Any]) -> dict[str, Any]:
+    """A config SGLang's ModelConfig reads as DeepSeek-V4 (``is_deepseek_v4``), from the rig's
+    DSA toy config ``base``."""
+    return dict(base, architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4", index_topk=top_k,
+                num_hidden_layers=len(COMPRESS_RATIOS), compress_ratios=list(COMPRESS_RATIOS), sliding_window=128,
+                window_size=128, hidden_size=4096, num_attention_heads=64, num_key_value_heads=1, head_dim=512,
+                qk_nope_head_dim=448, v_head_dim=512, q_lora_rank=1024, o_lora_rank=1024, o_groups=8,
+                max_position_embeddings=65536)
+
+
 def write_toy_model(root: Path, *, num_layers: int, top_k: int, m3_block: int = 0, v4: bool = False,
                     m3_index_values: bool = True, **overrides: Any) -> Path:
     """A config-only model directory SGLang's ModelConfig accepts as a DSA model (or, with
     ``m3_block``, as MiniMax-M3: :func:`toy_m3_config`; with ``v4``, as DeepSeek-V4:
-    ``rig_v4.toy_v4_config``)."""
+    :func:`toy_v4_config`)."""
     root.mkdir(parents=True, exist_ok=True)
     if v4:
-        from sglang_hisparse.testing.rig_v4 import toy_v4_config
-
         cfg = dict(toy_v4_config(top_k=top_k, base=TOY_DSA_CONFIG), **overrides)
     elif m3_block:
         cfg = dict(toy_m3_config(num_layers=num_layers, top_k=top_k, block=m3_block,
