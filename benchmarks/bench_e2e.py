@@ -52,12 +52,12 @@ from e2e_points import (  # noqa: E402
     GIB,
     IO_HIDING,
     RESIDENCY,
-    build_model,
     build_points,
     check_point,
     describe,
     host_rows_for,
     plan_point,
+    point_model,
     residency_supported,
 )
 from e2e_ramp import ramp_total_steps, run_ramp_point  # noqa: E402
@@ -76,7 +76,7 @@ from sglang_hisparse.memory.budget import available_host_bytes  # noqa: E402
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
 
 SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, budget_gib="auto",
-             host_gib=0.003, warmup=2, steps=3, repeats=2, block_warmup=1, profile_steps=0,
+             host_gib=0.003, warmup=2, steps=3, repeats=2, block_warmup=1, profile_steps=0, node_preset="none",
              check_steps=2, check_requests=2, heads=2,
              dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu",
              io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2], ramp_steps=1)
@@ -126,7 +126,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="replay each step's forward from a CUDA graph (CUDA only; --no-graphs: eager, "
                          "whose points are then invalid by the sanity lines)")
-    ap.add_argument("--kinds", nargs="+", choices=["main", "low_pressure", "ramp", "toy"], default=None,
+    ap.add_argument("--node-preset", default="glm-5.1",
+                    help="a point in this preset's serving-node proportion: its layers and anchors, the KV "
+                         "room one GPU of its 8-GPU node has after weights (none: no such point)")
+    ap.add_argument("--node-hbm-gib", type=float, default=139.8, help="HBM per GPU of that node (H200: 139.8)")
+    ap.add_argument("--kinds", nargs="+", choices=["main", "node", "low_pressure", "ramp", "toy"], default=None,
                     help="run only these kinds of point (default: all)")
     ap.add_argument("--check-steps", type=int, default=2)
     ap.add_argument("--check-requests", type=int, default=2, help="sampled requests per checked step")
@@ -376,11 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     host_bytes = host_pool_bytes(args)
     points = build_points(args)
-    models = {L: build_model(args, L) for L in sorted({p["layers"] for p in points})}
+    models: dict = {}
     plans = []
     print(f"plan: pinned host pool {host_bytes / GIB:.2f} GiB (available {available_host_bytes() / GIB:.2f} GiB)")
     for p in points:
-        model = models[p["layers"]] if p["selection"] != "toy" else build_model(args, p["layers"])
+        model = point_model(args, p, models)
         plan = plan_point(args, p, model, host_bytes)
         plans.append(plan)
         print("  " + describe(p, plan))
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.append(dict(p, plan=plan, error=f"skipped: past --deadline-s {args.deadline_s}", exact=False))
                 report = _report(args, host_bytes, device, done, calibration, t_start, len(points))
                 continue
-            model = models[L] if p["selection"] != "toy" else build_model(args, L)
+            model = point_model(args, p, models)
             try:
                 if L not in computes:
                     computes.clear()

@@ -6,6 +6,8 @@ each point's modes and its sizes under the KV budget.
 main          every --layers x --contexts: full KV at the largest batch its KV budget admits,
               HiSparse (sync / prefetch / no-IO oracle / each --io-hiding change) at the largest
               batch the same budget admits, capped by the pinned host pool
+node          a serving node's proportion (--node-preset, default glm-5.1): the preset's layers and
+              anchors at the first context, the KV budget one GPU of its 8-GPU node has after weights
 toy           the first main shape and context with the old toy indexer (--churn): labelled variant
 low_pressure  the first shape and context at each --low-pressure batch b: full KV and HiSparse
               both at b, with a budget that holds b requests' full KV (HBM is not short)
@@ -83,7 +85,9 @@ V4_INDEX_DIM = 33
 V4_COMPRESS_RATIO = 4
 
 
-def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = None) -> BenchModel:
+def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = None,
+                anchors: tuple[int, ...] | None = None) -> BenchModel:
+    """``anchors``: the layers with their own indexer (default: ``--anchor-rule``)."""
     churn = args.churn if churn is None else churn
     if getattr(args, "stack", "dsa") == "v4":
         # every C4 layer computes its own top-k (V4 shares no indexer output)
@@ -92,7 +96,8 @@ def build_model(args: argparse.Namespace, layers: int, *, churn: float | None = 
                           dense_mb=args.dense_mb, dense_mflop=args.dense_mflop,
                           compress_ratio=V4_COMPRESS_RATIO, row_layout=C4_PAGED,
                           resident=V4Resident(window=args.v4_window), one_pass_scores=True)
-    shared = shared_pattern(layers, args.anchor_rule, args.anchor_every)
+    shared = (shared_pattern(layers, args.anchor_rule, args.anchor_every) if anchors is None
+              else tuple(i not in anchors for i in range(layers)))
     toy = ToyModel(num_layers=layers, top_k=args.top_k, item_bytes=args.item, shared=shared)
     # one_pass_scores: with calibrated selections the indexer reads each gathered key once
     # (one bmm, as a fused indexer does) instead of D elementwise passes
@@ -117,6 +122,9 @@ def build_points(args: argparse.Namespace) -> list[dict]:
                    groups=[list(base)] + ([["prefetch"] + ab] if ab else []))
               for L in args.layers for n in args.contexts]
     L0, n0 = args.layers[0], args.contexts[0]
+    node = node_point(args, n0)
+    if node is not None:
+        points.append(node)
     for b in args.low_pressure:
         points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
                            context=n0, selection=args.selection, batch=b,
@@ -132,6 +140,37 @@ def build_points(args: argparse.Namespace) -> list[dict]:
                            groups=[["full", "prefetch", "noio"]]))
     kinds = getattr(args, "kinds", None)
     return [p for p in points if not kinds or p["kind"] in kinds]
+
+
+def node_point(args: argparse.Namespace, context: int) -> dict | None:
+    """A main-like point in a serving node's proportion (``--node-preset``): the preset model's
+    layers and anchors, and the KV budget one GPU of its 8-GPU node has after the weights
+    (``planner.PlanInputs.kv_budget``: SGLang's static memory fraction less weights / 8, of
+    ``--node-hbm-gib``). Full KV, prefetch and no-IO in one group."""
+    name = getattr(args, "node_preset", None)
+    if not name or name == "none" or getattr(args, "stack", "dsa") != "dsa":
+        return None
+    from sglang_hisparse.planner import PlanInputs
+    from sglang_hisparse.presets import load_preset
+
+    spec = load_preset(name)
+    budget, share, source = PlanInputs(model=spec, gpu_hbm_gib=args.node_hbm_gib).kv_budget()
+    modes = ["full", "prefetch", "noio"]
+    return dict(kind="node", label=f"{spec.name} node {spec.layers}L {_ctx(context)}", layers=spec.layers,
+                context=context, selection=args.selection, anchors=list(spec.anchors), budget_bytes=budget,
+                budget_source=f"{spec.name}, 8 GPUs: {share:.3f} of {args.node_hbm_gib:g} GiB ({source})",
+                modes=modes, groups=[modes])
+
+
+def point_model(args: argparse.Namespace, point: dict, cache: dict) -> BenchModel:
+    """The point's model (cached by layers and anchors; a toy-selection point builds its own)."""
+    anchors = tuple(point["anchors"]) if point.get("anchors") is not None else None
+    if point["selection"] == "toy":
+        return build_model(args, point["layers"], anchors=anchors)
+    key = (point["layers"], anchors)
+    if key not in cache:
+        cache[key] = build_model(args, point["layers"], anchors=anchors)
+    return cache[key]
 
 
 def runner_steps(args: argparse.Namespace, point: dict) -> int:
@@ -191,7 +230,9 @@ def plan_point(args: argparse.Namespace, point: dict, model: BenchModel, host_by
         if hs_host < b:
             limit = "host_dram (refused)"
     else:
-        if args.budget_gib == "auto":
+        if point["kind"] == "node":
+            budget = max(point["budget_bytes"], per_full)
+        elif args.budget_gib == "auto":
             budget = max(per_full, max(hs_host - 1, 1) * per_hs)
         else:
             budget = int(float(args.budget_gib) * GIB)

@@ -5,11 +5,12 @@
 #   3. bench_e2e.py: every step replayed from CUDA graphs, real sparse MLA attention (Triton,
 #      compiled at first use); 61 and 78 layers x 32K and 128K (plugin off, sync, prefetch,
 #      no-IO, then each IO-hiding change and pressure residency against prefetch in
-#      interleaved rounds), low pressure at batch 1 / 4 / 16, the ramp, the toy-churn variant.
+#      interleaved rounds), a GLM-5.1 8xH200 node's proportion (--node-preset), low pressure at
+#      batch 1 / 4 / 16, the ramp, the toy-churn variant.
 #      The whole set does not fit one call: split it with --kinds / --layers / --contexts, e.g.
 #        OUT=/tmp/a bash benchmarks/run_e2e_gpu.sh --kinds main --contexts 32768
 #        OUT=/tmp/b bash benchmarks/run_e2e_gpu.sh --kinds main --contexts 131072
-#        OUT=/tmp/c bash benchmarks/run_e2e_gpu.sh --kinds low_pressure ramp toy
+#        OUT=/tmp/c bash benchmarks/run_e2e_gpu.sh --kinds node low_pressure ramp toy
 # Writes at most 3 files to $OUT: bench_e2e.json, bench_e2e.png (when matplotlib is there)
 # and run.log (machine, build, calibration, benchmark). Each step survives the others
 # failing: a failed build leaves the kernels to compile at first use, a failed calibration

@@ -212,3 +212,22 @@ def test_v4_stack_smoke_is_exact_and_compresses(bench, tmp_path):
 def test_v4_stack_refuses_a_token_page(bench, tmp_path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--stack", "v4", "--page", "16", "--out", str(tmp_path), "--device", "cpu"])
+
+
+def test_node_point_takes_the_preset_shape_and_its_kv_room(bench, tmp_path):
+    """--node-preset glm-5.1 (the default): 78 layers, every one its own indexer, and the KV
+    room one H200 of an 8-GPU node has after GLM-5.1's weights (SGLang's 0.85 static fraction
+    less 700 / 8 GiB of weights)."""
+    from e2e_points import build_points, plan_point, point_model
+
+    args = bench.parse_args(["--plan-only", "--out", str(tmp_path), "--device", "cpu", "--host-gib", "84"])
+    (node,) = [p for p in build_points(args) if p["kind"] == "node"]
+    assert node["layers"] == 78 and node["anchors"] == list(range(78)) and node["context"] == 32768
+    assert node["budget_bytes"] / 2**30 == pytest.approx(0.85 * 139.8 - 700 / 8, abs=0.01)
+    model = point_model(args, node, {})
+    assert model.anchors == list(range(78))
+    plan = plan_point(args, node, model, int(84 * 2**30))
+    assert plan["budget_bytes"] == node["budget_bytes"] and plan["full_batch"] == 11
+    assert plan["hisparse_limited_by"] == "host_dram" and plan["hisparse_batch_admitted_hbm"] > plan["hisparse_batch"]
+    none = bench.parse_args(["--plan-only", "--out", str(tmp_path), "--device", "cpu", "--node-preset", "none"])
+    assert not [p for p in build_points(none) if p["kind"] == "node"]
