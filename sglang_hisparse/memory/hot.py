@@ -23,8 +23,8 @@ positions it keeps into those rows), freeing every other page::
 
 ``HotBuffers`` is composed into the allocator and handed what it touches when it is built:
 the device-row allocator it takes pages from and the logical -> device ``mapping``. Prefill
-ownership (which logical id owns which device row) stays with
-``DualSpaceAllocator``, which turns prefill rows into a hot buffer with :meth:`adopt`.
+ownership (which logical id owns which device row) is ``memory.prefill_rows.PrefillRows``;
+``memory.handover.Handover`` turns prefill rows into a hot buffer with :meth:`adopt`.
 """
 
 from __future__ import annotations
