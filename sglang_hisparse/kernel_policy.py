@@ -70,7 +70,8 @@ POLICIES: tuple[str, ...] = ("lru", "fra", "slru")
 #: what the kernel ops and ``SlotState`` assume when they are not told a policy
 DEFAULT_POLICY = "lru"
 #: what a server runs when ``--hisparse-config`` names no policy: fewer misses than lru on every
-#: recorded trace for +5-8 % bookkeeping (docs/traces.md), with and without speculative decoding
+#: recorded trace for +0.6-1.0 us of bookkeeping a resolve, +4-8 %, on the H200 (docs/traces.md),
+#: with and without speculative decoding
 SERVING_POLICY = "slru"
 #: the policies the verify kernel (speculative decoding) implements
 VERIFY_POLICIES: tuple[str, ...] = ("lru", "slru")

@@ -183,9 +183,8 @@ def check_kernel_build(require: bool, torch_cuda: str | None) -> Check:
     nvcc = f"{r.home}/bin/nvcc, CUDA {r.nvcc_release}" if r.nvcc_release else "no nvcc"
     if r.ok:
         return Check("kernel build", OK, f"CUDA home {r.home} (from {r.home_from}): {nvcc}, libcudart, ninja, c++")
-    fix = f"; fix: {r.fix}" if r.fix else ""
     return Check("kernel build", FAIL if require else WARN,
-                 f"python -m sglang_hisparse.kernels would fail: {'; '.join(r.problems)}{fix}")
+                 f"python -m sglang_hisparse.kernels would fail: {r.summary()}")
 
 
 def check_gpu(require: bool) -> Check:

@@ -50,6 +50,12 @@ class BuildReadiness:
     def ok(self) -> bool:
         return not self.problems
 
+    def summary(self) -> str:
+        """The problems and the fix in one line (empty when ``ok``): doctor's ``kernel build``
+        detail, and the kernels CLI's error after a failed build."""
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return "; ".join(self.problems) + fix
+
 
 def cuda_home(env: Mapping[str, str], which: Callable[[str], str | None]) -> tuple[str | None, str]:
     """The CUDA home tvm-ffi's build will use, and where it came from (its ``_find_cuda_home``

@@ -20,7 +20,7 @@ from pathlib import Path
 from sglang_hisparse import planner
 from sglang_hisparse.cli.inputs import check_output_path, model_config_path, read_model_config
 from sglang_hisparse.cli.plan_report import decode_flags, plot, render, to_json
-from sglang_hisparse.kernel_policy import POLICIES, SERVING_POLICY
+from sglang_hisparse.kernel_policy import POLICIES, SERVING_POLICY, VERIFY_POLICIES
 from sglang_hisparse.presets import load_preset, model_from_config, preset_names
 
 DEFAULT_PRESET = "GLM-5.1"
@@ -107,14 +107,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "(default 2*top-k = 4096: SGLang's default; the LRU then keeps last steps' selections)")
     w.add_argument("--policy", choices=POLICIES, default=SERVING_POLICY,
                    help=f"hot-buffer replacement policy (--hisparse-config \"policy\"; default {SERVING_POLICY}, "
-                        "what a server without speculative decoding runs): fra keeps "
+                        "what a server runs when the config names none, with or without speculative decoding; "
+                        f"speculative decoding takes {' or '.join(VERIFY_POLICIES)}): fra keeps "
                         "one int32 per slot and layer more, slru one per request and layer; --trace is "
                         "simulated with it (docs/traces.md)")
     mr = w.add_mutually_exclusive_group()
     mr.add_argument("--miss-rate", type=float, metavar="FRACTION", help="expected fraction of the top-k missing the "
                     "hot buffer per step (default 0.134: the published GLM-5.1 LRU figure)")
     mr.add_argument("--trace", metavar="FILE", help="selection trace (docs/traces.md): the miss rate is simulated "
-                    "with LRU at --buffer instead of assumed")
+                    "with --policy at --buffer instead of assumed")
     w.add_argument("--target-step-ms", type=float, default=d["target_step_ms"].default, metavar="MS",
                    help="decode step time to compare the link time against, ms (default %(default)s)")
     w.add_argument("--hisparse-index-layers", choices=("all", "anchors"), default="all",

@@ -12,6 +12,10 @@ pay for nvcc. Examples::
 
 ``--draft-tokens W`` (= ``--speculative-num-draft-tokens``) also builds the verify-step module
 for each ``(k, B, W, item)`` with ``B >= W*k`` (speculative decoding, ``verify_ops``).
+
+A build that fails on a host missing part of the toolchain (a CUDA home without
+``lib64/libcudart.so``, no ``ninja``, ...) ends in one line naming what is missing and the fix,
+from doctor's ``kernel build`` check (``cli/kernel_build.py``), and exit status 1.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..cli import kernel_build
 from ..kernel_policy import POLICIES, policy_id
 from . import _jit
 
@@ -109,9 +114,25 @@ def main(argv: list[str] | None = None) -> int:
               f"needs B >= W*top_k, e.g. --buffer {max(2, w + 1) * k}", file=sys.stderr)
         return 2
     print(f"JIT cache: {_jit.cache_dir()}  target: sm {_jit.cuda_arch()}")
-    precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests", verify_specs=verify,
-               policy=args.policy)
+    try:
+        precompile(specs, items, jobs=args.jobs, gather=args.grid == "tests", verify_specs=verify,
+                   policy=args.policy)
+    except (RuntimeError, OSError):  # tvm-ffi's: ninja's output, or a tool it could not start
+        problem = toolchain_problem()
+        if problem is None:
+            raise  # the host has what the build needs: a compile error or a bug, shown in full
+        print(f"error: the kernel build failed: {problem}", file=sys.stderr)
+        return 1
     return 0
+
+
+def toolchain_problem() -> str | None:
+    """What this host lacks for the build and the fix, in one line (doctor's ``kernel build``
+    check, ``cli/kernel_build.inspect``), or None when it lacks nothing."""
+    import torch
+
+    readiness = kernel_build.inspect(torch_cuda=torch.version.cuda)
+    return None if readiness.ok else readiness.summary()
 
 
 if __name__ == "__main__":
