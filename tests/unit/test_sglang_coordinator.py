@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+
 import pytest
 import torch
 
