@@ -98,7 +98,7 @@ PUBLISHED: tuple[tuple[str, str, str], ...] = (
 
 #: attributes of ``sglang.srt.configs.model_config.ModelConfig`` (checked on a real one)
 MODEL_CONFIG: tuple[tuple[str, str], ...] = (
-    ("hf_config", "arg_scope, budget, coordinator._m3_top_k"),
+    ("hf_config", "arg_scope, budget, families.m3.M3Family.core_top_k"),
     ("hf_text_config", "budget.state_shape"),
     ("quantization", "arg_scope._check_m3 (NVFP4 refusal)"),
     ("is_hybrid_swa", "arg_scope._check_pool_kind"),
@@ -161,9 +161,10 @@ CLASS_ATTRS: tuple[tuple[str, str, str], ...] = (
     (_TREE, "evictable_size", "radix_hooks.release_unstaged"),
     (_TREE, "protected_size", "radix_hooks.release_unstaged"),
     (_TREE, "evict", "rig"),
-    (_POOL + "MiniMaxSparseKVPool", "main_pool", "coordinator._hisparse_pool"),
-    (_POOL + "DSATokenToKVPool", "kv_buffer", "coordinator._device_layers"),
-    (_POOL + "DSATokenToKVPool", "start_layer", "coordinator._device_layers, memory_host"),
+    (_POOL + "MiniMaxSparseKVPool", "main_pool", "families.m3.M3Family.hisparse_pool"),
+    (_POOL + "DSATokenToKVPool", "kv_buffer", "families.dsa.DSAFamily.device_layers"),
+    (_POOL + "DSATokenToKVPool", "start_layer", "families.dsa.DSAFamily.device_layers, memory_host"),
+    (_POOL + "MHATokenToKVPool", "start_layer", "families.m3.M3Family.device_layers"),
     (_POOL + "DSATokenToKVPool", "end_layer", "memory_host.build_host_pool"),
     (_POOL + "DSATokenToKVPool", "layer_num", "memory_host.build_host_pool"),
     (_POOL + "DSATokenToKVPool", "kv_cache_dim", "memory, memory_host"),
@@ -186,7 +187,7 @@ CLASS_ATTRS: tuple[tuple[str, str, str], ...] = (
     (_SWA, "size_full", "memory_v4 (_from_swa)"),
     (_SWA, "size_swa", "memory_v4 (_from_swa)"),
     (_SWA, "full_to_swa_index_mapping", "memory_v4 (_from_swa)"),
-    (_V4 + "DeepSeekV4TokenToKVPool", "c4_kv_pool", "memory_v4.HiSparseV4Allocator"),
+    (_V4 + "DeepSeekV4TokenToKVPool", "c4_kv_pool", "memory_v4.HiSparseV4Allocator, families.v4.V4Family.hisparse_pool"),
     (_V4 + "DeepSeekV4SingleKVPool", "bytes_per_page_padded", "memory_v4.HiSparseC4Pool"),
     (_V4 + "DeepSeekV4SingleKVPool", "kv_buffer", "memory_v4.HiSparseC4Pool"),
     (_V4 + "DeepSeekV4SingleKVPool", "set_key_buffer", "memory_v4.HiSparseC4Pool"),
@@ -209,12 +210,7 @@ CLASS_ATTRS: tuple[tuple[str, str, str], ...] = (
 #: names the adapter reads with ``getattr``/``hasattr`` that are not SGLang's: attributes of our
 #: own classes, optional Hugging Face config keys, Python internals (name, why)
 OURS: tuple[tuple[str, str], ...] = (
-    ("core", "our allocators' DualSpaceAllocator (coordinator._dual_allocator)"),
-    ("hisparse_kvcache", "our allocators' HiSparse pool (coordinator._hisparse_pool)"),
-    ("compress_ratio", "our pools and allocators (DeepSeek-V4: 4)"),
-    ("device_rows", "our M3 and V4 pools (their rows as HiSparse rows)"),
-    ("host_layout", "our V4 pool's host layout"),
-    ("pd_host_layout", "our M3 pool's PD-decode host layout"),
+    ("core", "our allocators' DualSpaceAllocator (families.base.dual_allocator)"),
     ("configure_hot_buffer", "our HiSparseTokenAllocator"),
     ("_hisparse_logical_only", "our flag on SGLang's PrefillBudget (radix_hooks.admit_ignore_eos_on_both_spaces)"),
     ("hisparse_coordinator", "set on SGLang's allocator by our coordinator (also Scheduler's, in CLASS_ATTRS)"),
@@ -227,7 +223,7 @@ OURS: tuple[tuple[str, str], ...] = (
 
 #: files whose literal ``getattr``/``hasattr`` names must all be in the tables above
 SCANNED = (
-    "sglang_adapter/*.py", "arg_scope.py", "plugin.py", "metrics.py",
+    "sglang_adapter/*.py", "sglang_adapter/families/*.py", "arg_scope.py", "plugin.py", "metrics.py",
     "testing/sglang_rig.py", "testing/rig_*.py",
 )
 

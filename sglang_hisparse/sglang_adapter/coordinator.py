@@ -13,6 +13,7 @@ collect_ready_reqs() -> [Req]           ->  collect_ready()  (entries carry the 
 admit_request_direct(req)               ->  admit_direct(r, seq_len)
 map_last_loc_to_buffer(...)             ->  map_last_loc(...)
 swap_in_selected_pages(ri, sl, tk, l)   ->  swap_in(ri, sl, tk, l)
+swap_in_selected_blocks(ri, sl, tb, l, b) -> swap_in_blocks(ri, sl, tb, l, b)  (MiniMax-M3)
 request_finished / retract_req /
 abort_staging_request(req)              ->  finish(r)
 get_token_stats()                       ->  HiSparseTokenStats from the allocator / host pool
@@ -21,11 +22,12 @@ prepare_spec_verify(batch)              ->  prepare_spec(...)          num_draft
 commit_spec_accept_tokens(batch, ai)    ->  commit_spec(ai)            see coordinator.spec)
 ```
 
-Memory comes from the allocator SGLang passes, our ``HiSparseTokenAllocator`` (its
-``DualSpaceAllocator`` is ``.core``), and the per-layer KV of its pool (``get_kvcache()``, our
-``HiSparseDSAPool``). The pinned host pool is built here over SGLang's HiCache host buffer
-(``sglang_adapter.memory_host.build_host_pool``, which also serves PD's RDMA registration),
-sized to the logical capacity so every admitted token fits.
+Memory comes from the allocator SGLang passes (ours: its ``DualSpaceAllocator`` is ``.core``)
+and the pool behind it (``get_kvcache()``), whose model family (``families``: DSA, MiniMax-M3,
+DeepSeek-V4) is detected once, here, from the pool's type. The family names the pool whose
+rows go through HiSparse, its per-layer device rows, the selection the core resolves, and the
+pinned host pool, built here (one row per logical id, so every admitted token fits; for DSA
+over SGLang's HiCache host buffer, which also serves PD's RDMA registration).
 """
 
 from __future__ import annotations
@@ -39,31 +41,12 @@ import torch
 
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.kernel_policy import SERVING_POLICY
-from sglang_hisparse.kernels.row_layout import C4_PAGED_HOST
-from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.state_bytes import coordinator_state_bytes
 from sglang_hisparse.metrics import prometheus_sink_if_enabled
 from sglang_hisparse.sglang_adapter.budget import log_coordinator_state
-from sglang_hisparse.sglang_adapter.memory_host import build_host_pool
+from sglang_hisparse.sglang_adapter.families import detect_family
 
 logger = logging.getLogger("sglang_hisparse")
-
-
-def _dual_allocator(allocator: Any) -> DualSpaceAllocator:
-    """The ``DualSpaceAllocator`` behind SGLang's ``token_to_kv_pool_allocator``.
-
-    Under the plugin, ``kv_cache_configurator._build_token_to_kv_pool_allocator`` builds our
-    ``HiSparseTokenAllocator``, whose core is ``.core``; anything else means SGLang built its
-    own allocator (the plugin's hooks did not run).
-    """
-    core = getattr(allocator, "core", None)
-    if not isinstance(core, DualSpaceAllocator):
-        raise ValueError(
-            f"SGLangHiSparseCoordinator: token_to_kv_pool_allocator ({type(allocator).__name__}) "
-            f"is not sglang-hisparse's HiSparseTokenAllocator. Launch with the sglang-hisparse "
-            f"plugin installed so SGLang builds our allocator and pools."
-        )
-    return core
 
 
 def _radix_cache_on() -> bool:
@@ -92,67 +75,6 @@ def _seq_len_of(req: Any) -> int:
     """Tokens with KV when a request joins decode: prompt + outputs - 1 (the last output's
     KV is computed by the next step), as SGLang's ``_build_hisparse_decode_batch`` counts."""
     return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
-
-
-def _hisparse_pool(kvcache: Any, allocator: Any = None) -> Any:
-    """The pool whose rows go through HiSparse: ``kvcache`` itself (DSA, our
-    ``HiSparseDSAPool``), MiniMax-M3's ``MiniMaxSparseKVPool.main_pool`` (our
-    ``HiSparseMHAPool``: the sparse layers' K/V; dense and index pools stay on the device), or
-    DeepSeek-V4's C4 pool, which our V4 allocator holds as ``hisparse_kvcache`` (our
-    ``HiSparseC4Pool``; the SWA, C128 and indexer pools stay on the device)."""
-    c4 = getattr(allocator, "hisparse_kvcache", None)
-    if c4 is not None and getattr(c4, "compress_ratio", 1) > 1:
-        return c4
-    main = getattr(kvcache, "main_pool", None)
-    if main is not None and hasattr(main, "device_rows"):
-        return main
-    if main is not None:
-        raise ValueError(
-            f"SGLangHiSparseCoordinator: the MiniMax-M3 main pool ({type(main).__name__}) is not "
-            f"sglang-hisparse's HiSparseMHAPool; launch with the sglang-hisparse plugin installed."
-        )
-    return kvcache
-
-
-def _device_layers(kvcache: Any) -> tuple[list[torch.Tensor], int]:
-    """Per-layer device KV as uint8 [rows, I] views, and the first layer id on this rank.
-
-    ``kvcache`` is :func:`_hisparse_pool`'s: our ``HiSparseDSAPool`` (``kv_buffer[l]`` [rows,
-    1, kv_cache_dim] of its store dtype) or our ``HiSparseMHAPool`` (``device_rows()``: K then
-    V of each token).
-    """
-    if getattr(kvcache, "compress_ratio", 1) > 1:  # V4: the C4 layers, indexed from 0 by the indexer
-        return kvcache.device_rows(), 0
-    if hasattr(kvcache, "device_rows"):
-        return kvcache.device_rows(), int(kvcache.start_layer)
-    bufs = getattr(kvcache, "kv_buffer", None)
-    if bufs is None:
-        raise ValueError(
-            f"SGLangHiSparseCoordinator: the KV pool ({type(kvcache).__name__}) has no kv_buffer; "
-            f"launch with the sglang-hisparse plugin installed so SGLang builds HiSparseDSAPool."
-        )
-    layers = [buf.view(torch.uint8).reshape(buf.shape[0], -1) for buf in bufs]
-    return layers, int(getattr(kvcache, "start_layer", 0) or 0)
-
-
-def _m3_top_k(top_k: int) -> int:
-    """The positions MiniMax-M3's decode selects per sparse layer, which the core resolves as
-    its top_k: ``arg_scope.m3_selection`` of the served model (SGLang passes the config's
-    ``top_k``, as M3 has no ``index_topk``); ``top_k`` unchanged when no server config is
-    published (unit tests build the coordinator directly)."""
-    from sglang_hisparse.arg_scope import m3_selection
-
-    try:
-        from sglang.srt.arg_groups.model_override_base import model_config_of
-        from sglang.srt.runtime_context import get_server_args
-
-        hf_config = model_config_of(get_server_args()).hf_config
-    except Exception:
-        return top_k
-    block, blocks = m3_selection(hf_config)
-    logger.info("HiSparse (sglang-hisparse): MiniMax-M3 selects up to %d blocks of %d tokens (top_k %d)",
-                blocks, block, blocks * block)
-    return blocks * block
 
 
 def _rank_in(group: Any) -> int:
@@ -206,30 +128,23 @@ class SGLangHiSparseCoordinator:
         self.swap_in_block_size = swap_in_block_size
         self.host_to_device_ratio = host_to_device_ratio
 
-        self.dual = _dual_allocator(token_to_kv_pool_allocator)
-        kvcache = _hisparse_pool(token_to_kv_pool_allocator.get_kvcache(), token_to_kv_pool_allocator)
-        self.mem_pool_device = kvcache
-        #: DeepSeek-V4 (C4 compressed entries, one per 4 tokens, in FlashMLA's pages)
-        self.compress_ratio = int(getattr(kvcache, "compress_ratio", 1))
-        self.is_v4 = self.compress_ratio > 1
-        #: MiniMax-M3 (block top-k over MHA K/V): SGLang calls swap_in_selected_blocks
-        self.is_m3 = hasattr(kvcache, "device_rows") and not self.is_v4
-        if self.is_m3:
-            top_k = _m3_top_k(top_k)
-        device_kv, start_layer = _device_layers(kvcache)
+        #: the model family SGLang built the pool for (families.detect_family, once)
+        self.family = family = detect_family(token_to_kv_pool_allocator)
+        self.dual = family.dual
+        self.mem_pool_device = family.pool
+        top_k = family.core_top_k(top_k)
+        device_kv, start_layer = family.device_layers()
         req_to_token = req_to_token_pool.req_to_token
         num_reqs, max_ctx = int(req_to_token.shape[0]), int(req_to_token.shape[1])
-        # V4: host rows per compressed entry (a logical id's host row is the id)
-        max_ctx = -(-max_ctx // self.compress_ratio)
-        self.host_pool = build_host_pool(
-            kvcache, ratio=host_to_device_ratio, page_size=self.dual.page_size,
-            max_requests=num_reqs, max_context=max_ctx, device=device,
-            capacity=self.dual.size_full if self.is_v4 else None, pd_decode=_pd_decode_server(),
+        # host rows per request slot: one per core logical id, whose host row is the id
+        max_ctx = -(-max_ctx // family.compress_ratio)
+        self.host_pool = family.host_pool(
+            ratio=host_to_device_ratio, page_size=self.dual.page_size, max_requests=num_reqs,
+            max_context=max_ctx, device=device, pd_decode=_pd_decode_server(),
         )
-        #: V4: the indexer writes each request's selected compressed positions here (int32
-        #: [R, top_k], -1 padded; a captured address, never reallocated) before swap_in
-        self.raw_indices_buffer = (torch.full((num_reqs, top_k), -1, dtype=torch.int32, device=device)
-                                   if self.is_v4 else None)
+        #: where the indexer writes its selection before swap_in, for the families that do
+        #: (DeepSeek-V4: int32 [R, top_k]); None otherwise
+        self.raw_indices_buffer = family.index_buffer(num_reqs, top_k, device)
         # SGLang passes only its own keys; ours come from the validated server config
         cfg = published_config()
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
@@ -246,7 +161,7 @@ class SGLangHiSparseCoordinator:
             max_batch=num_reqs, num_draft_tokens=int(num_draft_tokens or 0),
             residency=mode, watermark_rows=watermark, policy=policy,
             cache_finished=_radix_cache_on(),
-            row_layout=C4_PAGED_HOST if self.is_v4 else self.host_pool.layout,
+            row_layout=self.host_pool.layout,
         )
         sink = prometheus_sink_if_enabled({"tp_rank": str(_rank_in(tp_group))})
         if sink is not None:  # --enable-metrics: our counters join SGLang's /metrics
@@ -258,10 +173,7 @@ class SGLangHiSparseCoordinator:
         self.req_to_host_pool = self.host_pool.host_rows
         # the radix hooks (radix_hooks.py) reach the coordinator through the allocator
         token_to_kv_pool_allocator.hisparse_coordinator = self
-        if self.is_v4:  # the C4 entries' compressed ids of the prealloc's token locations
-            self.host_pool.logical_source = lambda: self._hisparse_ids(token_to_kv_pool_allocator.last_logical_only)
-        else:
-            self.host_pool.logical_source = lambda: self.dual.last_logical_extend
+        self.host_pool.logical_source = family.latest_prealloc_ids
         self.padded_buffer_size = self.dual.hot.max_pages(device_buffer_size) * self.dual.page_size
         if hasattr(token_to_kv_pool_allocator, "configure_hot_buffer"):
             # check_decode_mem then counts hot-buffer growth, so SGLang retracts before a step
@@ -311,14 +223,10 @@ class SGLangHiSparseCoordinator:
         return self.host_pool.allocated_lens
 
     def host_token_len(self, kv_allocated_len: int) -> int:
-        return int(kv_allocated_len) // self.compress_ratio
+        """Host positions of ``kv_allocated_len`` tokens (PD decode sizes the transfer by it)."""
+        return int(kv_allocated_len) // self.family.compress_ratio
 
-    def _hisparse_ids(self, row: torch.Tensor) -> torch.Tensor:
-        """The logical ids HiSparse keeps for a request's token locations ``row``: the
-        locations themselves, or (V4) the compressed ids of the 4-token groups they complete."""
-        return self.mem_pool_device.translate_loc_from_full_to_compressed(row) if self.is_v4 else row
-
-    # -- lifecycle ----------------------------------------------------------------------------
+    # -- staging, collection, direct admission --------------------------------------------------
     def set_decode_producer_stream(self, stream: Any) -> None:
         self.core.set_producer_stream(stream)
 
@@ -335,7 +243,51 @@ class SGLangHiSparseCoordinator:
         # NOTE: SGLang's result processor synchronizes the prefill batch's copy_done event
         # (recorded on the forward stream after the forward) before it admits, so the KV is
         # written; under the overlap scheduler the forward stream already holds the next batch.
-        self.core.admit_staging(r, self._hisparse_ids(row), req, prompt_written=True)
+        self.core.admit_staging(r, self.family.core_ids(row), req, prompt_written=True)
+
+    def collect_ready_reqs(self) -> list[Any]:
+        ready = [entry.req for entry in self.core.collect_ready()]
+        for req in ready:
+            req.hisparse_staging = False
+        return ready
+
+    def has_ongoing_staging(self) -> bool:
+        return self.core.has_ongoing_staging()
+
+    def admit_request_direct(self, req: Any) -> None:
+        r, n = req.kv.req_pool_idx, self.host_token_len(_seq_len_of(req))
+        have = self.host_pool.allocated_len(r)
+        if have < n:
+            raise ValueError(
+                f"admit_request_direct: request {getattr(req, 'rid', '?')} (slot {r}) needs {n} host "
+                f"positions but the PD transfer allocated {have}; the KV must be in the host pool first."
+            )
+        self.core.admit_direct(r, n)
+        req.hisparse_staging = False
+
+    # -- finish ---------------------------------------------------------------------------------
+    def request_finished(self, req: Any) -> None:
+        r = req.kv.req_pool_idx
+        if r is not None:
+            # its ids, for those the radix tree keeps (mapped into hot rows released here)
+            n = self.host_pool.allocated_len(r)
+            keep = n and self.family.rows_hold_core_ids
+            self.core.finish(r, self.req_to_token_pool.req_to_token[r, :n] if keep else None)
+        req.hisparse_staging = False
+
+    def retract_req(self, req: Any) -> None:
+        self.request_finished(req)
+
+    def abort_staging_request(self, req: Any) -> None:
+        self.request_finished(req)
+
+    def release_unstaged(self, req: Any) -> None:
+        """Before ``release_kv_cache``: a request released with prefill state but without
+        ``request_finished`` (SGLang aborts between chunks, process_pending_chunked_abort) is
+        finished here, so the ids it computed reach host before the tree keeps them."""
+        r = getattr(req.kv, "req_pool_idx", None)
+        if r is not None and self.dual.holds(r) and self.core.state.phase[r].value == "free":
+            self.core.finish(r)
 
     # -- radix cache (radix_hooks.py) -----------------------------------------------------------
     def prepare_extend(self, reqs: list[Any], req_slots: list[int], extend_lens: list[int],
@@ -417,53 +369,11 @@ class SGLangHiSparseCoordinator:
         r2t = self.req_to_token_pool.req_to_token
         for req in reqs:
             r, m = req.kv.req_pool_idx, int(req.kv.cache_protected_len or 0)
-            if r is None or not m or self.is_v4:
+            if r is None or not m or not self.family.rows_hold_core_ids:
                 continue
             self.host_pool.bind(r, 0, r2t[r, :m])
 
-    def release_unstaged(self, req: Any) -> None:
-        """Before ``release_kv_cache``: a request released with prefill state but without
-        ``request_finished`` (SGLang aborts between chunks, process_pending_chunked_abort) is
-        finished here, so the ids it computed reach host before the tree keeps them."""
-        r = getattr(req.kv, "req_pool_idx", None)
-        if r is not None and self.dual.holds(r) and self.core.state.phase[r].value == "free":
-            self.core.finish(r)
-
-    def collect_ready_reqs(self) -> list[Any]:
-        ready = [entry.req for entry in self.core.collect_ready()]
-        for req in ready:
-            req.hisparse_staging = False
-        return ready
-
-    def has_ongoing_staging(self) -> bool:
-        return self.core.has_ongoing_staging()
-
-    def admit_request_direct(self, req: Any) -> None:
-        r, n = req.kv.req_pool_idx, self.host_token_len(_seq_len_of(req))
-        have = self.host_pool.allocated_len(r)
-        if have < n:
-            raise ValueError(
-                f"admit_request_direct: request {getattr(req, 'rid', '?')} (slot {r}) needs {n} host "
-                f"positions but the PD transfer allocated {have}; the KV must be in the host pool first."
-            )
-        self.core.admit_direct(r, n)
-        req.hisparse_staging = False
-
-    def request_finished(self, req: Any) -> None:
-        r = req.kv.req_pool_idx
-        if r is not None:
-            # its ids, for those the radix tree keeps (mapped into hot rows released here)
-            n = self.host_pool.allocated_len(r)
-            self.core.finish(r, self.req_to_token_pool.req_to_token[r, :n] if n and not self.is_v4 else None)
-        req.hisparse_staging = False
-
-    def retract_req(self, req: Any) -> None:
-        self.request_finished(req)
-
-    def abort_staging_request(self, req: Any) -> None:
-        self.request_finished(req)
-
-    # -- per step -------------------------------------------------------------------------------
+    # -- decode ---------------------------------------------------------------------------------
     def map_last_loc_to_buffer(
         self,
         seq_lens: torch.Tensor,
@@ -473,33 +383,11 @@ class SGLangHiSparseCoordinator:
         req_pool_indices_cpu: torch.Tensor,
     ) -> None:
         """``ScheduleBatch.prepare_for_decode`` (schedule_batch.py), after ``alloc_for_decode``
-        and ``seq_lens += 1``. With page_size 1 ``out_cache_loc`` is what ``allocator.alloc(bs)``
-        just returned, whose CPU copy the allocator kept: the rows ``alloc`` mapped go back
-        without reading the ids from the GPU. No host sync.
-
-        DeepSeek-V4: every request generates a token, but only those whose length reaches a
-        multiple of 4 gain a C4 entry (the compressor writes entry ``seq_len // 4 - 1``); the
-        core steps in compressed lengths with ``grows`` (docs/v4-m3.md D1), the new entries'
-        ids (the allocator's ``get_last_loc_compressed`` of the growing rows' locations, picked
-        with a host-built index)."""
-        if self.is_v4:
-            c = self.compress_ratio
-            lens = [int(x) for x in seq_lens_cpu.tolist()]
-            grows = [n % c == 0 for n in lens]
-            at = torch.tensor([i for i, g in enumerate(grows) if g], dtype=torch.int64)
-            new = self.token_to_kv_pool_allocator.get_last_loc_compressed(
-                out_cache_loc.to(torch.int64).index_select(0, at.to(out_cache_loc.device)))
-            self.core.map_last_loc(
-                req_index=req_pool_indices, seq_lens=seq_lens // c, new_logical=new,
-                req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
-                seq_lens_cpu=[n // c for n in lens], grows=grows,
-            )
-            return
-        self.core.map_last_loc(
-            req_index=req_pool_indices, seq_lens=seq_lens, new_logical=out_cache_loc,
-            req_index_cpu=[int(x) for x in req_pool_indices_cpu.tolist()],
-            seq_lens_cpu=[int(x) for x in seq_lens_cpu.tolist()],
-            new_logical_cpu=self.dual.cpu_ids_of(out_cache_loc),
+        and ``seq_lens += 1``: the new token of every request, in the family's units
+        (``ModelFamily.map_last_loc``). No host sync."""
+        self.family.map_last_loc(
+            self.core, seq_lens=seq_lens, out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices,
+            seq_lens_cpu=seq_lens_cpu, req_pool_indices_cpu=req_pool_indices_cpu,
         )
 
     def wait_for_pending_backup(self) -> None:
@@ -523,16 +411,10 @@ class SGLangHiSparseCoordinator:
         sparse_block_size: int,
     ) -> torch.Tensor:
         """MiniMax-M3's decode (``minimax_sparse_backend._hisparse_swap_in_blocks``, per sparse
-        layer): int32 block ids [bs, n_blocks] (-1 = none; the indexer's top-k blocks with the
-        forced init/local ones) and token ``seq_lens`` -> int32 device rows [bs, n_blocks x
-        block], each block expanded to its positions, -1 past ``seq_len``."""
-        if not self.is_m3:
-            raise ValueError(
-                f"swap_in_selected_blocks is MiniMax-M3's call, but this coordinator serves a DSA "
-                f"pool ({type(self.mem_pool_device).__name__}); DSA backends call swap_in_selected_pages."
-            )
-        return self.core.swap_in_blocks(
-            req_pool_indices, seq_lens, top_k_blocks, layer_id, int(sparse_block_size)
+        layer): block ids -> device rows of their positions (``ModelFamily.swap_in_blocks``;
+        refused by the families that select tokens or C4 entries)."""
+        return self.family.swap_in_blocks(
+            self.core, req_pool_indices, seq_lens, top_k_blocks, layer_id, sparse_block_size
         )
 
     # -- speculative decoding (EAGLE / MTP chains; num_draft_tokens = W > 0) -------------------

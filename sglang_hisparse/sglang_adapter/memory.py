@@ -6,7 +6,7 @@ at import time in ``sglang.srt.mem_cache.kv_cache_configurator``; the plugin rep
 * ``HiSparseDSATokenToKVPool`` (``_build_dsa_kv_pool``)            → ``HiSparseDSAPool``
 * ``HiSparseTokenToKVPoolAllocator`` (``_build_token_to_kv_pool_allocator``) → ``HiSparseTokenAllocator``
 
-and the coordinator builds the host pool with ``build_host_pool`` (``memory_host``, re-exported here). All allocation logic is
+and the coordinator's DSA family builds the host pool with ``build_host_pool`` (``memory_host``, re-exported here). All allocation logic is
 in ``sglang_hisparse.memory.allocator`` / ``host_pool``; these classes translate SGLang's call
 shapes (``prefix_lens_cpu``, ``loc_info``, PD host-slot requests) into core calls.
 """

@@ -1,4 +1,7 @@
-"""Host pool adapter: the core ``HostKVPool`` over SGLang HiCache's ``MLATokenToKVPoolHost`` buffer.
+"""Host pool adapters: the core ``HostKVPool`` over SGLang HiCache's ``MLATokenToKVPoolHost``
+buffer (:func:`build_host_pool`, DSA), and our own pinned pools as SGLang's PD decode reads them
+(:func:`own_host_pool`, the families with their own device rows; which family builds which is
+its ``ModelFamily.host_pool``, ``sglang_adapter/families``).
 
 HiCache allocates and pins the layer-first buffer and knows how PD registers it for RDMA
 (``get_contiguous_buf_infos``); per-request row allocation is the core's, so the coordinator
@@ -12,11 +15,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sglang_hisparse.kernels.row_layout import TOKEN
+from sglang_hisparse.kernels.row_layout import RowLayout
 from sglang_hisparse.memory.budget import available_host_bytes, check_host_budget, ranks_per_host
 from sglang_hisparse.memory.host_pool import HostKVPool, host_pool_bytes
 
-__all__ = ["C4HostPool", "HiCacheHostPool", "MHAHostPool", "build_host_pool", "server_ranks_per_host"]
+__all__ = ["C4HostPool", "HiCacheHostPool", "MHAHostPool", "build_host_pool", "own_host_pool", "server_ranks_per_host"]
 
 
 def server_ranks_per_host() -> int:
@@ -202,8 +205,6 @@ def build_host_pool(
     device: str | torch.device,
     pin_memory: bool | None = None,
     ranks_per_host: int | None = None,
-    capacity: int | None = None,
-    pd_decode: bool = False,
 ) -> HiCacheHostPool:
     """Host pool for ``device_pool`` (a ``HiSparseDSAPool``): ``device_pool.size * ratio`` rows.
 
@@ -214,13 +215,7 @@ def build_host_pool(
     """
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-    capacity = device_pool.size * ratio if capacity is None else capacity
-    if hasattr(device_pool, "device_rows"):
-        return _flat_host_pool(
-            device_pool, capacity=capacity, page_size=page_size, max_requests=max_requests,
-            max_context=max_context, device=device, pin_memory=pin_memory,
-            ranks_per_host=ranks_per_host, pd_decode=pd_decode,
-        )
+    capacity = device_pool.size * ratio
     item_bytes = device_pool.kv_cache_dim * device_pool.store_dtype.itemsize
     per_rank = host_pool_bytes(
         num_layers=device_pool.layer_num,
@@ -258,20 +253,17 @@ def build_host_pool(
     )
 
 
-def _flat_host_pool(
-    device_pool: Any, *, capacity: int, page_size: int, max_requests: int, max_context: int,
-    device: str | torch.device, pin_memory: bool | None, ranks_per_host: int | None, pd_decode: bool = False,
+def own_host_pool(
+    device_pool: Any, *, layout: RowLayout, capacity: int, page_size: int, max_requests: int, max_context: int,
+    device: str | torch.device, pin_memory: bool | None = None, ranks_per_host: int | None = None,
 ) -> HostKVPool:
-    """MiniMax-M3 (``HiSparseMHAPool``: K-then-V rows co-located; as a PD decode server
-    (``pd_decode``) K and V apart, ``device_pool.pd_host_layout`` = ``KV_SPLIT_HOST``, a
-    :class:`MHAHostPool`: its split reads cost up to 1.8x the resolve at batch 64,
-    benchmarks/RESOLVE.md) and DeepSeek-V4 (``HiSparseC4Pool``: its C4 entries in the device's
-    pages, ``C4_PAGED_HOST``, a :class:`C4HostPool`, both ways: at most +1.6 %): our own pinned
-    pool, no HiCache buffer. The budget (``HostKVPool``'s check, with the free memory agreed
+    """Our own pinned pool of ``capacity`` rows of ``device_pool.row_bytes`` per layer in
+    ``layout``, no HiCache buffer (the families whose device rows are their own:
+    ``HiSparseMHAPool``, ``HiSparseC4Pool``). As SGLang's PD decode reads it, by layout:
+    ``C4_PAGED_HOST`` a :class:`C4HostPool`, ``KV_SPLIT_HOST`` an :class:`MHAHostPool`, token
+    rows the plain core pool. The budget (``HostKVPool``'s check, with the free memory agreed
     across ranks) runs before anything is allocated or pinned."""
     item = device_pool.row_bytes
-    layout = getattr(device_pool, "host_layout", None) or (
-        getattr(device_pool, "pd_host_layout", TOKEN) if pd_decode else TOKEN)
     _, avail = _agreed_budget(host_pool_bytes(
         num_layers=device_pool.layer_num, item_bytes=item, capacity_tokens=capacity, page_size=page_size,
         layout=layout,

@@ -36,7 +36,6 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
-from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST
 from sglang_hisparse.memory.translation import ForwardTranslation, translate_locations
 from sglang_hisparse.sglang_adapter.memory import NoCpuSnapshots
 
@@ -68,9 +67,6 @@ class HiSparseMHAPool(NoCpuSnapshots, MHATokenToKVPool):
         self.bytes_per_token_v = self.bytes_per_token_k
         #: bytes of one HiSparse row (K then V)
         self.row_bytes = self.bytes_per_token_k + self.bytes_per_token_v
-        #: the host pool as a PD decode server keeps it: K and V apart (the arrays SGLang's PD
-        #: transfer writes, docs/v4-m3.md D7); co-located it keeps whole rows (``pd_host_layout``)
-        self.pd_host_layout = KV_SPLIT_HOST
         self.host_capacity_tokens: int | None = None
         self._per_forward = ForwardTranslation()
 

@@ -13,15 +13,15 @@ addressed by **compressed logical id** through the allocator's mapping::
 
 Readers: the compressor translates its write locations with the private
 ``_translate_loc_to_hisparse_device`` (int64, ``compressor_v2.py``), the indexer's prefill with
-``translate_loc_to_hisparse_device`` (int32), the coordinator with the ``translate_loc_from_full_*``
-pair. The mapping tensor is registered once and indexed inside CUDA graphs: it is never
+``translate_loc_to_hisparse_device`` (int32), the coordinator's V4 family (``families/v4.py``)
+with ``translate_loc_from_full_to_compressed``. The mapping tensor is registered once and indexed inside CUDA graphs: it is never
 reallocated, its trailing -1 maps SGLang's -1 to -1.
 
 ``HiSparseV4Allocator`` wraps SGLang's SWA allocator for the token spaces and binds the C4
 entries' device rows by compressed id (docs/v4-m3.md D6).
 
 Both are plugin targets, built when ``arg_scope`` accepts DeepSeek-V4; with the coordinator's
-V4 branch (``SGLangHiSparseCoordinator.is_v4``) SGLang's real scheduler drives them in the rig
+V4 family (``families.v4.V4Family``) SGLang's real scheduler drives them in the rig
 (``testing/rig_v4.py``). No real V4 model has run on a GPU with them (the device machine cannot
 hold SGLang); the kernels' C4 layout is checked there bit for bit.
 """
@@ -34,7 +34,7 @@ import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4SingleKVPool
 
-from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST
+from sglang_hisparse.kernels.row_layout import C4_PAGED
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.sglang_adapter.memory import NoCpuSnapshots
 
@@ -62,8 +62,6 @@ class HiSparseC4Pool(NoCpuSnapshots, DeepSeekV4SingleKVPool):
         self.compress_ratio = COMPRESS_RATIO
         #: bytes of an entry's host row (its 584 bytes in a whole number of 16-byte pieces)
         self.row_bytes = C4_PAGED.host_item()
-        #: the host pool keeps the same pages (what SGLang's PD transfer writes, docs/v4-m3.md D7)
-        self.host_layout = C4_PAGED_HOST
         self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
 
     def device_rows(self) -> list[torch.Tensor]:

@@ -385,8 +385,8 @@ class Rig:
             # it gets the logical free count; device rows and host rows are checked below.
             # (V4: the token ids are the SWA allocator's; the core's are compressed ids)
             alloc = s.token_to_kv_pool_allocator
-            free_ids = (alloc.logical_attn_allocator.full_available_size() if coord.is_v4
-                        else coord.dual.logical.available_size())
+            free_ids = (coord.dual.logical.available_size() if coord.family.rows_hold_core_ids
+                        else alloc.logical_attn_allocator.full_available_size())
             stats = dataclasses.replace(stats, full_available_size=free_ids)
         has_leak, messages = s.invariant_checker._check_all_pools(stats)
         if has_leak:

@@ -11,8 +11,8 @@ pytest.importorskip("sglang.srt.mem_cache.memory_pool")
 
 from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool  # noqa: E402
 
-from sglang_hisparse.sglang_adapter.coordinator import _device_layers, _hisparse_pool  # noqa: E402
-from sglang_hisparse.sglang_adapter.memory import HiSparseTokenAllocator, build_host_pool  # noqa: E402
+from sglang_hisparse.sglang_adapter.families import M3Family, detect_family  # noqa: E402
+from sglang_hisparse.sglang_adapter.memory import HiSparseTokenAllocator  # noqa: E402
 from sglang_hisparse.sglang_adapter.memory_m3 import HiSparseMHAPool  # noqa: E402
 
 DEVICE_ROWS, PAGE, RATIO, HEAD_DIM = 128, 16, 2, 64
@@ -42,12 +42,14 @@ def m3(monkeypatch):
 
 def test_the_sparse_layers_hold_k_then_v_in_one_row_per_device_row(m3):
     pool, alloc = m3
-    main = _hisparse_pool(pool)
+    family = detect_family(alloc)
+    main = family.pool
+    assert isinstance(family, M3Family)
     assert isinstance(main, HiSparseMHAPool) and main.full_to_hisparse_device_index_mapping is alloc.core.mapping
     assert (main.start_layer, main.layer_num, main.row_bytes) == (1, 2, 2 * HEAD_DIM * 2)
     # the dense pool and the index pool stay at logical size on the device
     assert pool.dense_pool.size == DEVICE_ROWS * RATIO and pool.index_kv_pool.size == DEVICE_ROWS * RATIO
-    rows, start = _device_layers(main)
+    rows, start = family.device_layers()
     assert start == 1 and [tuple(r.shape) for r in rows] == [(DEVICE_ROWS + PAGE, main.row_bytes)] * 2
     k, v = pool.get_key_buffer(2), pool.get_value_buffer(2)
     assert k.stride(0) == v.stride(0) == 2 * HEAD_DIM and v.data_ptr() - k.data_ptr() == HEAD_DIM * 2
@@ -60,10 +62,10 @@ def test_writes_land_at_the_translated_rows_and_padding_is_skipped(m3):
     loc = torch.cat([logical[:3], torch.tensor([-1])])
     cache_k = torch.randn(4, 1, HEAD_DIM).to(torch.bfloat16)
     cache_v = torch.randn(4, 1, HEAD_DIM).to(torch.bfloat16)
-    before = [r.clone() for r in _device_layers(pool.main_pool)[0]]
+    before = [r.clone() for r in detect_family(alloc).device_layers()[0]]
     pool.set_kv_buffer(_Layer(2), loc, cache_k, cache_v)
     dev = pool.main_pool.translate_loc_to_hisparse_device(logical[:3])
-    rows = _device_layers(pool.main_pool)[0]
+    rows = detect_family(alloc).device_layers()[0]
     want = torch.cat([cache_k[:3].reshape(3, -1), cache_v[:3].reshape(3, -1)], 1).view(torch.uint8)
     assert torch.equal(rows[1][dev], want)
     changed = (rows[1] != before[1]).any(1).nonzero()[:, 0]
@@ -79,12 +81,13 @@ def test_the_host_pool_holds_one_row_per_logical_id_and_sparse_layer(m3):
     server its K and V halves in separate arrays (``KV_SPLIT_HOST``), what PD decode registers,
     every layer's K, then every layer's V, one item per page of tokens (as SGLang's prefill
     pairs its sparse K/V buffers)."""
-    pool, _ = m3
+    pool, alloc = m3
+    family = detect_family(alloc)
     kw = dict(ratio=RATIO, page_size=PAGE, max_requests=4, max_context=256, device="cpu", pin_memory=False,
               ranks_per_host=1)
     rows, half = DEVICE_ROWS * RATIO + PAGE, pool.main_pool.row_bytes // 2
-    assert tuple(build_host_pool(pool.main_pool, **kw).kv.shape) == (2, rows, 2 * half)
-    host = build_host_pool(pool.main_pool, **kw, pd_decode=True)
+    assert tuple(family.host_pool(**kw).kv.shape) == (2, rows, 2 * half)
+    host = family.host_pool(**kw, pd_decode=True)
     assert tuple(host.kv.shape) == (2, 2 * rows, half)
     ptrs, lens, items = host.get_contiguous_buf_infos()
     base = [host.kv[li].data_ptr() for li in range(2)]

@@ -138,7 +138,7 @@ def test_the_coordinator_serves_v4_entries_exactly_through_decode(v4_pool, resid
     coord = SGLangHiSparseCoordinator(req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, top_k=16,
                                       device_buffer_size=64, device="cpu", tp_group=None, host_to_device_ratio=2,
                                       residency=residency)
-    assert coord.is_v4 and coord.raw_indices_buffer.shape == (4, 16)
+    assert coord.family.name == "v4" and coord.raw_indices_buffer.shape == (4, 16)
     layers = c4.device_rows()
 
     def write(compressed: torch.Tensor) -> None:  # the compressor, through the private translation
