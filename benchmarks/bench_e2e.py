@@ -304,7 +304,10 @@ def run_point(args, point: dict, plan: dict, model, compute, storage, device) ->
                 filled = filled or not isinstance(runners[mode], FullKVRunner)
                 kv = (torch.cuda.memory_allocated(device) - mem0) / GIB if device.type == "cuda" else None
                 runners[mode]._setup = dict(setup_s=time.perf_counter() - t1, hbm_kv_alloc_gib=kv)
+                print(f"  {point['label']} {mode}: built, batch {runners[mode].bs}, "
+                      f"{runners[mode].captures} graphs captured, {time.perf_counter() - t1:.1f} s", flush=True)
             alive = [m for m in group if m in runners]
+            print(f"  {point['label']} group {gi + 1}/{len(groups)}: {' '.join(alive)}, interleaved rounds", flush=True)
             samples = run_group(alive, runners, args, device)
             rec = {}
             for m in alive:

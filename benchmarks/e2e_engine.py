@@ -118,6 +118,8 @@ class _Runner:
         self._graph_pool = None
         #: steps replayed from a graph / run eagerly, and graph captures (the sanity lines read them)
         self.replays = self.eager_steps = self.captures = 0
+        #: when a list: each replay appends its (start, end) CUDA events (e2e_measure.replay_spans)
+        self.replay_events: list | None = None
         #: checked steps replay their own graph too (False: they run eagerly, e.g. the ramp's)
         self.check_in_graph = True
         #: request slots 0..active-1 decode (all ``bs`` unless a ramp changes it)
@@ -207,7 +209,14 @@ class _Runner:
             graph = self._graphs.get(key)
             if graph is None:
                 graph = self._graphs[key] = self._capture(grows, record)
-            graph.replay()
+            if self.replay_events is None:
+                graph.replay()
+            else:
+                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                pair[0].record()
+                graph.replay()
+                pair[1].record()
+                self.replay_events.append(pair)
             self.replays += 1
         else:
             self._forward(grows, record)

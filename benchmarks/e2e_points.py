@@ -129,7 +129,10 @@ def build_points(args: argparse.Namespace) -> list[dict]:
         points.append(dict(kind="low_pressure", label=f"{L0}L {_ctx(n0)} batch {b}", layers=L0,
                            context=n0, selection=args.selection, batch=b,
                            modes=["full", "prefetch", "noio"] + res,
-                           groups=[["full", "prefetch", "noio"]] + ([["full"] + res] if res else [])))
+                           # each HiSparse mode beside plugin-off, two runners alive at once: a
+                           # low-pressure runner holds every request's KV, and three of them at
+                           # batch 16 (36 GiB each) ran the H200 out of HBM
+                           groups=[["full", m] for m in ["prefetch", "noio"] + res]))
     if args.ramp_steps > 0:
         points.append(dict(kind="ramp", label=f"{L0}L {_ctx(n0)} ramp", layers=L0, context=n0,
                            selection=args.selection, modes=["full", "prefetch"] + res))
@@ -180,7 +183,8 @@ def runner_steps(args: argparse.Namespace, point: dict) -> int:
     groups = point.get("groups") or [point["modes"]]
     most = max(sum(m in g for g in groups) for m in point["modes"])
     per_group = args.repeats * (args.block_warmup + args.steps)
-    return args.warmup + most * per_group + args.profile_steps + 1 + 2 * args.check_steps
+    # (the profile's steps twice: once traced, once with events around each replay)
+    return args.warmup + most * per_group + 2 * args.profile_steps + 1 + 2 * args.check_steps
 
 
 def peak_runners(point: dict) -> int:

@@ -76,6 +76,8 @@ CAL_ARG=()
 [ "${STACK:-dsa}" = v4 ] && CAL_ARG=()
 
 echo "== bench_e2e"
+# a crash in a driver call (a segfault) also prints the Python stack it came from
+export PYTHONFAULTHANDLER=1
 left=$(( ${E2E_SECONDS:-570} - SECONDS )); [ "$left" -lt 60 ] && left=60
 # --deadline-s: points not started by then are recorded as skipped, so the summary and plot
 # are still written; the timeout only catches a point that hangs.

@@ -62,6 +62,31 @@ def test_attention_that_beats_hbm_or_shrinks_with_batch_is_not_real(report):
     assert not report._attention_scales(None)
 
 
+def test_attention_on_its_latency_floor_is_not_judged_on_growth(report):
+    # measured on the H200 (low pressure, batch 4): every batch's rows read well below HBM,
+    # the time flat on the kernel's latency floor; growth is judged only where bytes dominate
+    floor = dict(ATTENTION, per_batch=[dict(batch=1, us=12.07), dict(batch=2, us=12.19), dict(batch=4, us=12.95)])
+    assert report._attention_scales(floor)
+    # ... but a flat time where the largest batch's rows alone need longer is a stand-in's
+    flat = dict(ATTENTION, per_batch=[dict(batch=4, us=12.0), dict(batch=64, us=12.5)])
+    assert not report._attention_scales(flat)
+
+
+def test_host_gap_reads_the_replay_span_and_keeps_the_busy_figure(report):
+    from e2e_measure import with_step_time
+
+    # 1,700 graph nodes a step: the device idles ~1 ms inside the graph, the host adds 0.1 ms
+    gp = dict(busy_ms_per_step=29.0, span_ms_per_step=31.0, host_gap_share=0.06)
+    with_step_time(gp, 30.1, dict(replay_ms=30.0, step_ms=30.1))
+    assert gp["busy_gap_share"] == pytest.approx(1 - 29.0 / 30.1)
+    assert gp["host_gap_share"] == pytest.approx(1 - 30.0 / 30.1)
+    assert gp["graph_idle_share"] == pytest.approx(1 - 29.0 / 30.0)
+    # without spans (an eager mode, an older JSON) the busy figure is the line's
+    gp2 = dict(busy_ms_per_step=29.0, span_ms_per_step=31.0, host_gap_share=0.06)
+    with_step_time(gp2, 30.1)
+    assert gp2["host_gap_share"] == gp2["busy_gap_share"]
+
+
 def test_ab_verdicts_need_every_round_and_more_than_noise_and_min_gain(report):
     def group(base, change):
         return dict(modes=["prefetch", "prefetch+x"], rounds={
