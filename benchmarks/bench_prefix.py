@@ -30,8 +30,8 @@ radix_hot   the same with "always_hot" (SGLang's in-tree behaviour): every later
             its whole prefix back, the worst case of the load-back
 ```
 
-The engine is the exactness harness's ``DecodeEngine`` (``testing/engine.py``) on the GPU at
-these sizes: the real allocator, coordinator, kernels, staging and the toy radix tree with
+The engine is the exactness harness's ``DecodeEngine`` (``hisparse_testing/engine.py``) on the
+GPU at these sizes: the real allocator, coordinator, kernels, staging and the toy radix tree with
 SGLang's call protocol; the first ``--check-steps`` decode steps of every request group are
 compared with the all-resident oracle. The model's prefill compute is a timed stand-in
 (:class:`PrefillStandIn`): bf16 GEMMs of exactly the FLOPs a DSA layer stack spends on the
@@ -57,15 +57,18 @@ from pathlib import Path
 
 import torch
 
-from sglang_hisparse.config import DEFAULT_RESIDENCY_WATERMARK
-from sglang_hisparse.testing.engine import (
+# the test support (hisparse_testing/) is not installed: it imports from the checkout's root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hisparse_testing.engine import (
     DecodeEngine,
     EngineSizes,
     Mismatch,
     ReqStatus,
     ToyRequest,
 )
-from sglang_hisparse.testing.toy_model import ToyModel
+from hisparse_testing.toy_model import ToyModel
+from sglang_hisparse.config import DEFAULT_RESIDENCY_WATERMARK
 
 MODES = ("radix_off", "radix", "radix_hot")
 #: FLOP per earlier key per token and anchor layer of DSA's lightning indexer (64 heads x 128 dims x 2)

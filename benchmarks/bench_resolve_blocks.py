@@ -35,13 +35,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the test support (hisparse_testing/) is not installed: it imports from the checkout's root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hisparse_testing.engine import warm_and_capture
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode
 from sglang_hisparse.kernels.row_layout import KV_SPLIT_HOST, TOKEN
 from sglang_hisparse.kernels.synthetic import make_state
-from sglang_hisparse.testing.engine import warm_and_capture
 
 #: resolves per captured graph: one cycle of selections, replayed
 STEPS_PER_GRAPH = 20

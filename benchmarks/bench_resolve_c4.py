@@ -46,11 +46,11 @@ from bench_resolve_blocks import (  # noqa: E402
     run_grid,
 )
 
+from hisparse_testing.engine import warm_and_capture  # noqa: E402
 from sglang_hisparse.kernels import _jit, ops  # noqa: E402
 from sglang_hisparse.kernels.contract import MissPlan, ResolveMode  # noqa: E402
 from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST, TOKEN  # noqa: E402
 from sglang_hisparse.kernels.synthetic import make_state  # noqa: E402
-from sglang_hisparse.testing.engine import warm_and_capture  # noqa: E402
 
 ITEM = C4_PAGED.host_item()
 

@@ -20,10 +20,10 @@ the default, built and run in the same process, modes interleaved per configurat
 
 Launch counting. ``launches`` counts, with a ``TorchDispatchMode``, every non-view aten op
 that touches device-resident data (on CUDA: a CUDA tensor; on CPU: the coordinator's device
-state marked by ``testing.sync_guard``, and everything derived from it), plus one per tvm-ffi
-kernel call (``kernels.layer_copy``), which the dispatcher does not see. On CPU it leaves out the
-host-to-device uploads of host-side lists (``torch.tensor(list).to(device)`` is a no-op there);
-on CUDA they are counted. On CUDA ``cuda_launches`` is the ground truth: the CUDA runtime
+state marked by ``hisparse_testing.sync_guard``, and everything derived from it), plus one per
+tvm-ffi kernel call (``kernels.layer_copy``), which the dispatcher does not see. On CPU it leaves
+out the host-to-device uploads of host-side lists (``torch.tensor(list).to(device)`` is a no-op
+there); on CUDA they are counted. On CUDA ``cuda_launches`` is the ground truth: the CUDA runtime
 launch and copy calls (``cudaLaunchKernel*``, ``cuLaunchKernel*``, ``cudaMemcpy*Async``,
 ``cudaMemsetAsync``) the torch profiler records in the section, and ``gpu_us`` the summed device
 time of the kernels and copies it ran (every stream, the backup stream included). ``host_us``
@@ -49,13 +49,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hisparse_testing.device_pool import DeviceKVPool  # noqa: E402
+from hisparse_testing.sync_guard import DeviceSide, device_side, mark_device_state  # noqa: E402
 from sglang_hisparse.coordinator import transfer  # noqa: E402
 from sglang_hisparse.coordinator.core import HiSparseCore  # noqa: E402
 from sglang_hisparse.memory.allocator import DualSpaceAllocator  # noqa: E402
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
 from sglang_hisparse.memory.translation import ForwardTranslation, translate_locations  # noqa: E402
-from sglang_hisparse.testing.device_pool import DeviceKVPool  # noqa: E402
-from sglang_hisparse.testing.sync_guard import DeviceSide, device_side, mark_device_state  # noqa: E402
 
 UNFUSED = "SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"
 _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",

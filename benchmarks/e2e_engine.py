@@ -6,7 +6,7 @@ the same length (so the indexer gathers one ``[bs, n]`` block and nothing syncs 
 ```
 FullKVRunner   every token's KV row on the device: request r owns rows r*cap .. r*cap+cap-1;
                attention reads rows r*cap + top_k directly.
-HiSparseRunner HiSparseCore driven with SGLang's call protocol, as testing/engine.py does
+HiSparseRunner HiSparseCore driven with SGLang's call protocol, as hisparse_testing/engine.py does
                (PD direct admission: prompt KV written straight into the pinned host pool;
                per step alloc_decode -> map_last_loc -> wait_for_pending_backup ->
                num_real_reqs -> per layer KV write, indexer, swap_in, attention), but
@@ -50,11 +50,11 @@ import torch
 from e2e_model import BenchModel, ComputeStandIn
 from e2e_selection import SelectionTable
 
+from hisparse_testing.device_pool import DeviceKVPool
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.memory.paged import ceil_div
-from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 
 def _sync(device: torch.device) -> None:

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hisparse_testing.toy_model import _MASK, ToyModel, _mix
 from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.memory.paged import ceil_div
-from sglang_hisparse.testing.toy_model import _MASK, ToyModel, _mix
 
 #: hidden size of the dense stand-in's activations (DeepSeek-V3.x / GLM-5 hidden size)
 HIDDEN = 7168

@@ -40,10 +40,10 @@ import torch
 from e2e_engine import FullKVRunner, hisparse_bytes_per_request, hot_rows
 from e2e_model import BenchModel, V4Resident
 
+from hisparse_testing.toy_model import ToyModel
 from sglang_hisparse.config import DEFAULT_RESIDENCY_WATERMARK
 from sglang_hisparse.kernels.row_layout import C4_PAGED
 from sglang_hisparse.memory.paged import ceil_div
-from sglang_hisparse.testing.toy_model import ToyModel
 
 GIB = 2**30
 #: HiSparseCore options of the residency modes (issue 29); ``watermark``: fraction of device rows

@@ -285,7 +285,7 @@ def environment(device: torch.device) -> dict:
 def notes(args) -> list[str]:
     """What the numbers mean (mirrored in benchmarks/E2E.md)."""
     return [
-        "Toy DSA model (sglang_hisparse.testing.toy_model) driven exactly as the exactness harness "
+        "Toy DSA model (hisparse_testing.toy_model) driven exactly as the exactness harness "
         "does; KV bytes are a hash of (request, position, layer), so any row can be recomputed.",
         f"Shapes: {args.layers} layers, anchor rule {args.anchor_rule} (glm: layer l computes its top-k iff "
         f"max(l-1,0) % 4 == 0: 21 of 78, 16 of 61); k={args.top_k}, B={args.buffer}, {args.item}-byte rows, "

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sglang_hisparse.testing.toy_model import _MASK, _mix  # noqa: E402
+from hisparse_testing.toy_model import _MASK, _mix  # noqa: E402
 from sglang_hisparse.traces.format import Stream, load_trace  # noqa: E402
 from sglang_hisparse.traces.simulator import simulate_stream  # noqa: E402
 

@@ -79,6 +79,19 @@ def check_model(cfg: Any, model_config: Any) -> int:
     return int(index_topk)
 
 
+def selection_width(hf_config: Any) -> int:
+    """The positions the served model selects per layer and step, from its config alone (no
+    refusals: :func:`check_model` applied them at validation and returns the same figure): a
+    DSA model's and DeepSeek-V4's ``index_topk`` (V4: C4 entries), MiniMax-M3's
+    :func:`m3_selection` blocks x block size. The top_k of the server's resolved config."""
+    from sglang.srt.configs.model_config import is_minimax_sparse
+
+    if is_minimax_sparse(hf_config):
+        block, blocks = m3_selection(hf_config)
+        return block * blocks
+    return int(hf_attr(hf_config, "index_topk"))
+
+
 def m3_selection(hf_config: Any) -> tuple[int, int]:
     """(block size, most blocks one decode step passes to ``swap_in_selected_blocks``) of a
     MiniMax-M3 config: its ``sparse_topk_blocks`` plus the forced init and local blocks, counted

@@ -2,7 +2,7 @@
 
 It ties the pieces together and is what both the SGLang adapter
 (``sglang_adapter.coordinator.SGLangHiSparseCoordinator``) and the exactness harness
-(``sglang_hisparse.testing``) drive, with the same call protocol::
+(``hisparse_testing``) drive, with the same call protocol::
 
     prefill ─► admit_staging(r, ids) ─► collect_ready() ─┐      PD: admit_direct(r, n) ─┐
                                                          ▼                              ▼

@@ -6,7 +6,7 @@ the DSA backend's ``forward_decode`` / ``forward_extend`` call
 the one ``out_cache_loc`` tensor of the batch), and the pool translates them through the
 logical -> device ``mapping``: ``where(loc >= 0, mapping[loc.clamp(0)], loc)``, four launches
 a layer for int64 locations (five for int32), 244 / 312 per step at 61 / 78 layers. Indexer keys live in logical space
-(``HiSparseDSAPool``, ``testing.device_pool``): their writes need no translation.
+(``HiSparseDSAPool``, ``hisparse_testing.device_pool``): their writes need no translation.
 
 :class:`ForwardTranslation` keeps the translation of the first layer and hands it to the later
 layers of the same forward.

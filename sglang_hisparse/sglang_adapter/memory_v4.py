@@ -22,8 +22,8 @@ entries' device rows by compressed id (docs/v4-m3.md D6).
 
 Both are plugin targets, built when ``arg_scope`` accepts DeepSeek-V4; with the coordinator's
 V4 family (``families.v4.V4Family``) SGLang's real scheduler drives them in the rig
-(``testing/rig_v4.py``). No real V4 model has run on a GPU with them (the device machine cannot
-hold SGLang); the kernels' C4 layout is checked there bit for bit.
+(``hisparse_testing/rig_v4.py``). No real V4 model has run on a GPU with them (the device
+machine cannot hold SGLang); the kernels' C4 layout is checked there bit for bit.
 """
 
 from __future__ import annotations

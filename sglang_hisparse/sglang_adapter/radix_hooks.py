@@ -87,7 +87,7 @@ def available_rows_bound(original: Callable[..., int], budget: Any, *args: Any, 
     rows - current_offset)``.
 
     NOTE: charging the outputs against device rows (the bound without the headroom) capped a
-    HiSparse decode batch by HBM again: under real traffic (``testing.rig_traffic``) six
+    HiSparse decode batch by HBM again: under real traffic (``hisparse_testing.rig_traffic``) six
     requests ran where the logical space held sixteen, and SGLang never over-admitted."""
     total = original(budget, *args, **kwargs)
     allocator = getattr(budget, "allocator", None)

@@ -1,8 +1,8 @@
-"""SGLang 0.5.23's real Scheduler drives the plugin (``sglang_hisparse.testing.sglang_rig``).
+"""SGLang 0.5.23's real Scheduler drives the plugin (``hisparse_testing.sglang_rig``).
 
 Each scenario group needs its own scheduler configuration, and SGLang's parallel runtime is
 process-global, so every group runs once in a subprocess
-(``python -m sglang_hisparse.testing.rig_scenarios GROUP``), two groups at a time, and each
+(``python -m hisparse_testing.rig_scenarios GROUP``), two groups at a time, and each
 scenario is one test here. A scenario passes when every request's tokens equal the same toy model run with full
 KV (HiSparse off) and the idle checks (SGLang's leak check and ours) pass.
 """
@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("sglang.srt.managers.scheduler")
 
-from sglang_hisparse.testing.rig_scenarios import GROUPS  # noqa: E402
+from hisparse_testing.rig_scenarios import GROUPS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 _results: dict[str, dict[str, dict]] = {}
@@ -51,7 +51,7 @@ def _run_groups(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
             while pending and len(running) < 2:
                 group = pending.pop(0)
                 work = tmp_path_factory.mktemp(f"rig_{group}")
-                cmd = [sys.executable, "-m", "sglang_hisparse.testing.rig_scenarios", group, str(work)]
+                cmd = [sys.executable, "-m", "hisparse_testing.rig_scenarios", group, str(work)]
                 running.append((group, subprocess.Popen(
                     cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
             group, proc = running.pop(0)

@@ -21,8 +21,8 @@ from harness import (
     to_cuda,
 )
 
+from hisparse_testing.engine import warm_and_capture
 from sglang_hisparse.kernels import ops
-from sglang_hisparse.testing.engine import warm_and_capture
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (kernel vs reference comparison)"

@@ -20,10 +20,10 @@ from harness import (
     to_cuda,
 )
 
+from hisparse_testing.engine import warm_and_capture
 from sglang_hisparse.kernels import ops
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.row_layout import C4_PAGED, C4_PAGED_HOST
-from sglang_hisparse.testing.engine import warm_and_capture
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (kernel vs reference comparison)"

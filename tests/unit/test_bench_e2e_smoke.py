@@ -125,7 +125,7 @@ def test_exactness_flags(report):
 def test_batched_content_equals_toy_model(bench):
     from e2e_model import BenchModel
 
-    from sglang_hisparse.testing.toy_model import ToyModel
+    from hisparse_testing.toy_model import ToyModel
 
     toy = ToyModel(num_layers=3, top_k=4, item_bytes=1152, shared=(False, True, False))
     model = BenchModel(toy)
@@ -162,7 +162,7 @@ def test_calibrated_selections_are_distinct_and_batch_independent(bench):
 def test_forced_selection_wins_in_order(bench):
     from e2e_model import BenchModel
 
-    from sglang_hisparse.testing.toy_model import ToyModel
+    from hisparse_testing.toy_model import ToyModel
 
     toy = ToyModel(num_layers=1, top_k=4, item_bytes=128, shared=(False,))
     model = BenchModel(toy)

@@ -29,7 +29,7 @@ def test_ramp_is_exact_and_leaves_nothing_behind(ramp):
     from e2e_points import shared_pattern
     from e2e_selection import SelectionSpec, SelectionTable
 
-    from sglang_hisparse.testing.toy_model import ToyModel
+    from hisparse_testing.toy_model import ToyModel
 
     toy = ToyModel(num_layers=5, top_k=K, item_bytes=ITEM, shared=shared_pattern(5, "glm", 4))
     model, dev = BenchModel(toy), torch.device("cpu")

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hisparse_testing.device_pool import DeviceKVPool
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.resolver import build_prefetch_groups
 from sglang_hisparse.coordinator.state import Phase
@@ -21,7 +22,6 @@ from sglang_hisparse.coordinator.streams import NullEvent
 from sglang_hisparse.kernels import ResolveMode
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.host_pool import HostKVPool
-from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, K, ITEM = 2, 4, 4, 2, 16
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hisparse_testing.device_pool import DeviceKVPool
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -20,15 +20,15 @@ from collections import Counter
 import pytest
 
 import sglang_hisparse.coordinator.step as step_module
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, Mismatch, ToyRequest
-from sglang_hisparse.testing.scenario import (
+from hisparse_testing.engine import DecodeEngine, EngineSizes, Mismatch, ToyRequest
+from hisparse_testing.scenario import (
     ScenarioSpec,
     ScenarioStats,
     ci_seed,
     replay_note,
     run_scenario,
 )
-from sglang_hisparse.testing.toy_model import ToyModel
+from hisparse_testing.toy_model import ToyModel
 
 # (model, sizes): small B/k/I, 3-4 layers with index sharing, page sizes 1 and 4
 CONFIGS = {

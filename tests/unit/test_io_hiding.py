@@ -24,7 +24,7 @@ def _run(engine, options: dict, storage: torch.Tensor) -> tuple:
     from e2e_points import shared_pattern
     from e2e_selection import SelectionSpec, SelectionTable
 
-    from sglang_hisparse.testing.toy_model import ToyModel
+    from hisparse_testing.toy_model import ToyModel
 
     toy = ToyModel(num_layers=6, top_k=K, item_bytes=ITEM, shared=shared_pattern(6, "glm", 4))
     model = BenchModel(toy)

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_hisparse.testing.logs import captured_logs
+from hisparse_testing.logs import captured_logs
 
 pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
 

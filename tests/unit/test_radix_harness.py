@@ -1,10 +1,10 @@
 """Radix cache in the CPU harness: shared prefixes, multi-turn, duplicates, releases (exact, leak-free).
 
-The toy tree (``testing/toy_radix.py``) plays SGLang's radix cache: matched prefixes are held
-and loaded back from host rows (the host row of a logical id is the id), prefill rows another
-request reads are copied at collect, a checkpoint's duplicates are freed and repointed, and a
-finished request's prompt + output stay in the tree. Every decode step is compared with the
-all-resident oracle; at the end the tree is evicted through the allocator and nothing may be
+The toy tree (``hisparse_testing/toy_radix.py``) plays SGLang's radix cache: matched prefixes
+are held and loaded back from host rows (the host row of a logical id is the id), prefill rows
+another request reads are copied at collect, a checkpoint's duplicates are freed and repointed,
+and a finished request's prompt + output stay in the tree. Every decode step is compared with
+the all-resident oracle; at the end the tree is evicted through the allocator and nothing may be
 left.
 """
 
@@ -15,9 +15,9 @@ import random
 import pytest
 import torch
 
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, ReqStatus, ToyRequest
-from sglang_hisparse.testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
-from sglang_hisparse.testing.toy_model import ToyModel
+from hisparse_testing.engine import DecodeEngine, EngineSizes, ReqStatus, ToyRequest
+from hisparse_testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
+from hisparse_testing.toy_model import ToyModel
 
 BASE_SEED = ci_seed()
 

@@ -10,15 +10,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hisparse_testing.engine import DecodeEngine, EngineSizes, ToyRequest
+from hisparse_testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
+from hisparse_testing.toy_model import ToyModel
 from sglang_hisparse.config import HiSparseConfig
 from sglang_hisparse.coordinator.residency import shrink_plan
 from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.kernels.contract import MissPlan, ResidentRows
 from sglang_hisparse.kernels.synthetic import make_state, make_topk
 from sglang_hisparse.memory.allocator import UNMAPPED, DualSpaceAllocator
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes, ToyRequest
-from sglang_hisparse.testing.scenario import ScenarioSpec, ci_seed, replay_note, run_scenario
-from sglang_hisparse.testing.toy_model import ToyModel
 
 BASE_SEED = ci_seed()
 

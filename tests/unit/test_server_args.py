@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("sglang_with_plugin")
 def check(model_dir, *extra: str):
     from sglang.srt.server_args import prepare_server_args
 
-    from sglang_hisparse.testing.rig_worker import keep_overlap_for_speculative
+    from hisparse_testing.rig_worker import keep_overlap_for_speculative
 
     keep_overlap_for_speculative()  # resolve as on CUDA, where overlap stays on with spec
 
@@ -52,7 +52,7 @@ def test_accepts_good_combinations(dsa_model_dir, extra):
 
 
 def test_accepts_the_radix_cache_and_says_so(dsa_model_dir):
-    from sglang_hisparse.testing.logs import captured_logs
+    from hisparse_testing.logs import captured_logs
 
     with captured_logs("sglang_hisparse.sglang_adapter.arg_hook") as logs:
         args = check(dsa_model_dir)  # the radix cache on, SGLang's default
@@ -71,7 +71,7 @@ def test_accepts_the_radix_cache_and_says_so(dsa_model_dir):
     ],
 )
 def test_accepts_chain_speculative_decoding(dsa_model_dir, extra):
-    from sglang_hisparse.testing.logs import captured_logs
+    from hisparse_testing.logs import captured_logs
 
     with captured_logs("sglang_hisparse.sglang_adapter.arg_hook") as logs:
         args = check(dsa_model_dir, *OK, *extra)

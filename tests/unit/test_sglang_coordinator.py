@@ -26,14 +26,14 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-from sglang_hisparse.coordinator.state import Phase  # noqa: E402
-from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator  # noqa: E402
-from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator  # noqa: E402
-from sglang_hisparse.testing.sync_guard import (  # noqa: E402
+from hisparse_testing.sync_guard import (  # noqa: E402
     device_side,
     forbid_device_reads,
     mark_device_state,
 )
+from sglang_hisparse.coordinator.state import Phase  # noqa: E402
+from sglang_hisparse.sglang_adapter.coordinator import SGLangHiSparseCoordinator  # noqa: E402
+from sglang_hisparse.sglang_adapter.memory import HiSparseDSAPool, HiSparseTokenAllocator  # noqa: E402
 
 DEVICE_ROWS, PAGE, RATIO, LAYERS = 1024, 64, 2, 2  # DSA pools use 64-token pages
 TOP_K, B, R, MAX_CTX = 16, 64, 4, 512
@@ -105,7 +105,7 @@ class Server:
         """prepare_for_decode (alloc_for_decode, seq_lens += 1, map_last_loc_to_buffer) and
         the new token's KV write through the pool's translation. ``guard``: the tensors SGLang
         passes on the device are marked device-side and the coordinator's calls may not read
-        them (``testing.sync_guard``)."""
+        them (``hisparse_testing.sync_guard``)."""
         rs = [q.kv.req_pool_idx for q in reqs]
         lens = [q.kv.kv_allocated_len + 1 for q in reqs]
         last = t(*[int(self.req_to_token_pool.req_to_token[r, n - 2]) for r, n in zip(rs, lens, strict=True)])
@@ -459,7 +459,7 @@ def test_host_allocated_lengths_are_one_maintained_tensor() -> None:
 
 def _startup_lines() -> list[str]:
     """The ``sglang_hisparse`` log lines of one ``Server()`` construction."""
-    from sglang_hisparse.testing.logs import captured_logs
+    from hisparse_testing.logs import captured_logs
 
     with captured_logs() as logs:
         Server()
@@ -531,7 +531,7 @@ def test_a_default_buffer_is_sized_for_the_models_top_k(sglang_with_plugin, dsa_
 
 def test_decode_and_verify_steps_read_nothing_back_from_the_device() -> None:
     """Every device tensor SGLang passes, and the coordinator's device state, marked
-    device-side (``testing.sync_guard``): map_last_loc_to_buffer / wait_for_pending_backup
+    device-side (``hisparse_testing.sync_guard``): map_last_loc_to_buffer / wait_for_pending_backup
     (short and long requests, growth, write-through backup) and prepare_spec_verify /
     commit_spec_accept_tokens read none of them. SGLang's DSA pool takes 64-token pages on
     CUDA (DSATokenToKVPool asserts it), so decode ids come from alloc_decode, computed on the

@@ -15,16 +15,16 @@ import random
 import pytest
 
 import sglang_hisparse.coordinator.spec as spec_module
-from sglang_hisparse.testing.engine import EngineSizes, Mismatch
-from sglang_hisparse.testing.scenario import (
+from hisparse_testing.engine import EngineSizes, Mismatch
+from hisparse_testing.scenario import (
     ScenarioSpec,
     ScenarioStats,
     ci_seed,
     replay_note,
     run_scenario,
 )
-from sglang_hisparse.testing.spec_engine import SpecDecodeEngine
-from sglang_hisparse.testing.toy_model import ToyModel
+from hisparse_testing.spec_engine import SpecDecodeEngine
+from hisparse_testing.toy_model import ToyModel
 
 # (model, sizes, W): B >= W*k; index sharing so prefetch groups replay the verify plan
 CONFIGS = {

@@ -14,10 +14,10 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (verify kernel, pinned host pool, streams)")
 
-from sglang_hisparse.testing.engine import EngineSizes, Mismatch, ToyRequest, capture_inert  # noqa: E402
-from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario  # noqa: E402
-from sglang_hisparse.testing.spec_engine import SpecDecodeEngine  # noqa: E402
-from sglang_hisparse.testing.toy_model import ToyModel  # noqa: E402
+from hisparse_testing.engine import EngineSizes, Mismatch, ToyRequest, capture_inert  # noqa: E402
+from hisparse_testing.scenario import ScenarioSpec, run_scenario  # noqa: E402
+from hisparse_testing.spec_engine import SpecDecodeEngine  # noqa: E402
+from hisparse_testing.toy_model import ToyModel  # noqa: E402
 
 SMALL = (
     ToyModel(num_layers=4, top_k=8, item_bytes=64, shared=(False, True, True, False)),

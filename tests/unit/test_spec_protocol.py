@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from hisparse_testing.device_pool import DeviceKVPool
 from sglang_hisparse.coordinator.context import CoreContext
 from sglang_hisparse.coordinator.lifecycle import Lifecycle
 from sglang_hisparse.coordinator.spec import SpecWindow
@@ -21,7 +22,6 @@ from sglang_hisparse.kernels import reference as ref
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.host_pool import HostKVPool
 from sglang_hisparse.telemetry import Telemetry
-from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, W, K, ITEM, CTX = 2, 6, 16, 3, 4, 16, 160
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sglang_hisparse.kernels.__main__ as kmain
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes
-from sglang_hisparse.testing.toy_model import ToyModel
+from hisparse_testing.engine import DecodeEngine, EngineSizes
+from hisparse_testing.toy_model import ToyModel
 
 MODEL = ToyModel(num_layers=2, top_k=4, item_bytes=16, shared=(False, True))
 SIZES = EngineSizes(num_reqs=3, buffer_size=12, device_rows=128, max_ctx=64)
@@ -58,8 +58,8 @@ def test_one_draft_token_is_still_a_verify_window() -> None:
     verify path with a one-row window and stays exact."""
     import random
 
-    from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario
-    from sglang_hisparse.testing.spec_engine import SpecDecodeEngine
+    from hisparse_testing.scenario import ScenarioSpec, run_scenario
+    from hisparse_testing.spec_engine import SpecDecodeEngine
 
     for seed in range(3):
         engine = SpecDecodeEngine(MODEL, SIZES, num_draft_tokens=1, skip_io=False, accept_seed=seed)

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from hisparse_testing.device_pool import DeviceKVPool
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.coordinator.state import SlotState
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
@@ -22,7 +23,6 @@ from sglang_hisparse.memory.state_bytes import (
     resolver_bytes,
     slot_state_bytes,
 )
-from sglang_hisparse.testing.device_pool import DeviceKVPool
 
 L, R, B, P = 3, 5, 6, 70
 

@@ -1,4 +1,5 @@
-"""No host sync per decode step: the CPU guard (``testing.sync_guard``) and the harness under it.
+"""No host sync per decode step: the CPU guard (``hisparse_testing.sync_guard``) and the harness
+under it.
 
 SGLang's page_size-1 decode takes its ids with ``alloc(bs)``, which also maps fresh device
 rows; ``rebind`` hands them back and needs the ids on the CPU. The allocator keeps the copy
@@ -14,11 +15,11 @@ import random
 import pytest
 import torch
 
+from hisparse_testing.engine import DecodeEngine, EngineSizes
+from hisparse_testing.scenario import ScenarioSpec, run_scenario
+from hisparse_testing.sync_guard import DeviceReadError, device_side, forbid_device_reads
+from hisparse_testing.toy_model import ToyModel
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
-from sglang_hisparse.testing.engine import DecodeEngine, EngineSizes
-from sglang_hisparse.testing.scenario import ScenarioSpec, run_scenario
-from sglang_hisparse.testing.sync_guard import DeviceReadError, device_side, forbid_device_reads
-from sglang_hisparse.testing.toy_model import ToyModel
 
 MODEL = ToyModel(num_layers=3, top_k=4, item_bytes=32, shared=(False, True, False))
 

@@ -1,7 +1,7 @@
 """Real traffic for the real-scheduler rig: SGLang admits, over-admits, retracts and evicts by
 its own rules.
 
-The scenario groups of ``testing.rig_scenarios`` run requests with ``ignore_eos``, so SGLang
+The scenario groups of ``rig_scenarios`` run requests with ``ignore_eos``, so SGLang
 reserves each one's whole output at admission and never over-admits. Here requests stop at a
 stop token (SGLang's EOS path) or their drawn ``max_new_tokens``, so admission runs on SGLang's
 estimate of the remaining output (``new_token_ratio``) and decode retracts by its own rules
@@ -19,8 +19,8 @@ seeded draw (TrafficSpec)                    every step (TrafficRun.run)
   abort:    at a drawn step after arrival
 ```
 
-Used by the ``traffic_*`` groups of ``testing.rig_scenarios`` (a short seeded run in CI) and by
-``python -m sglang_hisparse.testing.rig_soak GROUP WORKDIR --requests N`` (the soak, run under
+Used by the ``traffic_*`` groups of ``rig_scenarios`` (a short seeded run in CI) and by
+``python -m hisparse_testing.rig_soak GROUP WORKDIR --requests N`` (the soak, run under
 ``-m slow``), which prints one ``TRAFFIC {json}`` summary.
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sglang_hisparse.testing.token_model import TokenModel
+from hisparse_testing.token_model import TokenModel
 
 __all__ = ["TrafficRun", "TrafficSpec", "reference_until_stop", "run_traffic"]
 
@@ -94,7 +94,7 @@ class _Request:
 
 
 class TrafficRun:
-    """One seeded traffic run over a live :class:`~sglang_hisparse.testing.sglang_rig.Rig`.
+    """One seeded traffic run over a live :class:`~hisparse_testing.sglang_rig.Rig`.
 
     ``reference(rid, prompt, max_new, stops)`` gives the tokens the request must produce (full
     KV; on a PD decode instance the prefill's handoff token first)."""

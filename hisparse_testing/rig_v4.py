@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from hisparse_testing.rig_worker import COMPRESS_RATIOS, StandInRunner
+from hisparse_testing.token_model import TokenModel
+from hisparse_testing.toy_model import _mix
 from sglang_hisparse.kernels.row_layout import C4_PAGED
-from sglang_hisparse.testing.rig_worker import COMPRESS_RATIOS, StandInRunner
-from sglang_hisparse.testing.token_model import TokenModel
-from sglang_hisparse.testing.toy_model import _mix
 
 __all__ = ["C4TokenModel", "V4StandInRunner"]
 

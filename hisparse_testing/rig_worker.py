@@ -1,7 +1,7 @@
 """The stand-ins of the real-scheduler rig: SGLang's model worker and model runner.
 
 ``StandInWorker`` replaces ``TpModelWorker`` (the one class of SGLang the rig swaps; see
-``testing.sglang_rig``). Its ``StandInRunner`` builds the pools with the kwargs SGLang's
+``hisparse_testing.sglang_rig``). Its ``StandInRunner`` builds the pools with the kwargs SGLang's
 ``kv_cache_configurator`` passes (classes looked up in SGLang's modules, so the plugin's
 replacements are what run), lets SGLang's own ``ModelRunner`` post-pool methods build the
 n-gram manager and our coordinator, and runs a :class:`TokenModel` forward that makes the
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.testing.token_model import TokenModel
+from hisparse_testing.token_model import TokenModel
 
 #: DeepSeek-V3.2-shaped config, tiny; ``index_topk`` and the layer count are set per rig
 TOY_DSA_CONFIG = {

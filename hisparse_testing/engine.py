@@ -21,7 +21,7 @@ finish/abort/retract(req)   core.finish, then allocator.free(logical ids) (relea
                   a retracted request re-queues with its generated tokens as prompt
 ```
 
-Radix mode (``radix=True``, SGLang's radix cache on; ``testing/toy_radix.py``): a request's
+Radix mode (``radix=True``, SGLang's radix cache on; ``toy_radix.py``): a request's
 tokens are (seed, position) pairs, except that its first ``shared_len`` positions use
 ``prefix_seed``, so requests with one ``prefix_seed`` share a prompt prefix (a system prompt)
 and a retracted request re-matches its own prompt. ``prefill`` matches the tree (whole pages,
@@ -42,8 +42,8 @@ scenarios.
 
 Device-agnostic and SGLang-free, so ``benchmarks/`` can run it on CUDA at realistic sizes
 (``check=False`` skips the oracle when only timing matters). ``guard_device_reads`` marks the
-core's device state and the per-step device arguments device-side (``testing.sync_guard``), so
-a ``map_last_loc`` / ``wait_for_pending_backup`` that reads one back raises even on CPU; on CUDA
+core's device state and the per-step device arguments device-side (``sync_guard``), so a
+``map_last_loc`` / ``wait_for_pending_backup`` that reads one back raises even on CPU; on CUDA
 those calls and ``swap_in`` also run under ``torch.cuda.set_sync_debug_mode("error")`` (on CPU
 ``swap_in`` runs the pure-torch reference, which reads its inputs by design).
 """
@@ -56,14 +56,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hisparse_testing.device_pool import DeviceKVPool
+from hisparse_testing.sync_guard import device_side, forbid_device_reads, mark_device_state
+from hisparse_testing.toy_model import ToyModel
+from hisparse_testing.toy_radix import ToyRadixTree
 from sglang_hisparse.coordinator.core import HiSparseCore
 from sglang_hisparse.kernels.row_layout import TOKEN, RowLayout
 from sglang_hisparse.memory.allocator import DualSpaceAllocator
 from sglang_hisparse.memory.host_pool import HostKVPool
-from sglang_hisparse.testing.device_pool import DeviceKVPool
-from sglang_hisparse.testing.sync_guard import device_side, forbid_device_reads, mark_device_state
-from sglang_hisparse.testing.toy_model import ToyModel
-from sglang_hisparse.testing.toy_radix import ToyRadixTree
 
 
 class ReqStatus(enum.Enum):

@@ -17,7 +17,7 @@ import os
 import random
 from dataclasses import dataclass
 
-from sglang_hisparse.testing.engine import DecodeEngine, ReqStatus, ToyRequest
+from hisparse_testing.engine import DecodeEngine, ReqStatus, ToyRequest
 
 
 @dataclass(frozen=True)

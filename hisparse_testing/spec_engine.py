@@ -29,7 +29,7 @@ import random
 
 import torch
 
-from sglang_hisparse.testing.engine import DecodeEngine, Mismatch, ToyRequest
+from hisparse_testing.engine import DecodeEngine, Mismatch, ToyRequest
 
 
 class SpecDecodeEngine(DecodeEngine):

@@ -1,10 +1,10 @@
 """The soak: one long real-traffic run through SGLang's scheduler on a ``traffic_*`` group's rig.
 
-    python -m sglang_hisparse.testing.rig_soak GROUP WORKDIR [--requests N] [--seed S] [--max-new LO HI]
+    python -m hisparse_testing.rig_soak GROUP WORKDIR [--requests N] [--seed S] [--max-new LO HI]
 
-The traffic is ``testing.rig_traffic``'s (its module docstring says what a run draws and
-checks); the groups and their environment are ``testing.rig_scenarios``' (``TRAFFIC_GROUPS``,
-``GROUP_ENV``). This entry point sits above both, so neither imports the other's caller.
+The traffic is ``rig_traffic``'s (its module docstring says what a run draws and checks); the
+groups and their environment are ``rig_scenarios``' (``TRAFFIC_GROUPS``, ``GROUP_ENV``). This
+entry point sits above both, so neither imports the other's caller.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_hisparse.testing.rig_scenarios import GROUP_ENV, TRAFFIC_GROUPS
-from sglang_hisparse.testing.rig_traffic import TrafficSpec, run_traffic
+from hisparse_testing.rig_scenarios import GROUP_ENV, TRAFFIC_GROUPS
+from hisparse_testing.rig_traffic import TrafficSpec, run_traffic
 
 
 def main(argv: list[str]) -> int:
-    """``python -m sglang_hisparse.testing.rig_soak GROUP WORKDIR [--requests N] [--seed S]``:
+    """``python -m hisparse_testing.rig_soak GROUP WORKDIR [--requests N] [--seed S]``:
     one long traffic run (the soak) on a ``traffic_*`` group's rig; prints one ``TRAFFIC {json}``
     summary (SGLang's own log lines go to stderr as it runs)."""
-    parser = argparse.ArgumentParser(prog="python -m sglang_hisparse.testing.rig_soak",
+    parser = argparse.ArgumentParser(prog="python -m hisparse_testing.rig_soak",
                                      description="A long real-traffic run (the soak) through SGLang's "
                                                  "scheduler on one of the rig's traffic groups.")
     parser.add_argument("group", choices=sorted(TRAFFIC_GROUPS))
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(GROUP_ENV.get(args.group, {}))
-    from sglang_hisparse.testing.sglang_rig import Rig, pretend_sm90
+    from hisparse_testing.sglang_rig import Rig, pretend_sm90
 
     pretend_sm90()
     from sglang.srt.plugins import load_plugins

@@ -1,6 +1,6 @@
 """A toy radix tree over whole pages of logical ids, with SGLang 0.5.23's call protocol.
 
-It stands in for ``UnifiedRadixCache`` in the CPU harness (``testing/engine.py``, radix mode):
+It stands in for ``UnifiedRadixCache`` in the CPU harness (``engine.py``, radix mode):
 
 ```
 match(keys)        longest run of whole pages already in the tree, capped so at least one

@@ -2,7 +2,7 @@
 
 SGLang's parallel runtime is process-global, so each group runs in a process of its own::
 
-    python -m sglang_hisparse.testing.rig_scenarios GROUP WORKDIR   -> one JSON line per scenario
+    python -m hisparse_testing.rig_scenarios GROUP WORKDIR   -> one JSON line per scenario
 
 Each scenario submits requests through the scheduler's input socket, steps it until idle, and
 checks that every finished request's tokens equal :func:`reference_generate` (the same toy
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sglang_hisparse.testing.sglang_rig import Rig, RigConfig, pretend_sm90
-from sglang_hisparse.testing.token_model import reference_generate
+from hisparse_testing.sglang_rig import Rig, RigConfig, pretend_sm90
+from hisparse_testing.token_model import reference_generate
 
 Scenario = Callable[[Rig], dict[str, Any]]
 
@@ -430,17 +430,17 @@ def retract_and_resume(rig: Rig) -> dict[str, Any]:
     return {"requests": _check_tokens(rig, reqs), "retracted": len(calls), **_stats(rig)}
 
 
-# -- real traffic (testing.rig_traffic): EOS / stop sets, arrivals, SGLang's own retraction -----
-#: the CI run's size; the soak (``-m slow``) runs ``python -m sglang_hisparse.testing.rig_soak``
+# -- real traffic (rig_traffic): EOS / stop sets, arrivals, SGLang's own retraction -------------
+#: the CI run's size; the soak (``-m slow``) runs ``python -m hisparse_testing.rig_soak``
 TRAFFIC_REQUESTS = 32
 
 
 def traffic(rig: Rig) -> dict[str, Any]:
-    """Seeded real traffic (``testing.rig_traffic``): requests that stop at a stop token or their
+    """Seeded real traffic (``rig_traffic``): requests that stop at a stop token or their
     drawn length, random arrivals, mixed lengths, shared prefixes, duplicates in flight,
     follow-up turns, aborts, at a load where SGLang over-admits and retracts by its own rules.
     Every token equals full KV, no stall, both idle checks pass."""
-    from sglang_hisparse.testing.rig_traffic import TrafficSpec, run_traffic
+    from hisparse_testing.rig_traffic import TrafficSpec, run_traffic
 
     return run_traffic(rig, TrafficSpec(requests=TRAFFIC_REQUESTS, seed=11), pd=rig.pd_decode)
 
@@ -895,8 +895,8 @@ def run_group(name: str, workdir: Path, only: list[str] | None = None) -> list[d
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in GROUPS:
-        print(f"usage: python -m sglang_hisparse.testing.rig_scenarios {{{','.join(GROUPS)}}} WORKDIR [SCENARIO ...]",
-              file=sys.stderr)
+        print(f"usage: python -m hisparse_testing.rig_scenarios {{{','.join(GROUPS)}}} WORKDIR "
+              "[SCENARIO ...]", file=sys.stderr)
         return 2
     import os
 

@@ -9,7 +9,7 @@ memory self-check, PD decode's prealloc/transfer queues with the ``fake`` backen
 builds our coordinator through the plugin's REPLACE hooks. What is stood in for, and why:
 
 ```
-TpModelWorker / ModelRunner   StandInWorker / StandInRunner (testing.rig_worker): no weights,
+TpModelWorker / ModelRunner   StandInWorker / StandInRunner (rig_worker): no weights,
                               no attention backend, no CUDA graphs on CPU. The runner builds
                               the pools with the kwargs kv_cache_configurator passes (classes
                               looked up in SGLang's modules: the plugin's replacements run)
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.testing.rig_worker import (
+from hisparse_testing.rig_worker import (
     M3_HEAD_DIM,
     StandInWorker,
     allow_fake_transfer_with_decode_radix,
@@ -50,7 +50,7 @@ from sglang_hisparse.testing.rig_worker import (
     pretend_sm90,
     write_toy_model,
 )
-from sglang_hisparse.testing.token_model import TokenModel
+from hisparse_testing.token_model import TokenModel
 
 __all__ = ["FakePrefill", "Finished", "Rig", "RigConfig", "pretend_sm90"]
 
@@ -80,7 +80,7 @@ class RigConfig:
     #: SGLang's default overlap scheduler (``event_loop_overlap``) instead of the normal loop
     overlap: bool = False
     #: speculative decoding: NEXTN chain with this many verify tokens W (W - 1 draft steps,
-    #: top-k 1) through SGLang's EAGLEWorkerV2 with the toy draft of ``testing.rig_spec``,
+    #: top-k 1) through SGLang's EAGLEWorkerV2 with the toy draft of ``hisparse_testing.rig_spec``,
     #: whose proposals are each wrong with probability ``draft_miss``; needs ``overlap``
     draft_tokens: int = 0
     draft_miss: float = 0.3
@@ -101,12 +101,12 @@ class RigConfig:
     #: M3: whether its sparse layers keep an index value (False: K-only, as PD decode needs)
     m3_index_values: bool = True
     #: DeepSeek-V4 instead of DSA: C4 entries (one per 4 tokens, top_k of them a step in each
-    #: of the toy's two C4 layers) through SGLang's own V4 pools (``testing.rig_v4``)
+    #: of the toy's two C4 layers) through SGLang's own V4 pools (``hisparse_testing.rig_v4``)
     v4: bool = False
 
     def model(self) -> Any:
         if self.v4:
-            from sglang_hisparse.testing.rig_v4 import C4TokenModel
+            from hisparse_testing.rig_v4 import C4TokenModel
 
             return C4TokenModel(top_k=self.top_k)
         if self.m3_block:
@@ -185,17 +185,17 @@ class Rig:
         # instantiates (Scheduler.init_tp_model_worker imports it from tp_worker at call time).
         StandInWorker.toy, StandInWorker.device_rows = self.toy, config.device_rows
         if config.v4:
-            from sglang_hisparse.testing.rig_v4 import V4StandInRunner
+            from hisparse_testing.rig_v4 import V4StandInRunner
 
             StandInWorker.runner_cls = V4StandInRunner
         tp_worker.TpModelWorker = StandInWorker  # type: ignore[misc]
         self.patches = ["tp_worker.TpModelWorker"]
         if config.draft_tokens:
             # NOTE: speculative decoding adds the draft model and six Triton-only kernels
-            # (testing/rig_spec.py says which and why)
+            # (hisparse_testing/rig_spec.py says which and why)
             from sglang.srt.speculative import eagle_worker_v2
 
-            from sglang_hisparse.testing.rig_spec import StandInDraftWorker, install_chain_kernels
+            from hisparse_testing.rig_spec import StandInDraftWorker, install_chain_kernels
 
             StandInDraftWorker.toy, StandInDraftWorker.miss = self.toy, config.draft_miss
             eagle_worker_v2.EagleDraftWorker = StandInDraftWorker  # type: ignore[misc]
@@ -242,7 +242,7 @@ class Rig:
         Without ``stop_token_ids`` the request runs with ``ignore_eos`` (exactly
         ``max_new_tokens`` outputs, and SGLang reserves all of them at admission); with them it
         stops at the first output in the set, as at an EOS, so SGLang admits on its estimated
-        output length and may over-admit and retract (``testing.rig_traffic``)."""
+        output length and may over-admit and retract (``hisparse_testing.rig_traffic``)."""
         from array import array
 
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, sock_send
@@ -501,7 +501,7 @@ class FakePrefill:
         published host slots, as the prefill's C4 pages land in the decode host pool's pages;
         the rest of a V4 transfer (windows, C128, indexer keys) goes device to device, which
         the toy does not read (its keys are functions of the tokens)."""
-        from sglang_hisparse.testing.rig_v4 import RATIO
+        from hisparse_testing.rig_v4 import RATIO
 
         clen = tokens.numel() // RATIO
         rows = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1)[:clen]
@@ -525,7 +525,7 @@ class FakePrefill:
         K and V arrays, as the prefill's ``get_sparse_kv_buf_infos`` pairs them); the dense
         layers' K/V at the request's logical locations (the MINIMAX_DENSE_KV state a real
         transfer sends device to device; the index keys likewise)."""
-        from sglang_hisparse.testing.rig_worker import _Layer
+        from hisparse_testing.rig_worker import _Layer
 
         n = tokens.numel()
         if not host.layout.host_split:

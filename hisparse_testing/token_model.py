@@ -1,6 +1,6 @@
 """A token-level toy DSA model: every tensor is a pure function of token ids and positions.
 
-The real-scheduler rig (``testing.sglang_rig``) runs it inside SGLang's scheduler, where the
+The real-scheduler rig (``sglang_rig``) runs it inside SGLang's scheduler, where the
 model sees only what a real model sees: token ids, positions and KV locations. So, unlike
 ``ToyModel`` (keyed by a request seed), everything here derives from the token sequence::
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_hisparse.testing.toy_model import _mix
+from hisparse_testing.toy_model import _mix
 
 _MASK = (1 << 62) - 1
 

@@ -2,7 +2,7 @@
 
 A server never builds this: its device KV is SGLang's DSA pool
 (``sglang_adapter.memory.HiSparseDSAPool``, the same translation over SGLang's buffers). The
-decode engine (``testing.engine``), the core tests and ``benchmarks/e2e_engine.py`` drive
+decode engine (``hisparse_testing.engine``), the core tests and ``benchmarks/e2e_engine.py`` drive
 ``HiSparseCore`` over this one without SGLang.
 
 Layout (per TP rank)::

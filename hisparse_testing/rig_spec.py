@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sglang_hisparse.testing.token_model import TokenModel, reference_generate
+from hisparse_testing.token_model import TokenModel, reference_generate
 
 __all__ = ["StandInDraftWorker", "install_chain_kernels"]
 
