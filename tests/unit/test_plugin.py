@@ -90,13 +90,17 @@ def test_importing_plugin_has_no_side_effects():
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
-#: What a wheel is built from (pyproject's readme, setup.py's package_dir, the sources).
-WHEEL_INPUTS = ("pyproject.toml", "setup.py", "README.md", "sglang_hisparse", "jit_kernels")
+#: What a wheel is built from (pyproject's readme, setup.py's package_dir, the sources), and the
+#: test support next to them as in a checkout, so that leaving it out is the build's doing.
+WHEEL_INPUTS = (
+    "pyproject.toml", "setup.py", "README.md", "sglang_hisparse", "jit_kernels", "hisparse_testing",
+)
 
 
-def test_wheel_ships_cuda_sources(tmp_path):
-    sources = sorted(p.name for p in (REPO / "jit_kernels").glob("*.cuh"))
-    assert sources, "jit_kernels/ has no .cuh sources"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> tuple[Path, str]:
+    """The wheel ``pip wheel`` builds from a copy of the checkout, and the build's log."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     # NOTE: built from a copy: setuptools writes build/ and *.egg-info next to the sources,
     # and a test must not leave them in the checkout.
     src = tmp_path / "src"
@@ -111,13 +115,33 @@ def test_wheel_ships_cuda_sources(tmp_path):
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(src)],
         check=True, capture_output=True, text=True, timeout=600, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
     )
-    log = out.stdout + out.stderr
-    assert "project.license" not in log and "License classifiers are deprecated" not in log, log[-3000:]
     assert {n for n in ("build", "sglang_hisparse.egg-info") if (REPO / n).exists()} == left_before
-    (wheel,) = tmp_path.glob("sglang_hisparse-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    (built,) = tmp_path.glob("sglang_hisparse-*.whl")
+    return built, out.stdout + out.stderr
+
+
+def test_wheel_ships_cuda_sources(wheel):
+    built, log = wheel
+    sources = sorted(p.name for p in (REPO / "jit_kernels").glob("*.cuh"))
+    assert sources, "jit_kernels/ has no .cuh sources"
+    assert "project.license" not in log and "License classifiers are deprecated" not in log, log[-3000:]
+    names = set(zipfile.ZipFile(built).namelist())
     for s in sources:
         assert f"sglang_hisparse/jit_kernels/{s}" in names
     entry = [n for n in names if n.endswith("entry_points.txt")]
-    text = zipfile.ZipFile(wheel).read(entry[0]).decode()
+    text = zipfile.ZipFile(built).read(entry[0]).decode()
     assert "[sglang.srt.plugins]" in text and "hisparse = sglang_hisparse.plugin:register" in text
+
+
+def test_wheel_leaves_out_the_test_support(wheel):
+    """The harness engines, toy models and rig (``hisparse_testing/``) are for a checkout's tests
+    and benchmarks: neither their new place nor their old one is in the wheel."""
+    built, _ = wheel
+    assert (REPO / "hisparse_testing" / "__init__.py").is_file(), "the test support moved again"
+    names = zipfile.ZipFile(built).namelist()
+    assert any(n.startswith("sglang_hisparse/coordinator/") for n in names), sorted(names)[:20]
+    shipped = [n for n in names if n.startswith(("hisparse_testing/", "sglang_hisparse/testing/"))]
+    assert not shipped, f"test support in the wheel: {shipped}"
+    top_level = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+    if top_level:
+        assert "hisparse_testing" not in zipfile.ZipFile(built).read(top_level[0]).decode().split()
