@@ -64,18 +64,25 @@ def test_unresolvable_target_names_both_versions(monkeypatch, sglang_with_plugin
 def _run_without_sglang(code: str) -> subprocess.CompletedProcess:
     # A None entry in sys.modules makes every `import sglang...` raise ImportError.
     prelude = "import sys; sys.modules['sglang'] = None\n"
-    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300)
+    # the checkout's root: the test support (hisparse_testing/) is not installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300, env=env)
 
 
 SGLANG_SIDE = ("sglang_hisparse.plugin", "sglang_hisparse.sglang_adapter.arg_hook", "sglang_hisparse.sglang_adapter")
 
 
 def test_core_imports_without_sglang():
+    """The core, and the test support the CPU tests build on it (the rig imports ``sglang`` only
+    inside functions), import with SGLang blocked."""
+    import hisparse_testing
+
     core = [
         m.name
         for m in pkgutil.walk_packages(sglang_hisparse.__path__, "sglang_hisparse.")
         if not m.name.startswith(SGLANG_SIDE) and m.name != "sglang_hisparse.__main__"
     ]
+    core += ["hisparse_testing", *(m.name for m in pkgutil.walk_packages(hisparse_testing.__path__, "hisparse_testing."))]
     code = "import importlib\n" + "".join(f"importlib.import_module({name!r})\n" for name in core)
     out = _run_without_sglang(code)
     assert out.returncode == 0, out.stderr[-3000:]
