@@ -349,7 +349,7 @@ class DualSpaceAllocator:
         return self.share.evicted_rows
 
     # the share's state under the names the harness's idle checks and the radix tests read
-    # (hisparse_testing/engine.py, testing/rig_*.py, tests/unit/test_radix_harness.py)
+    # (hisparse_testing/engine.py, hisparse_testing/rig_*.py, tests/unit/test_radix_harness.py)
     @property
     def _readers(self) -> torch.Tensor:
         return self.share.reader_counts
