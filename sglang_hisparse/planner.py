@@ -295,7 +295,9 @@ def _plan_context(inputs: PlanInputs, n: int, budget: float) -> ContextPlan:
     per_token = m.layers * k * inputs.miss_rate * host_row if e > B else 0.0
     link = inputs.link_gbps * GB
     io_ms = b_hs * per_token / link * 1e3
-    b_io = int(inputs.target_step_ms / 1e3 * link // per_token) if per_token else None
+    # (a miss rate so small that the link never binds, down to a subnormal float: no link bound)
+    io_bound = inputs.target_step_ms / 1e3 * link // per_token if per_token else math.inf
+    b_io = int(io_bound) if math.isfinite(io_bound) else None
     node_full, node_hs = b_full * ranks_serving, b_hs * ranks_serving
     node_link = None if b_io is None else b_io * ranks_serving
     limited_by = "host" if b_host < b_hbm else "hbm"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sglang_hisparse import envs
@@ -332,6 +332,8 @@ def _fuzz_plan(values: dict[str, str], output: list[str]) -> None:
 
 @_settings(FAST // 2)
 @given(plan_argvs, _OUTPUT)
+# found by the sweep: a subnormal miss rate made the link bound infinite (int(inf) raised)
+@example({"--buffer": "4096", "--miss-rate": "2.2250738585072014e-308"}, [])
 def test_plan_arguments(values, output):
     _fuzz_plan(values, output)
 
