@@ -29,6 +29,7 @@ from sglang_hisparse.kernel_limits import (
     SM90_MAX_SMEM_PER_BLOCK,
     largest_buffer,
     resolve_smem_bytes,
+    slots_needed,
     verify_smem_bytes,
 )
 from sglang_hisparse.kernel_policy import DEFAULT_POLICY, POLICIES, SERVING_POLICY, VERIFY_POLICIES
@@ -218,10 +219,13 @@ def _framework_note(unknown: list[Any]) -> str:
 def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int = 0) -> None:
     """The hot-buffer rule, wherever a buffer size B meets a top-k (this config, the coordinator,
     the verify window): every position one step selects needs a hot slot in that step, so
-    B >= top_k, and a verify step resolves its W rows' selections at once, so B >= W * top_k.
-    Raises ValueError naming the flag and the fix."""
+    B >= top_k, and a verify step resolves its W rows' selections at once, so B >= W * top_k
+    (``kernel_limits.slots_needed``, the rule's one copy). Raises ValueError naming the flag
+    and the fix."""
     W = int(num_draft_tokens or 0)
-    if W and buffer < W * top_k:
+    if buffer >= slots_needed(top_k, W):
+        return
+    if W:
         raise ValueError(
             f"{FLAG}: 'device_buffer_size' = {buffer} must be >= speculative_num_draft_tokens "
             f"* top_k = {W} * {top_k} = {W * top_k}: a verify step resolves the union of its "
@@ -229,12 +233,11 @@ def check_buffer_holds_selection(buffer: int, top_k: int, num_draft_tokens: int 
             f"({max(2, W + 1) * top_k}, i.e. (W+1)*top_k, is the default), or lower "
             f"--speculative-num-draft-tokens."
         )
-    if buffer < top_k:
-        raise ValueError(
-            f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "
-            f"selected position needs a hot slot in the same step. Set it to at least "
-            f"{top_k} ({2 * top_k}, i.e. 2*top_k, is the usual choice)."
-        )
+    raise ValueError(
+        f"{FLAG}: 'device_buffer_size' = {buffer} must be >= top_k = {top_k}: every "
+        f"selected position needs a hot slot in the same step. Set it to at least "
+        f"{top_k} ({2 * top_k}, i.e. 2*top_k, is the usual choice)."
+    )
 
 
 def _check_policy(value: Any, num_draft_tokens: int) -> str:

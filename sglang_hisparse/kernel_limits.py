@@ -1,9 +1,12 @@
 """Shared memory the resolve kernels need, so a configuration that cannot launch fails at startup.
 
-Pure arithmetic (no torch), mirroring the shared-memory layouts in ``jit_kernels/resolve.cuh``
-(``Layout<K, B>``) and ``jit_kernels/resolve_verify.cuh`` (``VerifyLayout<K, B, W>``); the
-kernels' launchers check the same figure against the GPU at run time, and the GPU tests launch
-configurations at the edge. Keep both in step when a layout changes.
+Pure arithmetic (no torch), so that argument validation runs where no GPU or compiler is: the
+figures of the shared-memory layouts in ``jit_kernels/resolve.cuh`` (``Layout<K, B>``) and
+``jit_kernels/resolve_verify.cuh`` (``VerifyLayout<K, B, W>``). The kernel's own constants are
+the source: each compiled module exports its layout's figure (``smem_bytes``) and GPU tests
+assert these functions equal it over a grid (``test_kernel_limits_mirror_the_kernels_shared_memory``,
+``test_kernel_limits_mirror_the_verify_kernels_shared_memory``), so a layout change that is not
+made here fails the GPU suite. The launchers check the same figure against the GPU at run time.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ def position_words(positions: int) -> int:
     the resolve kernel's position bitmap and the resident hint's row (the launcher computes
     the same)."""
     return (positions + 31) // 32
+
+
+def slots_needed(top_k: int, num_draft_tokens: int = 0) -> int:
+    """The hot-buffer rule, the one copy of it: the slots B one step needs per request and
+    layer. Every position a step selects needs a slot in that step (B >= k), and a verify step
+    resolves its W rows' selections at once (B >= W * k). ``config.check_buffer_holds_selection``
+    (the flag's error) and ``kernels.contract`` (the launch's) both compare against this."""
+    return max(1, int(num_draft_tokens or 0)) * int(top_k)
 
 
 def _hash_entries(selected: int) -> int:

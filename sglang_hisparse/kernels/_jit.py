@@ -174,8 +174,9 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, 
 def verify_module(k: int, B: int, W: int, item: int, policy: int = 0) -> Any:
     """The compiled verify-step launcher for top-k ``k``, ``B`` history slots, ``W`` rows,
     ``item``-byte rows (one build serves plan/no-plan, copy/no-IO, every block size and batch),
-    and ``ctas_per_sm(block)``: how many of its CTAs of ``block`` threads one SM of the current
-    device holds (the occupancy ``verify_ops`` sizes the grid from). ``policy``: 0 lru, 2 slru
+    ``ctas_per_sm(block)``: how many of its CTAs of ``block`` threads one SM of the current
+    device holds (the occupancy ``verify_ops`` sizes the grid from), and ``smem_bytes()``: its
+    shared memory per CTA (``kernel_limits.verify_smem_bytes`` is asserted equal to it). ``policy``: 0 lru, 2 slru
     (``kernel_policy.policy_id``; its ``resolve_verify`` reads and rewrites ``policy_state``,
     which lru's ignores)."""
     wrapper = (
@@ -184,9 +185,12 @@ def verify_module(k: int, B: int, W: int, item: int, policy: int = 0) -> Any:
         f"  hisparse::resolve_verify_launch<{k}, {B}, {W}, {item}, {policy}>({_VERIFY_CALL});\n}}\n"
         "int64_t ctas_per_sm(int64_t block) {\n"
         f"  return hisparse::verify_ctas_per_sm<{k}, {B}, {W}, {item}, {policy}>(block);\n}}\n"
+        # Shared memory per CTA (kernel_limits.verify_smem_bytes must equal it: a GPU test asserts it).
+        "int64_t smem_bytes() {\n"
+        f"  return static_cast<int64_t>(hisparse::VerifyLayout<{k}, {B}, {W}>::bytes);\n}}\n"
     )
     return _build(f"hisparse_verify_k{k}_b{B}_w{W}_i{item}" + (f"_p{policy}" if policy else ""), wrapper,
-                  ["resolve_verify", "ctas_per_sm"])
+                  ["resolve_verify", "ctas_per_sm", "smem_bytes"])
 
 
 @functools.cache

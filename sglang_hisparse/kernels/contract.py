@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernel_limits import position_words
+from ..kernel_limits import position_words, slots_needed
 
 #: Kernels copy rows with 16-byte loads; an item size must be a multiple of this.
 ROW_ALIGN = 16
@@ -237,13 +237,13 @@ def _check_shapes(kw: dict, *, verify: bool) -> tuple[int, int, int, int, int]:
     _same("host_rows.shape[0]", kw["host_rows"].shape[0], R, "lru.shape[0] (request slots)")
     if verify and (W < 1 or k < 1):
         raise ValueError(f"top_k has shape {tuple(top_k.shape)}; W and k must be >= 1.")
-    if B < W * k and verify:
+    if verify and B < slots_needed(k, W):
         raise ValueError(
             f"lru has B = {B} slots but a verify step selects up to W*k = {W}*{k} = {W * k} "
             f"positions: the union must fit, so set device_buffer_size >= {W * k} "
             f"((speculative_num_draft_tokens) * top_k)."
         )
-    if B < k:
+    if B < slots_needed(k):
         raise ValueError(
             f"lru has B = {B} slots but top_k has k = {k} columns: every selected position "
             f"needs a hot slot, so B must be >= k (set device_buffer_size >= top_k)."

@@ -8,11 +8,18 @@ platforms and serving paths are served at all is ``arg_scope``'s.
 
 :func:`parse_hisparse_config` replaces SGLang's ``parse_hisparse_config`` so pool sizing in
 SGLang's configurators reads the same validated :class:`HiSparseConfig`.
+
+The configuration is resolved in one place, :func:`resolve_config`: the ``--hisparse-config``
+text, the served model's selection width (``arg_scope.check_model`` at validation,
+``arg_scope.selection_width`` in a scheduler process) and W (speculative decoding) give one
+:class:`HiSparseConfig` (the same object for the same inputs). :func:`server_config` is that
+object for the server this process belongs to; every reader in the adapter (SGLang's pool
+sizing through :func:`parse_hisparse_config`, the coordinator, the KV budget) takes it.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 from typing import Any
 
@@ -24,6 +31,7 @@ from sglang_hisparse.arg_scope import (
     hf_attr,
     m3_sparse_layers,
     model_label,
+    selection_width,
 )
 from sglang_hisparse.config import IN_TREE_HINT, HiSparseConfig
 from sglang_hisparse.memory.budget import (
@@ -110,9 +118,7 @@ def validate_hisparse(server_args: Any) -> None:
                 f"{sorted(allowed)}, or omit --dsa-{label}-backend to let SGLang choose."
             )
 
-    config = HiSparseConfig.from_json(
-        cfg.hisparse_config, model_top_k=index_topk, num_draft_tokens=num_draft_tokens
-    )
+    config = resolve_config(cfg.hisparse_config, model_top_k=index_topk, num_draft_tokens=num_draft_tokens)
     if not v4:  # V4's host pool is checked where it is built (C4 entries of 592 B per 4 tokens)
         _check_host_memory(view, hf_config, config, kv_dtype, m3=m3, model_config=model_config)
     logger.info(
@@ -255,65 +261,66 @@ def _check_host_memory(view: Any, hf_config: Any, config: HiSparseConfig, kv_dty
                 gib(per_rank * ranks), ranks, gib(have))
 
 
-def parse_hisparse_config() -> HiSparseConfig:
-    """Replacement for SGLang's ``parse_hisparse_config``: our validated config.
+def resolve_config(text: str | None, *, model_top_k: int | None = None,
+                   num_draft_tokens: int = 0) -> HiSparseConfig:
+    """The one place a ``--hisparse-config`` text becomes a :class:`HiSparseConfig`: validated
+    for the model's selection width (``model_top_k``; its default buffer sized for it) and W.
+    The same inputs give the same object (cached; a rejection raises each time)."""
+    return _resolved(text, None if model_top_k is None else int(model_top_k), int(num_draft_tokens or 0))
 
-    Its call sites (pool sizing, the KV configurator, ``ModelRunner``) do not pass the
-    model's ``index_topk``, so a default ``device_buffer_size`` here is sized for top_k 2048
-    (every supported model's index_topk). Pool sizing reads only ``host_to_device_ratio``;
-    the coordinator receives the model's index_topk as ``top_k`` (model_runner.py:1039) and
-    re-derives a defaulted buffer with it (:func:`model_buffer_size`), which is the figure
-    :func:`validate_hisparse` logged. A JSON ``top_k`` that disagrees with the model was
-    already rejected there. Under speculative decoding the default ``device_buffer_size``
-    depends on ``speculative_num_draft_tokens``, so it is read here too.
-    """
-    from sglang.srt.runtime_context import get_memory, get_spec
 
+@functools.lru_cache(maxsize=32)
+def _resolved(text: str | None, model_top_k: int | None, num_draft_tokens: int) -> HiSparseConfig:
+    return HiSparseConfig.from_json(text, model_top_k=model_top_k, num_draft_tokens=num_draft_tokens)
+
+
+def server_config() -> HiSparseConfig | None:
+    """This process's server configuration: the ``--hisparse-config`` text SGLang published,
+    resolved (:func:`resolve_config`) for the model the server loads (its selection width from
+    the model's config, as validation found it) and the W SGLang resolved. None when no SGLang
+    config is published (tests and benchmarks that build pieces directly: not a server)."""
+    try:
+        from sglang.srt.runtime_context import get_memory, get_spec
+
+        text = get_memory().hisparse_config
+    except ValueError:
+        return None
     spec = get_spec()
     algo = getattr(spec, "speculative_algorithm", None)
     on = algo is not None and str(algo).upper() != "NONE"
     W = int(getattr(spec, "speculative_num_draft_tokens", None) or 0) if on else 0
-    return HiSparseConfig.from_json(get_memory().hisparse_config, num_draft_tokens=W)
+    return resolve_config(text, model_top_k=_served_width(), num_draft_tokens=W)
 
 
-def _published_text() -> str | None:
-    """The server's ``--hisparse-config`` text; raises ValueError when no SGLang config is
-    published (tests, benchmarks: not a server)."""
-    from sglang.srt.runtime_context import get_memory
+def _served_width() -> int | None:
+    """The served model's selection width (``arg_scope.selection_width``), or None where the
+    process has no model config SGLang can build (a record without a model path)."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import model_config_of
+        from sglang.srt.runtime_context import get_server_args
 
-    return get_memory().hisparse_config
+        return selection_width(model_config_of(get_server_args()).hf_config)
+    except (ValueError, OSError, TypeError, AttributeError) as exc:
+        logger.debug("sglang-hisparse: no model config to size the buffer for (%r)", exc)
+        return None
+
+
+def parse_hisparse_config() -> HiSparseConfig:
+    """Replacement for SGLang's ``parse_hisparse_config``: :func:`server_config`, the same
+    object the coordinator and the KV budget read (its ``device_buffer_size`` the one
+    :func:`validate_hisparse` logged). SGLang calls it only inside a server."""
+    cfg = server_config()
+    if cfg is None:
+        raise ValueError("sglang-hisparse: parse_hisparse_config called with no SGLang server "
+                         "config published (it is SGLang's call inside a server).")
+    return cfg
 
 
 def published_config() -> HiSparseConfig:
-    """The server's ``--hisparse-config`` as we validated it, or the defaults when no SGLang
-    config is published (tests, benchmarks). SGLang's coordinator constructor passes only the
-    in-tree keys; the coordinator reads ours (``residency``, ``residency_watermark``,
-    ``policy``) here."""
-    try:
-        text = _published_text()
-    except ValueError:
-        return HiSparseConfig()
-    return HiSparseConfig.from_json(text)
+    """:func:`server_config`, or the defaults when no SGLang config is published (tests,
+    benchmarks that build a coordinator directly)."""
+    return server_config() or HiSparseConfig()
 
 
-def model_buffer_size(*, top_k: int, device_buffer_size: int, num_draft_tokens: int) -> int:
-    """``device_buffer_size`` for a coordinator built with the model's ``top_k``.
-
-    When ``device_buffer_size`` is the default :func:`parse_hisparse_config` produced (the
-    JSON has no ``device_buffer_size``), the default for the model's top_k is returned, e.g.
-    2 * 512 rather than 2 * 2048; an explicit size, or one that did not come from the parser
-    (tests, benchmarks: no SGLang config published), is returned unchanged.
-    """
-    try:
-        text = _published_text()
-    except ValueError:
-        return device_buffer_size
-    W = int(num_draft_tokens or 0)
-    parsed = HiSparseConfig.from_json(text, num_draft_tokens=W)
-    if parsed.device_buffer_size != device_buffer_size or "device_buffer_size" in json.loads(text or "{}"):
-        return device_buffer_size
-    return HiSparseConfig.from_json(text, model_top_k=top_k, num_draft_tokens=W).device_buffer_size
-
-
-__all__ = ["validate_hisparse", "parse_hisparse_config", "model_buffer_size", "published_config",
-           "SUPPORTED_SGLANG"]
+__all__ = ["validate_hisparse", "parse_hisparse_config", "resolve_config", "server_config",
+           "published_config", "SUPPORTED_SGLANG"]

@@ -124,23 +124,18 @@ def state_shape(kvc: Any) -> StateShape:
     resident = cfg.residency == "pressure" and not spec_on
     W = int(get_spec().speculative_num_draft_tokens or 0) if spec_on else 0
     layers = int(kvc.layer_info.num_effective_layers)
-    top_k = int(getattr(kvc.model_config.hf_text_config, "index_topk", cfg.top_k))
+    top_k = int(cfg.top_k)  # the served model's selection width (the resolved config's)
     from sglang.srt.configs.model_config import is_minimax_sparse
 
     hf_config = kvc.model_config.hf_config
     if is_minimax_sparse(hf_config):  # the sparse layers only, resolving the merged selection
-        from sglang_hisparse.arg_scope import m3_selection, m3_sparse_layers
+        from sglang_hisparse.arg_scope import m3_sparse_layers
 
-        block, blocks = m3_selection(hf_config)
-        top_k = block * blocks
         lo, hi = kvc.layer_info.start_layer, kvc.layer_info.end_layer
         layers = sum(1 for layer in m3_sparse_layers(hf_config) if lo <= layer < hi)
-    from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size
-
     return StateShape(
         num_layers=layers,
-        buffer_size=int(model_buffer_size(top_k=top_k, device_buffer_size=cfg.device_buffer_size,
-                                          num_draft_tokens=W)),
+        buffer_size=int(cfg.device_buffer_size),
         max_context=int(kvc.model_config.context_len) + int(get_req_to_token_extra_context_len()),
         top_k=top_k,
         num_draft_tokens=W,

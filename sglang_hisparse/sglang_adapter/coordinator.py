@@ -113,12 +113,11 @@ class SGLangHiSparseCoordinator(RequestCalls, StepCalls):
         residency: str | None = None,
         residency_watermark: float | None = None,
     ) -> None:
-        from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size, published_config
+        from sglang_hisparse.sglang_adapter.arg_hook import published_config
 
-        # parse_hisparse_config could not size a default buffer for the model's top_k
-        device_buffer_size = model_buffer_size(
-            top_k=top_k, device_buffer_size=device_buffer_size, num_draft_tokens=num_draft_tokens
-        )
+        # SGLang passes its own keys (top_k, device_buffer_size, ...) from parse_hisparse_config,
+        # i.e. from the server's resolved config (arg_hook.server_config, already sized for the
+        # model's top_k); ours (residency, policy) are read from that same object below
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.top_k = top_k
@@ -145,7 +144,6 @@ class SGLangHiSparseCoordinator(RequestCalls, StepCalls):
         #: where the indexer writes its selection before swap_in, for the families that do
         #: (DeepSeek-V4: int32 [R, top_k]); None otherwise
         self.raw_indices_buffer = family.index_buffer(num_reqs, top_k, device)
-        # SGLang passes only its own keys; ours come from the validated server config
         cfg = published_config()
         cfg = replace(cfg, **{k: v for k, v in (("residency", residency),
                                                 ("residency_watermark", residency_watermark)) if v is not None})

@@ -186,3 +186,13 @@ def test_cuda_graph_capture_and_replay(n, k, B, item, policy):
                            **({} if policy == "lru" else dict(policy=policy, policy_state=case.pstate_cpu)))
         torch.cuda.synchronize()
         assert_same(case, out_c, out, plan_c, plan)
+
+
+@pytest.mark.parametrize("k, B, W", [(64, 256, 2), (2048, 8192, 4), (2048, 10240, 4), (2048, 6144, 2)])
+def test_kernel_limits_mirror_the_verify_kernels_shared_memory(k, B, W):
+    """kernel_limits.verify_smem_bytes (what config validation checks) == the kernel's own
+    VerifyLayout, so the startup refusal and the launch agree by construction."""
+    from sglang_hisparse.kernel_limits import verify_smem_bytes
+    from sglang_hisparse.kernels import _jit
+
+    assert _jit.verify_module(k, B, W, 656).smem_bytes() == verify_smem_bytes(k, B, W)

@@ -493,37 +493,41 @@ def test_startup_logs_the_state_bytes_and_whether_the_kv_budget_reserved_them(mo
     assert "more than the 0.0 MiB (5 slots) reserved out of the KV budget" in line
 
 
-def test_a_default_buffer_is_sized_for_the_models_top_k(sglang_with_plugin, dsa_model_dir) -> None:
-    """parse_hisparse_config cannot see the model's index_topk, so its default
-    device_buffer_size assumes top_k 2048; ModelRunner passes the model's index_topk as
-    top_k (model_runner.py:1039-1045) and the coordinator re-derives the default with it.
-    The 'memory' and 'spec' namespaces are SGLang's own, projected from the real argument
-    pipeline into a model-owned context (create_context) active only inside each ``with``."""
+def test_the_server_config_is_resolved_once_for_the_models_top_k(sglang_with_plugin, tmp_path) -> None:
+    """parse_hisparse_config (SGLang's pool sizing), the coordinator and the KV budget read one
+    object, arg_hook.server_config: the published --hisparse-config resolved for the served
+    model's selection width (its index_topk here), so a default device_buffer_size is the
+    model's (2 * 16, not 2 * 2048) everywhere. The 'memory' and 'spec' namespaces are SGLang's
+    own, projected from the real argument pipeline into a model-owned context (create_context)
+    active only inside each ``with``."""
     import sglang.srt.runtime_context as rc
+    from conftest import DSA_CONFIG, write_model
     from sglang.srt.server_args import prepare_server_args
 
-    from sglang_hisparse.sglang_adapter.arg_hook import model_buffer_size, parse_hisparse_config
+    from sglang_hisparse.sglang_adapter.arg_hook import parse_hisparse_config, server_config
+
+    model = write_model(tmp_path / "dsa16", dict(DSA_CONFIG, index_topk=TOP_K))
 
     def published(*flags: str) -> contextlib.AbstractContextManager:
-        args = prepare_server_args(["--model-path", str(dsa_model_dir), "--skip-tokenizer-init", "--device", "cpu",
+        args = prepare_server_args(["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu",
                                     "--enable-hisparse", "--disable-radix-cache", *flags])
         args.resolve_once()
         return rc.use_context(rc.create_context(args, role="scheduler"))
 
+    assert server_config() is None  # no server published: tests build pieces directly
     with published():
         assert rc.get_memory().hisparse_config is None and rc.get_spec().speculative_algorithm is None
-        assert parse_hisparse_config().device_buffer_size == 4096
-        assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 1024
-        assert model_buffer_size(top_k=512, device_buffer_size=6144, num_draft_tokens=2) == 3 * 512
-        assert model_buffer_size(top_k=512, device_buffer_size=B, num_draft_tokens=0) == B  # not the parsed default
+        cfg = parse_hisparse_config()
+        assert cfg is server_config()  # one object, not a parse per reader
+        assert (cfg.top_k, cfg.device_buffer_size) == (TOP_K, 2 * TOP_K)
         srv = Server()
         coord = SGLangHiSparseCoordinator(
             req_to_token_pool=srv.req_to_token_pool, token_to_kv_pool_allocator=srv.alloc,
-            top_k=TOP_K, device_buffer_size=4096, device="cpu", tp_group=None,
+            top_k=TOP_K, device_buffer_size=cfg.device_buffer_size, device="cpu", tp_group=None,
         )
         assert coord.device_buffer_size == coord.core.buffer_size == 2 * TOP_K
-    with published("--hisparse-config", '{"device_buffer_size": 4096}'):  # an explicit size is kept
-        assert model_buffer_size(top_k=512, device_buffer_size=4096, num_draft_tokens=0) == 4096
+    with published("--hisparse-config", f'{{"device_buffer_size": {B}}}'):  # an explicit size is kept
+        assert parse_hisparse_config().device_buffer_size == B
 
 
 # -- no host sync per step (issue 35 item 7) ---------------------------------------------------

@@ -49,23 +49,19 @@ class M3Family(ModelFamily):
         return self.pool.device_rows(), int(self.pool.start_layer)
 
     def core_top_k(self, top_k: int) -> int:
-        """``arg_scope.m3_selection`` of the served model: its top-k blocks plus the forced
-        init/local ones, times the block size (SGLang passes the config's ``top_k``, as M3 has
-        no ``index_topk``); ``top_k`` unchanged when no server config is published (unit tests
-        build the coordinator directly)."""
-        from sglang_hisparse.arg_scope import m3_selection
+        """The served model's selection width, as the server's resolved config holds it
+        (``arg_scope.selection_width``: its top-k blocks plus the forced init/local ones, times
+        the block size; SGLang passes that config's ``top_k``, as M3 has no ``index_topk``);
+        ``top_k`` unchanged when no server config is published (unit tests build the
+        coordinator directly)."""
+        from sglang_hisparse.sglang_adapter.arg_hook import server_config
 
-        try:
-            from sglang.srt.arg_groups.model_override_base import model_config_of
-            from sglang.srt.runtime_context import get_server_args
-
-            hf_config = model_config_of(get_server_args()).hf_config
-        except Exception:
+        cfg = server_config()
+        if cfg is None:
             return top_k
-        block, blocks = m3_selection(hf_config)
-        logger.info("HiSparse (sglang-hisparse): MiniMax-M3 selects up to %d blocks of %d tokens (top_k %d)",
-                    blocks, block, blocks * block)
-        return blocks * block
+        logger.info("HiSparse (sglang-hisparse): MiniMax-M3 selects up to %d tokens a step (its "
+                    "top-k blocks with the forced init and local ones)", cfg.top_k)
+        return cfg.top_k
 
     def host_pool(self, *, ratio: int, page_size: int, max_requests: int, max_context: int,
                   device: str | torch.device, pd_decode: bool = False, pin_memory: bool | None = None,
