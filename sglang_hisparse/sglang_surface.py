@@ -76,7 +76,7 @@ SERVER_ARGS: tuple[tuple[str, str], ...] = tuple((name, "arg_hook / arg_scope") 
 #: (namespace of ``sglang.srt.runtime_context.get_<namespace>()``, leaf)
 PUBLISHED: tuple[tuple[str, str, str], ...] = (
     ("memory", "enable_hisparse", "budget.reserve_coordinator_state, rig"),
-    ("memory", "hisparse_config", "arg_hook.parse_hisparse_config / published_config"),
+    ("memory", "hisparse_config", "arg_hook.server_config (parse_hisparse_config, published_config)"),
     ("memory", "disable_radix_cache", "coordinator._radix_cache_on"),
     ("spec", "speculative_algorithm", "arg_hook.parse_hisparse_config, rig"),
     ("spec", "speculative_num_draft_tokens", "arg_hook.parse_hisparse_config, budget.state_shape, rig_spec"),
