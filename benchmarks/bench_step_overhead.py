@@ -1,6 +1,6 @@
-"""Host launches per decode step and GPU time of the per-step bookkeeping, before and after its
-fusion (issue 29), at 61 and 78 layers, 656-byte (fp8 DSA) and 1152-byte (bf16) rows, batch
-1 / 16 / 64. Writes JSON.
+"""Host launches per decode step and GPU time of the per-step bookkeeping (fused in issue 29),
+at 61 and 78 layers, 656-byte (fp8 DSA) and 1152-byte (bf16) rows, batch 1 / 16 / 64. Writes
+JSON.
 
     python benchmarks/bench_step_overhead.py --out /tmp/step_overhead.json        # GPU, realistic
     python benchmarks/bench_step_overhead.py --smoke --out /tmp/smoke.json        # CPU, seconds
@@ -11,12 +11,13 @@ Sections, each timed per decode step (release: per finished request):
                   backup of the previous newest token (all layers), growth, newest-token mapping
 ``backup``        the backup's row copy alone (``transfer.to_host``, bs rows x L layers)
 ``translation``   the KV-write location translation of one forward: L layers translating
-                  ``out_cache_loc`` (``memory.translation.ForwardTranslation``; before: every layer)
+                  ``out_cache_loc`` (``memory.translation.ForwardTranslation``)
 ``release``       ``finish`` + the caller's ``free`` of one long request (B+1 hot rows) against a
-                  logical mapping of ``--logical-ids`` entries (before: the whole-mapping scan)
+                  logical mapping of ``--logical-ids`` entries
 
-"before" is the pre-fusion code kept behind ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1``, "after"
-the default, built and run in the same process, modes interleaved per configuration.
+The pre-fusion code (a gather + ``index_copy_`` per layer, a translation in every layer, a
+release that scans the whole mapping) ran against it in ``results/step_overhead_h200.json``
+(modes "before" / "after") and was then deleted (docs/kernels.md, "Design history").
 
 Launch counting. ``launches`` counts, with a ``TorchDispatchMode``, every non-view aten op
 that touches device-resident data (on CUDA: a CUDA tensor; on CPU: the coordinator's device
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -57,7 +57,6 @@ from sglang_hisparse.memory.allocator import DualSpaceAllocator  # noqa: E402
 from sglang_hisparse.memory.host_pool import HostKVPool  # noqa: E402
 from sglang_hisparse.memory.translation import ForwardTranslation, translate_locations  # noqa: E402
 
-UNFUSED = "SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"
 _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
                 "cudaMemcpy2DAsync", "cudaMemsetAsync", "cuLaunchKernelEx")
 
@@ -120,8 +119,7 @@ class StepRig:
     ``EXTRA_RELEASES`` admitted ones outside the batch."""
 
     def __init__(self, *, layers: int, item: int, bs: int, buffer: int, page: int,
-                 logical_ids: int, steps: int, device: torch.device, unfused: bool) -> None:
-        os.environ[UNFUSED] = "1" if unfused else "0"
+                 logical_ids: int, steps: int, device: torch.device) -> None:
         self.device, self.bs, self.layers = device, bs, layers
         self.n0 = buffer + page + 1
         ctx_len = self.n0 + steps + 2 * page
@@ -146,7 +144,7 @@ class StepRig:
             hot = self.allocator.hot
             hot.mapping = device_side(hot.mapping)
             hot._released = device_side(hot._released_scratch())
-        self.translation = ForwardTranslation(translate_locations, fused=not unfused)
+        self.translation = ForwardTranslation(translate_locations)
         self.req_to_token = torch.zeros(slots + 1, ctx_len, dtype=torch.int64, device=device)
         self.seq = [self.n0] * slots
         zero = torch.zeros(1, dtype=torch.int64)
@@ -247,11 +245,10 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_config(*, layers: int, item: int, bs: int, mode: str, args, device) -> dict[str, Any]:
+def run_config(*, layers: int, item: int, bs: int, args, device) -> dict[str, Any]:
     steps = args.warmup + args.reps + args.profile_reps + 2
     rig = StepRig(layers=layers, item=item, bs=bs, buffer=args.buffer, page=args.page,
-                  logical_ids=args.logical_ids, steps=steps, device=device,
-                  unfused=mode == "before")
+                  logical_ids=args.logical_ids, steps=steps, device=device)
     raw: dict[str, list[dict[str, Any]]] = {k: [] for k in ("map_last_loc", "backup", "translation", "release")}
     stale = -1
     try:
@@ -297,27 +294,9 @@ def run_config(*, layers: int, item: int, bs: int, mode: str, args, device) -> d
     rig = None  # free the device KV and the pinned pool before the next configuration
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"layers": layers, "item": item, "batch": bs, "mode": mode,
+    return {"layers": layers, "item": item, "batch": bs,
             "logical_ids": logical, "stale_mappings_after_release": stale,
             "sections": {k: summarize(v) for k, v in raw.items()}}
-
-
-def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["layers"], r["item"], r["batch"], r["mode"]): r for r in results}
-    out = []
-    for (L, item, bs, mode), after in by.items():
-        if mode != "after" or (L, item, bs, "before") not in by:
-            continue
-        before = by[(L, item, bs, "before")]
-        row: dict[str, Any] = {"layers": L, "item": item, "batch": bs}
-        for sec in after["sections"]:
-            a, b = after["sections"][sec], before["sections"][sec]
-            for key in ("launches", "cuda_launches", "host_us", "gpu_us"):
-                if key in a and key in b:
-                    row[f"{sec}.{key}"] = {"before": b[key], "after": a[key],
-                                           "after/before": (a[key] / b[key]) if b[key] else None}
-        out.append(row)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "launch_counting": __doc__.split("Launch counting.")[1].strip(),
             "seconds": round(time.perf_counter() - t0, 1),
-            "results": results, "ratios": ratios(results),
+            "results": results,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1))
@@ -362,16 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     for L in args.layers:
         for item in args.items:
             for bs in args.batches:
-                for mode in ("before", "after") if (L + item + bs) % 2 else ("after", "before"):
-                    res = run_config(layers=L, item=item, bs=bs, mode=mode, args=args, device=device)
-                    results.append(res)
-                    s = res["sections"]
-                    print(f"L={L} item={item} bs={bs} {mode:6s} " + "  ".join(
-                        f"{k}: {v.get('cuda_launches', v.get('launches'))} launches "
-                        f"{v.get('gpu_us', float('nan')):.1f} us gpu {v.get('host_us', float('nan')):.1f} us host"
-                        for k, v in s.items()), flush=True)
-                    write(complete=False)
-    os.environ.pop(UNFUSED, None)
+                res = run_config(layers=L, item=item, bs=bs, args=args, device=device)
+                results.append(res)
+                s = res["sections"]
+                print(f"L={L} item={item} bs={bs} " + "  ".join(
+                    f"{k}: {v.get('cuda_launches', v.get('launches'))} launches "
+                    f"{v.get('gpu_us', float('nan')):.1f} us gpu {v.get('host_us', float('nan')):.1f} us host"
+                    for k, v in s.items()), flush=True)
+                write(complete=False)
     write(complete=True)
     print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
     return 0

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Fused per-step bookkeeping (issue 29) on a GPU machine, in about 3 minutes, 3 files in $OUT:
 #   $OUT/step_overhead.json         benchmarks/bench_step_overhead.py: launches per decode step and
-#                                   GPU time of backup / translation / mapping / release, before
-#                                   (SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1) and after, 61 and 78
+#                                   GPU time of backup / translation / mapping / release, 61 and 78
 #                                   layers, 656 / 1152 B rows, batch 1 / 16 / 64
 #   $OUT/step_overhead_gpu.log      environment, JIT build of the all-layer copy, its GPU tests
 #                                   (bit-exact vs the reference, CUDA-graph capture + replay),
 #                                   compute-sanitizer memcheck of the kernel, the benchmark's
 #                                   lines, and (time permitting) the CUDA exactness harness
-#   $OUT/STEP_OVERHEAD_SUMMARY.txt  one screen: pass/fail of each step and the before/after table
+#   $OUT/STEP_OVERHEAD_SUMMARY.txt  one screen: pass/fail of each step and the per-section table
 # Run from the repository root. tvm-ffi: importable, or its wheel in .whl/ (docs: /work/shared
 # DEVICE.md). The exit code is the kernel tests' (0 = passed).
 set -u
@@ -88,15 +87,15 @@ d = json.loads(p.read_text())
 print(f"{d['gpu']}, torch {d['torch']}, {d['seconds']} s, complete={d.get('complete')}; cuda = CUDA "
       "runtime launch/copy calls per section (profiler); dispatch = device-side aten ops + tvm-ffi "
       "kernels; gpu us = summed device time; host us = host wall time (medians)")
-print(f"{'L':>3} {'item':>5} {'bs':>3}  {'section':13} {'cuda b/a':>11} {'dispatch b/a':>13} "
-      f"{'gpu us b/a':>17} {'host us b/a':>17}")
-for r in d["ratios"]:
+print(f"{'L':>3} {'item':>5} {'bs':>3}  {'section':13} {'cuda':>6} {'dispatch':>9} "
+      f"{'gpu us':>9} {'host us':>9}")
+for r in d["results"]:
     for sec in ("map_last_loc", "backup", "translation", "release"):
-        def pair(key):
-            v = r.get(f"{sec}.{key}")
-            return "-" if v is None else f"{v['before']:.1f}/{v['after']:.1f}"
-        print(f"{r['layers']:>3} {r['item']:>5} {r['batch']:>3}  {sec:13} {pair('cuda_launches'):>11} "
-              f"{pair('launches'):>13} {pair('gpu_us'):>17} {pair('host_us'):>17}")
+        s = r["sections"][sec]
+        def fig(key):
+            return "-" if key not in s else f"{s[key]:.1f}"
+        print(f"{r['layers']:>3} {r['item']:>5} {r['batch']:>3}  {sec:13} {fig('cuda_launches'):>6} "
+              f"{fig('launches'):>9} {fig('gpu_us'):>9} {fig('host_us'):>9}")
 EOF
 say "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $TEST_RC

@@ -90,15 +90,6 @@ _REGISTRY: dict[str, EnvVar] = {
             "Off: misses are fetched after it (A/B switch; outputs are the same either way).",
         ),
         EnvVar(
-            "SGLANG_HISPARSE_UNFUSED_BOOKKEEPING",
-            bool,
-            False,
-            "Run the per-step bookkeeping as before its fusion: device<->host row copies as a "
-            "gather + index_copy per layer, the KV-write location translated in every layer, "
-            "and a request's release scanning the whole logical mapping (A/B switch; outputs "
-            "are the same either way).",
-        ),
-        EnvVar(
             "SGLANG_HISPARSE_VALIDATE",
             bool,
             False,

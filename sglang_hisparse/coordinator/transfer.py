@@ -17,12 +17,12 @@ per backup that would stall the overlap scheduler; it stays only as the fallback
 host memory is not pinned (then correct but synchronous).
 
 Every layer in one launch: ``kernels.layer_copy.copy_rows`` over two ``LayerTable``s (device
-layers, host views) built on the first copy and kept on the context. NOTE: the per-layer
-gather + ``index_copy_`` it replaced cost two launches per layer (122 / 156 per decode step at
-61 / 78 layers, each a few microseconds of host time on the critical path of
-``map_last_loc``); it stays selectable with ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1`` (A/B and
-``benchmarks/bench_step_overhead.py``'s "before") and is the path of a host pool that is not
-pinned. On CPU both paths run the same per-layer torch ops.
+layers, host views) built on the first copy and kept on the context. NOTE: a gather +
+``index_copy_`` per layer costs two launches per layer (122 / 156 per decode step at 61 / 78
+layers, on the critical path of ``map_last_loc``); the one launch measured 1-38 % of their GPU
+time and 1-3 % of their host time (``benchmarks/results/step_overhead_h200.json``). The
+per-layer copy remains only for a CUDA coordinator whose host pool has no device-mapped view
+(not pinned). On CPU the one-launch copy runs the same per-layer torch ops.
 """
 
 from __future__ import annotations
@@ -93,14 +93,10 @@ def _host_layers(ctx: CoreContext) -> Sequence[torch.Tensor]:
 
 def layer_tables(ctx: CoreContext) -> tuple[LayerTable, LayerTable] | None:
     """(device, host) tables of the one-launch copy, built on the first call and kept in
-    ``ctx.layer_tables``; None when copies run per layer (the unfused switch, or a CUDA
-    coordinator whose host pool has no device-mapped view)."""
+    ``ctx.layer_tables``; None when copies run per layer (a CUDA coordinator whose host pool
+    has no device-mapped view)."""
     if ctx.layer_tables is None:
-        from sglang_hisparse import envs
-
-        unfused = bool(envs.get("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"))
-        no_view = ctx.device.type == "cuda" and ctx.host_kv_cuda is None
-        if unfused or no_view:
+        if ctx.device.type == "cuda" and ctx.host_kv_cuda is None:
             ctx.layer_tables = False
         else:
             rl = ctx.row_layout

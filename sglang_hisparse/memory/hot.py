@@ -60,19 +60,10 @@ class HotBuffers:
 
     rows: the device-row allocator (pages come from and go back to it); mapping: int64
     [logical ids + 1] on the device, the allocator's logical -> device table (mutated in
-    place, never reassigned). scan_on_release: :meth:`release` also clears every mapping
-    entry pointing into the released rows by scanning the whole mapping, as before it was made
-    proportional (default: only with ``SGLANG_HISPARSE_UNFUSED_BOOKKEEPING``).
+    place, never reassigned).
     """
 
-    def __init__(
-        self, rows: PagedIdAllocator, mapping: torch.Tensor, *, scan_on_release: bool | None = None
-    ) -> None:
-        if scan_on_release is None:
-            from sglang_hisparse import envs
-
-            scan_on_release = bool(envs.get("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING"))
-        self.scan_on_release = scan_on_release
+    def __init__(self, rows: PagedIdAllocator, mapping: torch.Tensor) -> None:
         self.rows = rows
         self.mapping = mapping
         self.page_size = rows.page_size
@@ -311,8 +302,7 @@ class HotBuffers:
     def unmap_rows(self, rows: torch.Tensor) -> None:
         """Clear every mapping entry pointing into ``rows`` (int64, CPU; freed rows): a gather
         and a masked fill over the whole mapping on its device, no host sync. A shrink needs it
-        (its request lives on, so no free of its ids follows); :meth:`release` only with
-        ``scan_on_release``."""
+        (its request lives on, so no free of its ids follows); :meth:`release` does not."""
         if rows.numel() == 0:
             return
         released = self._released_scratch()
@@ -402,8 +392,10 @@ class HotBuffers:
         previous newest stays mapped, harmlessly, until now), a verify round maps the window's
         ids (``prepare_spec``); and the caller frees all of them (an id freed earlier, a
         rejected draft, was unmapped then). The rejected alternative, clearing entries here by
-        scanning the whole mapping (``scan_on_release``), costs O(logical ids) per finished
-        request: a 10^7-entry gather + fill on the GPU for one request of a few thousand rows.
+        scanning the whole mapping (:meth:`unmap_rows`), costs O(logical ids) per finished
+        request: a 10^7-entry gather + fill on the GPU for one request of a few thousand rows
+        (at 16 M ids 162 us of GPU time per release against 9-10 us,
+        ``benchmarks/results/step_overhead_h200.json``).
         Between this call and the free the stale entries point at free rows; nothing
         translates a finished request's ids then, and ``check_integrity`` runs after the free.
         """
@@ -411,9 +403,7 @@ class HotBuffers:
         kept = set(keep or ())
         pages = torch.tensor([pg for pg in buf.pages if pg not in kept], dtype=torch.int64)
         self.rows.check_freeable(pages)
-        if self.scan_on_release:
-            self.unmap_rows(self.rows.page_ids_to_ids(pages))
-        elif unmap_ids is not None and unmap_ids.numel():
+        if unmap_ids is not None and unmap_ids.numel():
             self._unmap_into(unmap_ids, self.rows.page_ids_to_ids(pages))
         self.rows.free_pages(pages)
         for pg in buf.pages:

@@ -176,19 +176,6 @@ def test_dual_direct_admission_release_then_free_unmaps_newest():
     a.check_integrity()
 
 
-def test_dual_release_with_the_mapping_scan_unmaps_at_once():
-    """The pre-fusion release (scan_on_release, SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1)."""
-    a = DualSpaceAllocator(8, host_to_device_ratio=4)
-    a.hot.scan_on_release = True
-    ids = a.alloc_logical_extend(t(0), t(10), t(-1))
-    slot_rows = a.hot.alloc(5, length=10, hot_size=4)
-    a.map_tokens(ids[-1:], slot_rows[-1:])
-    a.hot.release(5)
-    assert a.translate(ids[-1:]).tolist() == [UNMAPPED]
-    a.free(ids)
-    a.check_integrity()
-
-
 def test_dual_decode_is_logical_only():
     a = DualSpaceAllocator(4, host_to_device_ratio=2)
     r0, r1 = prefill(a, 2, 2)

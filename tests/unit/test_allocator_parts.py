@@ -31,7 +31,7 @@ class Parts:
         self.rows = PagedIdAllocator(rows, page_size, name="device rows")
         self.map = AddressMap(self.logical)
         self.prefill = PrefillRows(self.logical, self.rows, self.map)
-        self.hot = HotBuffers(self.rows, self.map.mapping, scan_on_release=False)
+        self.hot = HotBuffers(self.rows, self.map.mapping)
         self.share = PrefixShare(self.logical, self.rows, self.prefill, self.map, self.hot)
         self.handover = Handover(self.rows, self.prefill, self.share, self.hot, self.map)
         #: page counts ``room`` was asked for

@@ -63,24 +63,25 @@ def test_copy_refuses_mismatched_sides_and_rows():
         copy_rows(src=a, dst=c, src_rows=r, dst_rows=torch.tensor([1, 2]))
 
 
-@pytest.mark.parametrize("unfused", ["0", "1"])
-def test_transfer_paths_move_the_same_bytes(monkeypatch, unfused):
-    """transfer.to_host / to_device through the layer tables (default) and per layer
-    (SGLANG_HISPARSE_UNFUSED_BOOKKEEPING=1) leave identical KV."""
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_transfer_paths_move_the_same_bytes(per_layer):
+    """transfer.to_host / to_device through the layer tables (default) and per layer (the path
+    of a CUDA coordinator whose host pool has no device-mapped view: ``layer_tables`` False)
+    leave identical KV."""
     from types import SimpleNamespace
 
     from sglang_hisparse.coordinator import transfer
     from sglang_hisparse.kernels.row_layout import TOKEN
 
-    monkeypatch.setenv("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING", unfused)
     dev, host = _layers(4, 8, 32, 3), _layers(4, 12, 32, 4)
     ref_dev, ref_host = [t.clone() for t in dev], [t.clone() for t in host]
     # not an SGLang object: the fields of our CoreContext that transfer reads
     ctx = SimpleNamespace(device=torch.device("cpu"), device_kv=dev, host_kv=host,
-                          host_kv_cuda=None, layer_tables=None, row_layout=TOKEN)
+                          host_kv_cuda=None, layer_tables=False if per_layer else None,
+                          row_layout=TOKEN)
     transfer.to_host(ctx, torch.tensor([1, 6]), torch.tensor([11, 0]))
     transfer.to_device(ctx, torch.tensor([3]), torch.tensor([2]))
-    assert (ctx.layer_tables is False) == (unfused == "1")
+    assert (ctx.layer_tables is False) == per_layer
     for li in range(4):
         ref_host[li][[11, 0]] = ref_dev[li][[1, 6]]
         ref_dev[li][2] = ref_host[li][3]

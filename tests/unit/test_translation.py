@@ -18,7 +18,7 @@ def test_translation_passes_padding_through():
 
 
 def test_one_translation_serves_the_later_layers_of_a_forward():
-    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation(fused=True)
+    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation()
     outs = [tr(m, loc, layer) for layer in range(61)]
     assert tr.computed == 1 and tr.reused == 60
     assert all(o is outs[0] for o in outs) and outs[0].tolist() == [30, 40]
@@ -27,7 +27,7 @@ def test_one_translation_serves_the_later_layers_of_a_forward():
 def test_a_new_forward_with_the_same_tensor_recomputes():
     """SGLang's graph runner runs one ForwardBatch for warm-up and again under capture: the
     second run's first layer is not after the first run's last, so it translates again."""
-    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation(fused=True)
+    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation()
     first = [tr(m, loc, layer) for layer in range(4)]
     second = [tr(m, loc, layer) for layer in range(4)]
     assert tr.computed == 2 and second[0] is not first[0]
@@ -36,7 +36,7 @@ def test_a_new_forward_with_the_same_tensor_recomputes():
 
 
 def test_writes_to_the_mapping_or_the_locations_invalidate():
-    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation(fused=True)
+    m, loc, tr = _mapping(), torch.tensor([3, 4]), ForwardTranslation()
     assert tr(m, loc, 0).tolist() == [30, 40]
     m[4] = 44  # e.g. a rebind between two accesses
     assert tr(m, loc, 1).tolist() == [30, 44]
@@ -48,7 +48,7 @@ def test_writes_to_the_mapping_or_the_locations_invalidate():
 
 def test_inference_tensors_rely_on_the_layer_rule():
     m = _mapping()
-    tr = ForwardTranslation(fused=True)
+    tr = ForwardTranslation()
     with torch.inference_mode():
         loc = torch.tensor([7, 3])
         assert [tr(m, loc, layer).tolist() for layer in range(3)] == [[70, 30]] * 3
@@ -58,16 +58,8 @@ def test_inference_tensors_rely_on_the_layer_rule():
 
 
 def test_interleaved_micro_batches_keep_their_own_entries():
-    m, tr = _mapping(), ForwardTranslation(fused=True)
+    m, tr = _mapping(), ForwardTranslation()
     a, b = torch.tensor([3]), torch.tensor([4])
     for layer in range(5):
         assert tr(m, a, layer).tolist() == [30] and tr(m, b, layer).tolist() == [40]
     assert tr.computed == 2 and tr.reused == 8
-
-
-def test_unfused_translates_every_layer(monkeypatch):
-    monkeypatch.setenv("SGLANG_HISPARSE_UNFUSED_BOOKKEEPING", "1")
-    m, loc, tr = _mapping(), torch.tensor([3]), ForwardTranslation()
-    for layer in range(5):
-        tr(m, loc, layer)
-    assert not tr.fused and tr.computed == 5 and tr.reused == 0
