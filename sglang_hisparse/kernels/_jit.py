@@ -21,41 +21,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .signature import REPLAY, RESOLVE, RESOLVE_POLICY, VERIFY
+
 _SOURCES = (
     "common.cuh", "resolve.cuh", "resolve_verify.cuh", "replay.cuh", "gather.cuh", "layer_copy.cuh",
 )
 _CFLAGS = ("-lineinfo", "--expt-relaxed-constexpr")
 
-_RESOLVE_ARGS = (
-    "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
-    "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
-    "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
-    "TensorView plan_dst, TensorView plan_count, TensorView arrivals, TensorView resident, "
-    "TensorView rr_flag, TensorView rr_pages, TensorView rr_ring, int64_t rr_page, "
-    "int64_t ctas, int64_t block, int64_t write_plan, int64_t copy, int64_t stage_rows"
-)
-_RESOLVE_CALL = (
-    "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, resident, rr_flag, "
-    "rr_pages, rr_ring, rr_page, ctas, block, write_plan, copy, stage_rows"
-)
-_VERIFY_ARGS = (
-    "TensorView top_k, TensorView req_index, TensorView seq_lens, TensorView num_real, "
-    "TensorView slot_tokens, TensorView slot_rows, TensorView lru, TensorView host_rows, "
-    "TensorView host_cache, TensorView device_cache, TensorView out_rows, TensorView plan_src, "
-    "TensorView plan_dst, TensorView plan_count, TensorView arrivals, int64_t ctas, "
-    "int64_t block, int64_t write_plan, int64_t copy, TensorView policy_state"
-)
-_VERIFY_CALL = (
-    "top_k, req_index, seq_lens, num_real, slot_tokens, slot_rows, lru, host_rows, host_cache, "
-    "device_cache, out_rows, plan_src, plan_dst, plan_count, arrivals, ctas, block, write_plan, copy, "
-    "policy_state"
-)
-_REPLAY_ARGS = (
-    "TensorView plan_src, TensorView plan_dst, TensorView plan_count, TensorView num_real, "
-    "TensorView host_cache, TensorView device_cache, int64_t ctas, int64_t block"
-)
-_REPLAY_CALL = "plan_src, plan_dst, plan_count, num_real, host_cache, device_cache, ctas, block"
+# The wrappers' parameter lists and calls, from the one copy of each signature (kernels.signature)
+_RESOLVE_ARGS, _RESOLVE_CALL = RESOLVE.args, RESOLVE.call
+_VERIFY_ARGS, _VERIFY_CALL = VERIFY.args, VERIFY.call
+_REPLAY_ARGS, _REPLAY_CALL = REPLAY.args, REPLAY.call
 
 
 def source_dir() -> Path:
@@ -152,9 +128,8 @@ def resolve_module(k: int, B: int, item: int, build: str = "", policy: int = 0, 
     positions each (MiniMax-M3's block top-k, expanded in the kernel; ``top_k`` then has
     ``k / blocks`` columns). ``rowl``: the device row layout (``kernels.row_layout``: 0 token
     rows, 1 DeepSeek-V4's paged C4 entries, 592-byte host rows)."""
-    args, call = _RESOLVE_ARGS, _RESOLVE_CALL
-    if policy:
-        args, call = args + ", TensorView policy_state", call + ", &policy_state"
+    sig = RESOLVE_POLICY if policy else RESOLVE
+    args, call = sig.args, sig.call
     wrapper = (
         (f"// build {build}\n" if build else "")
         + '#include "resolve.cuh"\nusing tvm::ffi::TensorView;\n'

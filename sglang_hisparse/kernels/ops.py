@@ -29,14 +29,11 @@ from .contract import (
     validation_enabled,
 )
 from .row_layout import TOKEN, RowLayout
+from .signature import REPLAY, RESOLVE, RESOLVE_POLICY
 from .workspace import ArrivalCounters
 
 __all__ = ["MissPlan", "ResidentRows", "ResolveMode", "reserve_workspace", "resolve", "replay"]
 
-
-def _rr_args(rr: ResidentRows) -> tuple:
-    """The launcher's (flag, pages, ring, page_size) arguments of a :class:`ResidentRows`."""
-    return rr.flag, rr.pages, rr.ring, rr.page_size
 
 #: Most CTAs one request's misses are spread over.
 MAX_CTAS_PER_REQUEST = 32
@@ -190,15 +187,18 @@ def resolve(
     block = check_block_size(block_size or auto_block_size(bs, ctas, top_k.device))
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
-    extra = (policy_state,) if pid else ()
-    resolve_module(k, B, item, policy=pid, blocks=selection_block, rowl=row_layout.kind).resolve(
-        top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
-        host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals,
-        resident if resident is not None else arrivals,
-        *(_rr_args(resident_rows) if resident_rows is not None else (arrivals, arrivals, arrivals, 0)),
-        ctas, block, int(plan is not None),
-        int(mode is ResolveMode.COPY), stage, *extra,
-    )
+    record = {} if resident_rows is None else dict(
+        rr_flag=resident_rows.flag, rr_pages=resident_rows.pages, rr_ring=resident_rows.ring,
+        rr_page=resident_rows.page_size)
+    sig = RESOLVE_POLICY if pid else RESOLVE
+    resolve_module(k, B, item, policy=pid, blocks=selection_block, rowl=row_layout.kind).resolve(*sig.pack(
+        sentinel=arrivals, top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real=num_real_reqs,
+        slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows, host_cache=host_cache,
+        device_cache=device_cache, out_rows=out_rows, plan_src=p.src, plan_dst=p.dst, plan_count=p.count,
+        arrivals=arrivals, resident=resident, **record, ctas=ctas, block=block,
+        write_plan=int(plan is not None), copy=int(mode is ResolveMode.COPY), stage_rows=stage,
+        **({"policy_state": policy_state} if pid else {}),
+    ))
 
 
 @torch.no_grad()
@@ -229,9 +229,10 @@ def replay(
     block = check_block_size(block_size)
     if not 1 <= ctas <= 65535:
         raise ValueError(f"replay ctas = {ctas} must be in [1, 65535].")
-    replay_module(int(row_layout.host_proxy(host_cache).shape[1]), row_layout.kind).replay(
-        plan.src, plan.dst, plan.count, num_real_reqs, host_cache, device_cache, ctas, block,
-    )
+    replay_module(int(row_layout.host_proxy(host_cache).shape[1]), row_layout.kind).replay(*REPLAY.pack(
+        plan_src=plan.src, plan_dst=plan.dst, plan_count=plan.count, num_real=num_real_reqs,
+        host_cache=host_cache, device_cache=device_cache, ctas=ctas, block=block,
+    ))
 
 
 def _check_pinned(host_cache: torch.Tensor) -> None:

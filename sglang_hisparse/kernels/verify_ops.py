@@ -26,6 +26,7 @@ from .contract import (
     validation_enabled,
 )
 from .ops import MAX_CTAS_PER_REQUEST, _check_pinned, _sms
+from .signature import VERIFY
 from .workspace import ArrivalCounters
 
 __all__ = ["default_verify_ctas", "reserve_verify_workspace", "resolve_verify", "verify_module"]
@@ -122,9 +123,10 @@ def resolve_verify(
                          f"(None = one resident wave).")
     arrivals = _arrivals.get(top_k.device, bs)
     p = plan if plan is not None else MissPlan(arrivals, arrivals, arrivals)
-    verify_module(k, B, W, item, policy_id(policy)).resolve_verify(
-        top_k, req_index, seq_lens, num_real_reqs, slot_tokens, slot_rows, lru, host_rows,
-        host_cache, device_cache, out_rows, p.src, p.dst, p.count, arrivals, ctas, block,
-        int(plan is not None), int(mode is ResolveMode.COPY),
-        policy_state if policy_state is not None else arrivals,
-    )
+    verify_module(k, B, W, item, policy_id(policy)).resolve_verify(*VERIFY.pack(
+        sentinel=arrivals, top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real=num_real_reqs,
+        slot_tokens=slot_tokens, slot_rows=slot_rows, lru=lru, host_rows=host_rows, host_cache=host_cache,
+        device_cache=device_cache, out_rows=out_rows, plan_src=p.src, plan_dst=p.dst, plan_count=p.count,
+        arrivals=arrivals, ctas=ctas, block=block, write_plan=int(plan is not None),
+        copy=int(mode is ResolveMode.COPY), policy_state=policy_state,
+    ))
