@@ -175,9 +175,9 @@ def check_tvm_ffi() -> Check:
 
 
 def check_kernel_build(require: bool, torch_cuda: str | None) -> Check:
-    """What the kernels' JIT build needs (``cli/kernel_build.py``): a problem FAILs with
+    """What the kernels' JIT build needs (``kernels/toolchain.py``): a problem FAILs with
     ``--require-gpu`` (serving hosts build at first use), else warns."""
-    from sglang_hisparse.cli.kernel_build import inspect
+    from sglang_hisparse.kernels.toolchain import inspect
 
     r = inspect(torch_cuda=torch_cuda)
     nvcc = f"{r.home}/bin/nvcc, CUDA {r.nvcc_release}" if r.nvcc_release else "no nvcc"

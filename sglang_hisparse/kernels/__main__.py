@@ -15,7 +15,7 @@ for each ``(k, B, W, item)`` with ``B >= W*k`` (speculative decoding, ``verify_o
 
 A build that fails on a host missing part of the toolchain (a CUDA home without
 ``lib64/libcudart.so``, no ``ninja``, ...) ends in one line naming what is missing and the fix,
-from doctor's ``kernel build`` check (``cli/kernel_build.py``), and exit status 1.
+from doctor's ``kernel build`` check (``kernels/toolchain.py``), and exit status 1.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..cli import kernel_build
 from ..kernel_policy import POLICIES, policy_id
-from . import _jit
+from . import _jit, toolchain
 
 #: (k, B, item) specializations the GPU tests and benchmarks use: every k in {64, 512, 2048},
 #: B in {k, 2k, 4k} for some item, both item sizes for each k, plus the benchmark shapes.
@@ -128,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def toolchain_problem() -> str | None:
     """What this host lacks for the build and the fix, in one line (doctor's ``kernel build``
-    check, ``cli/kernel_build.inspect``), or None when it lacks nothing."""
+    check, ``kernels/toolchain.inspect``), or None when it lacks nothing."""
     import torch
 
-    readiness = kernel_build.inspect(torch_cuda=torch.version.cuda)
+    readiness = toolchain.inspect(torch_cuda=torch.version.cuda)
     return None if readiness.ok else readiness.summary()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_hisparse.cli import kernel_build
+from sglang_hisparse.kernels import toolchain
 
 NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.88'\n"
 
@@ -35,14 +35,14 @@ def which_from(**tools: Path | str | None):
 
 def test_complete_toolkit_from_cuda_home(tmp_path):
     home = toolkit(tmp_path / "cuda-13.0")
-    r = kernel_build.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), torch_cuda="13.0")
+    r = toolchain.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), torch_cuda="13.0")
     assert r.ok, r.problems
     assert (r.home, r.home_from, r.nvcc_release, r.fix) == (str(home), "$CUDA_HOME", "13.0", None)
 
 
 def test_cuda_path_is_the_second_choice(tmp_path):
     home = toolkit(tmp_path / "cuda")
-    r = kernel_build.inspect(env={"CUDA_PATH": str(home)}, which=which_from(), toolkit_globs=())
+    r = toolchain.inspect(env={"CUDA_PATH": str(home)}, which=which_from(), toolkit_globs=())
     assert r.ok and r.home_from == "$CUDA_PATH"
 
 
@@ -54,7 +54,7 @@ def test_wrapper_nvcc_on_path_makes_an_incomplete_home(tmp_path):
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(f"#!/bin/sh\nexec {real}/bin/nvcc \"$@\"\n")
     wrapper.chmod(0o755)
-    r = kernel_build.inspect(env={}, which=which_from(nvcc=wrapper), toolkit_globs=(str(tmp_path / "cuda-*"),))
+    r = toolchain.inspect(env={}, which=which_from(nvcc=wrapper), toolkit_globs=(str(tmp_path / "cuda-*"),))
     assert r.home == str(tmp_path / "usr_local") and r.nvcc_release == "13.0"  # nvcc itself runs
     assert len(r.problems) == 1
     assert f"(from the nvcc on PATH, {wrapper}) has no lib64/libcudart.so" in r.problems[0]
@@ -66,7 +66,7 @@ def test_wrapper_nvcc_on_path_makes_an_incomplete_home(tmp_path):
 def test_pip_wheel_layout_lacks_lib64_libcudart(tmp_path):
     """nvidia-cuda-nvcc + nvidia-cuda-runtime: bin/nvcc and lib/libcudart.so.13, no lib64."""
     home = toolkit(tmp_path / "cu13", lib_dir="lib", libcudart="libcudart.so.13")
-    r = kernel_build.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), toolkit_globs=())
+    r = toolchain.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), toolkit_globs=())
     assert not r.ok and "has no lib64/libcudart.so" in r.problems[0]
     assert r.fix.startswith("install a CUDA toolkit (nvcc, headers and lib64/libcudart.so")
 
@@ -74,21 +74,21 @@ def test_pip_wheel_layout_lacks_lib64_libcudart(tmp_path):
 def test_bare_soname_does_not_satisfy_lcudart_but_a_static_archive_does(tmp_path):
     versioned = toolkit(tmp_path / "a", libcudart="libcudart.so.13")
     static = toolkit(tmp_path / "b", libcudart="libcudart.a")
-    assert kernel_build.toolkit_gaps(str(versioned))[0].startswith("lib64/libcudart.so")
-    assert kernel_build.toolkit_gaps(str(static)) == []
+    assert toolchain.toolkit_gaps(str(versioned))[0].startswith("lib64/libcudart.so")
+    assert toolchain.toolkit_gaps(str(static)) == []
 
 
 def test_headers_under_targets_count(tmp_path):
     home = toolkit(tmp_path / "cuda", headers=False)
     (home / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
-    assert kernel_build.toolkit_gaps(str(home)) == ["include/cuda_runtime.h"]
+    assert toolchain.toolkit_gaps(str(home)) == ["include/cuda_runtime.h"]
     (home / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").write_text("")
-    assert kernel_build.toolkit_gaps(str(home)) == []
+    assert toolchain.toolkit_gaps(str(home)) == []
 
 
 def test_no_toolkit_anywhere(monkeypatch, tmp_path):
-    monkeypatch.setattr(kernel_build, "DEFAULT_HOME", str(tmp_path / "absent"))
-    r = kernel_build.inspect(env={}, which=which_from(nvcc=None), toolkit_globs=())
+    monkeypatch.setattr(toolchain, "DEFAULT_HOME", str(tmp_path / "absent"))
+    r = toolchain.inspect(env={}, which=which_from(nvcc=None), toolkit_globs=())
     assert r.home is None and r.nvcc_release is None
     assert r.problems == ["no CUDA toolkit: $CUDA_HOME and $CUDA_PATH unset, no nvcc on PATH, no " + str(tmp_path / "absent")]
     assert "export CUDA_HOME=<its folder>" in r.fix
@@ -96,7 +96,7 @@ def test_no_toolkit_anywhere(monkeypatch, tmp_path):
 
 def test_missing_ninja_and_compiler(tmp_path):
     home = toolkit(tmp_path / "cuda")
-    r = kernel_build.inspect(env={"CUDA_HOME": str(home), "CXX": "g++-99"}, which=which_from(ninja=None),
+    r = toolchain.inspect(env={"CUDA_HOME": str(home), "CXX": "g++-99"}, which=which_from(ninja=None),
                              toolkit_globs=())
     assert any("no C++ compiler 'g++-99' on PATH" in p for p in r.problems)
     assert any(p.startswith("no ninja on PATH (tvm-ffi runs it)") for p in r.problems)
@@ -107,8 +107,8 @@ def test_missing_ninja_and_compiler(tmp_path):
 def test_toolkit_of_another_cuda_major_than_torch(monkeypatch, tmp_path, on_loader_path):
     home = toolkit(tmp_path / "cuda-12.8", release="12.8")
     matching = toolkit(tmp_path / "cuda-13.0", release="13.0")
-    monkeypatch.setattr(kernel_build, "loadable", lambda soname, env: on_loader_path)
-    r = kernel_build.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), torch_cuda="13.0",
+    monkeypatch.setattr(toolchain, "loadable", lambda soname, env: on_loader_path)
+    r = toolchain.inspect(env={"CUDA_HOME": str(home)}, which=which_from(), torch_cuda="13.0",
                              toolkit_globs=(str(tmp_path / "cuda-*"),))
     if on_loader_path:
         assert r.ok
@@ -119,5 +119,5 @@ def test_toolkit_of_another_cuda_major_than_torch(monkeypatch, tmp_path, on_load
 
 def test_loadable_reads_ld_library_path(tmp_path):
     (tmp_path / "libcudart.so.99").write_bytes(b"")
-    assert kernel_build.loadable("libcudart.so.99", {"LD_LIBRARY_PATH": f"/nonexistent:{tmp_path}"})
-    assert not kernel_build.loadable("libcudart.so.99", {"LD_LIBRARY_PATH": ""})
+    assert toolchain.loadable("libcudart.so.99", {"LD_LIBRARY_PATH": f"/nonexistent:{tmp_path}"})
+    assert not toolchain.loadable("libcudart.so.99", {"LD_LIBRARY_PATH": ""})

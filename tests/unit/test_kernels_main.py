@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import sglang_hisparse.kernels.__main__ as kmain
-from sglang_hisparse.cli import kernel_build
+from sglang_hisparse.kernels import toolchain
 
 #: the end of what tvm-ffi raises when ``c++ ... -L/usr/local/lib64 -lcudart`` fails
 LINK_ERROR = ("ninja exited with status 1\nstdout:\n[2/2] c++ cuda_0.o -shared -L/usr/local/lib64 -lcudart\n"
@@ -51,6 +51,6 @@ def test_the_line_is_doctors(monkeypatch, tmp_path, capsys, no_build):
 
 def test_a_complete_toolchain_shows_the_build_error(monkeypatch, no_build):
     """Nothing missing: a compile error or a bug, which the user needs in full."""
-    monkeypatch.setattr(kernel_build, "inspect", lambda **kw: kernel_build.BuildReadiness("/cuda", "$CUDA_HOME"))
+    monkeypatch.setattr(toolchain, "inspect", lambda **kw: toolchain.BuildReadiness("/cuda", "$CUDA_HOME"))
     with pytest.raises(RuntimeError, match="cannot find -lcudart"):
         kmain.main([])
