@@ -82,14 +82,6 @@ _REGISTRY: dict[str, EnvVar] = {
             legacy=("SGLANG_DEBUG_HISPARSE_SKIP_IO",),
         ),
         EnvVar(
-            "SGLANG_HISPARSE_EARLY_FETCH",
-            bool,
-            True,
-            "Start fetching the rows of probable misses (selected positions the resident hint "
-            "says no slot holds) before the resolve kernel's bookkeeping has proved them misses. "
-            "Off: misses are fetched after it (A/B switch; outputs are the same either way).",
-        ),
-        EnvVar(
             "SGLANG_HISPARSE_VALIDATE",
             bool,
             False,

@@ -48,22 +48,21 @@ from sglang_hisparse.telemetry import Telemetry
 logger = logging.getLogger("sglang_hisparse")
 
 
-def _env_switches() -> tuple[bool, bool, float, bool]:
-    """(prefetch disabled, skip IO, log interval, early fetch) from the env registry: every
-    switch is read here, once, and passed to the component it configures."""
+def _env_switches() -> tuple[bool, bool, float]:
+    """(prefetch disabled, skip IO, log interval) from the env registry: every switch is read
+    here, once, and passed to the component it configures."""
     from sglang_hisparse import envs
 
     return (
         bool(envs.get("SGLANG_HISPARSE_DISABLE_PREFETCH")),
         bool(envs.get("SGLANG_HISPARSE_SKIP_IO")),
         float(envs.get("SGLANG_HISPARSE_LOG_INTERVAL")),
-        bool(envs.get("SGLANG_HISPARSE_EARLY_FETCH")),
     )
 
 
-def _log_switches(*, no_prefetch: bool, skip_io: bool, early_fetch: bool | None) -> None:
+def _log_switches(*, no_prefetch: bool, skip_io: bool, early_fetch: bool) -> None:
     """Say which switches are active and which environment name set them. ``early_fetch``:
-    None when it does not apply (no resident hint), else whether the CUDA copy kernel uses it."""
+    whether the decode kernel fetches early (a resident hint, COPY launches on CUDA)."""
     from sglang_hisparse import envs
 
     if no_prefetch:
@@ -77,10 +76,7 @@ def _log_switches(*, no_prefetch: bool, skip_io: bool, early_fetch: bool | None)
             "only; MODEL OUTPUTS ARE INVALID.",
             envs.source("SGLANG_HISPARSE_SKIP_IO") or "constructor argument",
         )
-    if early_fetch is False:
-        logger.info("HiSparse: early fetch off (%s); misses are fetched after the bookkeeping.",
-                    envs.source("SGLANG_HISPARSE_EARLY_FETCH"))
-    elif early_fetch:
+    if early_fetch:
         logger.info("HiSparse: early fetch on: every decode batch uses fetch warps, every "
                     "probable miss in flight at once (docs/kernels.md, 'Fetch warps').")
 
@@ -200,7 +196,7 @@ class HiSparseCore:
                 row_layout.check_device(layer, item)
             elif layer.dim() != 2 or int(layer.shape[1]) != item:
                 raise ValueError(f"device_kv rows are {tuple(layer.shape)}; host_kv rows are {item} B: they must match.")
-        env_no_prefetch, env_skip_io, env_interval, early_fetch = _env_switches()
+        env_no_prefetch, env_skip_io, env_interval = _env_switches()
         device = torch.device(device)
         self.streams = Streams(device, prefetch_priority=prefetch_priority)
         self.telemetry = Telemetry(
@@ -225,13 +221,8 @@ class HiSparseCore:
         self.num_real_reqs = torch.zeros(1, dtype=torch.int32, device=device)
         self.skip_io = env_skip_io if skip_io is None else skip_io
         no_prefetch = env_no_prefetch if prefetch is None else not prefetch
-        early_log: bool | None = None  # the switch only matters to the decode kernel's hint
-        if self.state.resident is not None:
-            if not early_fetch:
-                early_log = False
-            elif device.type == "cuda" and not self.skip_io:
-                early_log = True
-        _log_switches(no_prefetch=no_prefetch, skip_io=self.skip_io, early_fetch=early_log)
+        early = self.state.resident is not None and device.type == "cuda" and not self.skip_io
+        _log_switches(no_prefetch=no_prefetch, skip_io=self.skip_io, early_fetch=early)
         self.lifecycle = Lifecycle(self.ctx, tp_group=tp_group)
         self.step = StepMapper(self.ctx)
         self.resolver = Resolver(
@@ -239,7 +230,7 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
-            early_fetch=early_fetch, replay_ctas=replay_ctas, anchor_slices=anchor_slices,
+            replay_ctas=replay_ctas, anchor_slices=anchor_slices,
         )
         #: block top-k with fewer blocks than top_k / block (swap_in_blocks): int32 [max_batch,
         #: top_k / block], -1 past the given blocks; built at the first such call

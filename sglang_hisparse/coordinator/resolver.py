@@ -81,9 +81,9 @@ class Resolver:
     model layer ids to local ones. ``prefetch``: use the groups (else resolve every layer).
     ``num_real_reqs``: int32 [1] device tensor the caller fills with the real batch size.
     ``block_size``: CUDA threads per resolve CTA (``swap_in_block_size``; None: kernel default).
-    ``early_fetch``: with the resident hint (decode only), let the kernel fetch probable misses
-    before its bookkeeping proves them (``SGLANG_HISPARSE_EARLY_FETCH``, read by the core).
-    Decode or verify follows from ``ctx.state.num_draft_tokens`` (module docstring).
+    With the resident hint (decode only) the kernel fetches probable misses before its
+    bookkeeping proves them (docs/kernels.md, "Early fetch"). Decode or verify follows from
+    ``ctx.state.num_draft_tokens`` (module docstring).
     """
 
     def __init__(
@@ -97,7 +97,6 @@ class Resolver:
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
-        early_fetch: bool = True,
         replay_ctas: int | None = None,
         anchor_slices: int = 1,
     ) -> None:
@@ -105,7 +104,6 @@ class Resolver:
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
-        self.early_fetch = early_fetch
         #: CTAs of each shared layer's replay (None: the kernel's default)
         self._replay_extra = {"ctas": replay_ctas} if replay_ctas else {}
         if anchor_slices < 1:
@@ -128,8 +126,6 @@ class Resolver:
             self._fixed["row_layout"] = ctx.row_layout
         #: the decode kernel reads and keeps the resident hint (verify has none)
         self._hint = st.resident is not None
-        if self._hint:
-            self._fixed["early_rows"] = None if early_fetch else 0
         if st.resident_rows is not None and not W:
             # first level: fully resident requests resolve through their page table
             self._fixed["resident_rows"] = st.resident_rows

@@ -255,8 +255,8 @@ def test_env_rules_named_in_the_issue(monkeypatch):
     monkeypatch.setenv("SGLANG_HISPARSE_LOG_INTERVAL", "-1")
     with pytest.raises(ValueError, match=r"\(0 disables reporting\)"):
         envs.get("SGLANG_HISPARSE_LOG_INTERVAL")
-    monkeypatch.setenv("SGLANG_HISPARSE_EARLY_FETCH", "")
-    assert envs.get("SGLANG_HISPARSE_EARLY_FETCH") is True and envs.source("SGLANG_HISPARSE_EARLY_FETCH") is None
+    monkeypatch.setenv("SGLANG_HISPARSE_LOG_INTERVAL", "")  # empty counts as unset
+    assert envs.get("SGLANG_HISPARSE_LOG_INTERVAL") == 30.0 and envs.source("SGLANG_HISPARSE_LOG_INTERVAL") is None
     for bad in ("nan", "inf", "-1", "2"):
         monkeypatch.setenv("SGLANG_HISPARSE_RECORD_SAMPLE", bad)
         with pytest.raises(ValueError, match=r"must be a fraction in \[0, 1\]"):

@@ -3,7 +3,6 @@ coordinator), a wrong one heals, and bad hint tensors are rejected with a clear 
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -107,18 +106,3 @@ def test_the_coordinator_keeps_the_hint_exact_through_a_request_lifetime() -> No
     for r in (0, 1, 3):
         rig.release(r)
     rig.assert_empty()
-
-
-def test_early_fetch_switch_is_logged_and_changes_no_result(monkeypatch, caplog) -> None:
-    outs = []
-    for value in ("1", "0"):
-        monkeypatch.setenv("SGLANG_HISPARSE_EARLY_FETCH", value)
-        with caplog.at_level(logging.INFO, logger="sglang_hisparse"):
-            rig = Rig(shared=None, prefetch=False)
-        assert rig.core.resolver.early_fetch is (value == "1")
-        rig.prefill(0, 9)
-        rig.core.collect_ready()
-        rig.step([0])
-        outs.append(rig.swap([0], [[9, 5]], 1).tolist())
-    assert outs[0] == outs[1]
-    assert "early fetch off (SGLANG_HISPARSE_EARLY_FETCH)" in caplog.text
