@@ -175,8 +175,8 @@ static __device__ __noinline__ void stage_plain(void* dst, const void* src, int 
 // every thread has all its loads in flight at once and no registers hold them; sources that are
 // only 2-byte aligned (odd-length int16 rows) fall back to plain loads. Complete after
 // cp_async_wait + __syncthreads. `tid`/`T` are the thread's index and the block size.
-// NOTE: the loops here and in fill_smem run a few times per thread; left to nvcc they were
-// unrolled 16-fold with remainder loops, ~3 KB of code per call site in the kernels'
+// NOTE: the loops here and in fill_smem run a few times per thread and stay rolled: nvcc's
+// 16-fold unrolling with remainder loops puts ~3 KB of code per call site in the kernels'
 // prologues, whose instructions every launch fetches cold (resolve.cuh: the NOTE on the
 // bookkeeping as the `if` body).
 __device__ __forceinline__ void stage_to_smem(void* dst, const void* src, int bytes, int tid,
@@ -498,11 +498,11 @@ inline void set_smem(Kernel kernel, size_t bytes) {
 
 // set_smem at most once per kernel, device and size: raises `kernel`'s limit on device `dev`
 // to `bytes` unless an earlier call already allowed as much.
-// NOTE: a launcher must not remember this in a plain function-local static. Such a static in a
-// template function is one object across every shared library that instantiates it (a GNU
-// unique symbol), so a second build of the same kernel loaded in the process (probes/probe_resolve.py's
-// profiling build next to the op's) saw the first one's flag, skipped its own attribute and
-// failed to launch. The table here is shared the same way but keyed by the kernel's address.
+// NOTE: keyed by the kernel's address, not a plain function-local static flag: such a static in
+// a template function is one object across every shared library that instantiates it (a GNU
+// unique symbol), so a second build of the same kernel in the process (probes/probe_resolve.py's
+// profiling build next to the op's) would skip its own attribute and fail to launch
+// (test_a_second_build_of_the_same_kernels_launches). The table is shared the same way.
 template <typename Kernel>
 inline void ensure_smem(Kernel kernel, int dev, size_t bytes) {
   struct Allowed {

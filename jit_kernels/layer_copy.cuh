@@ -28,7 +28,7 @@ struct LayerCopyArgs {
 // SL / DL: the row layout of the source / destination layers (common.cuh store_piece: 0 token
 // rows, 1 DeepSeek-V4's paged C4 entries; a table's "rows" then counts entries, its stride is
 // one page; 3 rows split in halves, a table row's stride one half and its second halves `rows`
-// x stride bytes after the first's). SL = DL = 0 is the code before the layouts (if constexpr).
+// x stride bytes after the first's). SL = DL = 0 compiles to token rows only (if constexpr).
 template <int ITEM, int SL = 0, int DL = 0>
 __global__ void layer_copy_kernel(LayerCopyArgs a) {
   constexpr int kPieces = ITEM / 16;

@@ -100,7 +100,7 @@ struct Layout {
   // Policy builds only, after the scan scratch. fra: per slot its bucket and hit count (uint8
   // [B] each), the evictables' bucket histogram (int32 [kFraBuckets]) and the per-warp counts of
   // the victim split (int32 [32]). slru: the per-warp evictable counts of levels 0 and 1 (int32
-  // [32], packed). lru builds end at the scan scratch, as before.
+  // [32], packed). lru builds end at the scan scratch.
   static constexpr size_t pol = scan + 4 * kScanScratchInts, pol_hits = pol + B;
   static constexpr size_t pol_hist = a16(pol_hits + B), pol_split = pol_hist + 4 * kFraBuckets;
   static constexpr size_t bytes = POLICY == kPolicyFra ? a16(pol_split + 4 * 32)
@@ -122,10 +122,10 @@ struct Layout {
 };
 
 // Independent global loads each thread keeps in flight in the miss-fetch and output loops.
-// NOTE: a plain strided loop issues one load per iteration and waits on it before the next
-// (its smem side effects keep the compiler from hoisting); at ~0.5-1 us per L2/DRAM round trip
-// that made bookkeeping cost ~20 us. Loading kBatch values first, then using them, pays one
-// round trip per batch instead. (The bulk inputs are staged with cp.async instead.)
+// NOTE: loading kBatch values first, then using them, pays one L2/DRAM round trip (~0.5-1 us)
+// per batch: a plain strided loop waits on each iteration's load (its smem side effects keep
+// the compiler from hoisting), and the bookkeeping measured ~20 us that way (docs/kernels.md,
+// "Design history"). The bulk inputs are staged with cp.async instead.
 constexpr int kBatch = 4;
 // Warp rounds (32 entries each) whose inputs the segment loops load before using them.
 constexpr int kRounds = 4;
@@ -134,11 +134,9 @@ constexpr int kRounds = 4;
 // bulk of a high-churn step (batch 64 @15 %: ~120 direct rows per CTA), whose host reads are
 // bound by the GPU's address translation of the pinned pool, not by the link. There, fewer
 // reads in flight per thread move the rows faster. Build with -DHS_COPY_UNROLL=N for an A/B.
-// NOTE: rejected 4 (the replay kernel's kUnroll), 6 and 1. H200, k 2048, B 4096,
-// benchmarks/probes/ab_resolve.py --hint: 2 against 4, batch 64 @15 % 579 -> 571 us (656 B) and
-// 608 -> 592 us (1152 B), batch 128 @15 % 1178 -> 1161 us, batch 64 @5 % -1.3 %; 6 against 4,
-// +2.3 to +2.9 % on the same configs; 1 against 2, +0.7 to +2.9 %
-// (results/resolve_s18_copy_unroll_h200.json).
+// NOTE: 2, not 4 (the replay kernel's kUnroll), 6 or 1: against 4, 2 measured 1.3-2.6 % faster
+// (batch 64 @5 / 15 %, batch 128 @15 %) and 6 2.3-2.9 % slower; 1 measured 0.7-2.9 % slower
+// than 2 (results/resolve_s18_copy_unroll_h200.json; docs/kernels.md).
 #ifndef HS_COPY_UNROLL
 #define HS_COPY_UNROLL 2
 #endif
@@ -341,25 +339,22 @@ __device__ __noinline__ void resolve_resident(const int32_t* tk, const int32_t* 
 // NOTE: membership is a bitmap over positions: selected positions set their bit, a prefix count
 // per bitmap word turns a set bit into a dense id, and a slot's token is selected iff its bit
 // is set. Rejected: an open-addressing hash table (CAS-loop inserts, probe chains; what
-// resolve_verify.cuh still uses). The bitmap took NO_IO at batch 64 from 14.4-14.6 to
-// 10.5-10.7 us (results/resolve_ab_v6_v7.json): no 2-us insert, and no longest probe chain
-// putting the slowest CTA 2-3 us behind the median. Its cost is shared memory that grows with
-// the pool's context (3 B per 16 positions).
+// resolve_verify.cuh still uses): NO_IO at batch 64 measured 14.4-14.6 us with it against
+// 10.5-10.7 with the bitmap (results/resolve_ab_v6_v7.json). The bitmap's cost is shared memory
+// that grows with the pool's context (3 B per 16 positions).
 // EARLY (COPY with a resident hint and early rows): the last fetch_warps() warps are fetch
 // warps. They look up their share of the CTA's top-k entries, put every probable miss's row in
 // flight at once into registers (up to fetch_rows() each) and store each one when the
 // bookkeeping has named its destination; they never join the bookkeeping's barriers, since a
 // warp with host reads in flight stalls its later shared-memory work and barriers until they
-// land (benchmarks/probes/probe_host_stall.cu). Holding a landed row ~10 us costs nothing
-// (probes/probe_gather_shape.py --handoff: 26.3-26.5 us for holds of 0-10 us against a 25.8-us
-// gather). The other warps do the bookkeeping alone.
-// NOTE: rejected: fetched rows held by the bookkeeping warps themselves (batch 16 @5 % 11-18 %
-// slower: their shared-memory work waited behind their own host reads), rows staged into
-// shared memory with cp.async (slower at 656 B than registers), and an in-line early fetch of
-// ~6 rows per CTA by the bookkeeping warps: fetch warps were level or faster on every COPY
-// config (batch 64 @0 % 12.26 -> 10.54 us at 656 B, batch 128 @15 % 1161 -> 1130 us;
-// results/resolve_ab_v15_forced.json), once their bookkeeping loads nothing global after the
-// rows are out (below: the keep area).
+// land (benchmarks/probes/probe_host_stall.cu). Holding a landed row until the bookkeeping
+// names its destination measured no cost (probes/probe_gather_shape.py --handoff). The other
+// warps do the bookkeeping alone, loading nothing global once the rows are out (the keep area).
+// NOTE: rows in registers of warps outside the bookkeeping: held by the bookkeeping warps they
+// measured 11-18 % slower at batch 16 @5 % (those warps' shared-memory work waits behind their
+// own host reads), staged with cp.async slower at 656 B, and an in-line early fetch by the
+// bookkeeping warps no faster on any COPY config (results/resolve_ab_v15_forced.json;
+// docs/kernels.md, "Design history").
 template <int K, int B, int ITEM, int TB, bool EARLY, int POLICY = kPolicyLru, int BLK = 0, int ROWL = 0>
 __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) {
   using L = Layout<K, B, POLICY>;
@@ -416,11 +411,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   constexpr int kHold = fetch_rows<ITEM>(), kHeld = (kPieces + 31) / 32;
   // The fetch warps take a share of the direct copies only where their held rows leave room
   // for the full unroll (656 B: 4 rows x 2 int4 per lane; not 1152 B: 3 x 3).
-  // NOTE: rejected for 1152 B: copy_rows deals every row's pieces over all copying threads, so
-  // a share copied 2 loads at a time paced every direct row: with 1228 misses in one CTA
-  // (uneven churn, 1 CTA per request) 184 / 145 us against 172 / 128 without them (1152 B,
-  // uniform / paged host rows). That was measured with 4 loads in flight for the other threads;
-  // at kCopyUnroll = 2 for all of them it has not been measured again.
+  // NOTE: not at 1152 B: copy_rows deals every row's pieces over all copying threads, so a share
+  // copied 2 loads at a time paced every direct row (1228 misses in one CTA: 7-13 % slower,
+  // measured while the others copied 4 at a time; docs/kernels.md, "Design history").
   constexpr int kHeldInt4Max = 8;  // held int4 per lane that still leave the fetch warps copying
   constexpr bool kFetchCopies = kHold * kHeld <= kHeldInt4Max;
   const int TC = EARLY && !kFetchCopies ? T : T_all;  // threads sharing the direct copies
@@ -479,12 +472,10 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
   // The bookkeeping (every thread of a build without fetch warps), then the fetch warps' path.
   // NOTE: the bookkeeping is the `if` body, so that the fetch path follows the prologue in the
   // instruction stream: nvcc places the body of an `if` that returns after the code that
-  // follows it, and the instruction cache starts every launch cold (ncu: 35-59 misses per SM
-  // and launch sent on to the GPC cache). Rejected: the fetch path as the `if` body, behind the
-  // bookkeeping's ~74 KB of code: ncu, batch 16 @5 %, 72 % of the fetch warps' stall samples
-  // before their host reads were "no instruction"; this order took no-instruction stalls from
-  // 14.3M to 2.8M warp-cycles per launch and instruction cache misses from 122K to 34K
-  // (results/resolve_s16_icache_h200.json).
+  // follows it, and the instruction cache starts every launch cold. Rejected: the fetch path as
+  // the `if` body, behind the bookkeeping's ~74 KB of code: it measured 5x the no-instruction
+  // stalls and 3.6x the instruction cache misses (results/resolve_s16_icache_h200.json;
+  // docs/kernels.md, "Design decisions, measured").
   if (!EARLY || tid < T) {
     // 0. The slot tokens and the LRU are staged as cp.async group 1, which lands while the top-k
     //    (group 0) is marked; the bitmap and the per-id tables are cleared meanwhile.
@@ -605,7 +596,7 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     const int seg_b = (B + 32 * nw - 1) / (32 * nw) * 32;
     const int jb = min(B, warp * seg_b), je = min(B, jb + seg_b);
     int n_ev = 0, sl_n0 = 0, sl_n1 = 0;
-    for (int j0 = jb; j0 < je; j0 += 32) {  // (batching these rounds measured slower: 1.8 -> 2.2 us)
+    for (int j0 = jb; j0 < je; j0 += 32) {  // rounds not batched: that measured slower (kernels.md)
       const int j = j0 + lane;
       bool ev = j < je;
       if (ev) {
@@ -643,11 +634,9 @@ __global__ void __launch_bounds__(TB ? TB : 1024) resolve_kernel(ResolveArgs a) 
     // each miss is loaded here and stored in the miss list below, after the exchange: its round
     // trip (host_rows is large and read at random, so mostly from DRAM) overlaps the exchange
     // instead of following it in step 5.
-    // NOTE (H200, k 2048, B 4096): against loading them in step 5, NO_IO at batch 64 @5 / 15 %
-    // 11.06 -> 10.71 and 11.45 -> 11.07 us (656 B), at 512 threads 10.63 -> 9.93 us; 0 % level.
-    // Rejected: staging the slot rows as well (16 KB more per CTA, with the state or as a later
-    // cp.async group), so that steps 5 and 6 load nothing global either: +0.2-0.3 us at 0 %,
-    // +0.7 us at 512 threads (results/resolve_s17_miss_preload_h200.json).
+    // NOTE: NO_IO at batch 64 measured 3-7 % faster than loading them in step 5 (0 % churn
+    // level). Rejected: staging the slot rows as well (16 KB more per CTA), so that steps 5 and 6
+    // load nothing global either: 0.2-0.7 us slower (results/resolve_s17_miss_preload_h200.json).
     const bool pre = !EARLY && seg_k <= 32 * kRounds;  // uniform: seg_k is the same for all warps
     int64_t hpre[kRounds];
     for (int i0 = ib; i0 < ie; i0 += 32 * kRounds) {

@@ -9,10 +9,9 @@
 // verify_ops.default_verify_ctas, from verify_ctas_per_sm below). Slots B..B+W-1 hold the
 // verify window outside the LRU.
 //
-// NOTE: membership is still an open-addressing hash table, which resolve.cuh replaced with a
-// position bitmap and prefix counts (NO_IO at batch 64 14.4-14.6 -> 10.5-10.7 us; the longest
-// probe chain per request set the slowest CTA 2-3 us behind the median). The bitmap is not
-// carried over because it has not been measured here: its shared memory grows with the pool's
+// NOTE: membership is an open-addressing hash table, not resolve.cuh's position bitmap and
+// prefix counts (the NOTE there has the decode kernel's figures). The bitmap is not carried
+// over because it has not been measured here: its shared memory grows with the pool's
 // context (3 B per 16 positions, 24 KiB at 128K) on top of a layout that already takes
 // 211 KB of the 227 KiB at W = 4, k = 2048, B = 10240 (kernel_limits.verify_smem_bytes), and
 // a verify step runs once per W tokens, so its cost weighs less per token. The same holds for

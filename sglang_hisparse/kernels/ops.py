@@ -69,11 +69,10 @@ def auto_block_size(bs: int, ctas: int, device: torch.device) -> int:
     """Threads per CTA when the caller (``swap_in_block_size``) leaves it open: 1024 when the
     grid fits one CTA per SM (a 1024-thread CTA takes a whole SM's registers), else 512.
 
-    NOTE: measured on the H200 (k 2048, B 4096, 1152-byte rows, default CTA split, results/
-    resolve_v4_h200.json): 1024 is as fast or faster at batch 1/16/64 (batch 1 at 15 % churn
-    24.8 vs 25.9 us, 0 % churn 16.0 vs 16.5 us; batch 64 at 0 % 17.4 vs 18.2 us); past one
-    CTA per SM it would run a second wave (batch 64 with 4 CTAs per request: no-IO 32.6 vs
-    23.4 us, resolve_v3_h200.json).
+    NOTE: 1024 measured as fast as 512 or faster at batch 1 / 16 / 64 (H200, k 2048, B 4096,
+    1152-byte rows: 3-4 % at batch 1 and 64, ``results/resolve_v4_h200.json``); past one CTA per
+    SM it runs a second wave (no-IO 39 % slower at batch 64 with 4 CTAs per request,
+    ``resolve_v3_h200.json``).
     """
     return 1024 if bs * ctas <= _sms(device) else DEFAULT_BLOCK_SIZE
 
