@@ -1,13 +1,21 @@
-"""Every simulator policy on recorded traces at B = 2k, 3k, 4k (k = the trace's top-k): miss
-rates, the share of the LRU -> Belady gap a policy closes (all requests, and its worst request),
-and its worst request against LRU. CPU only; the tables in docs/traces.md come from here.
+"""Every simulator policy on recorded traces at B = 1.5k, 2k, 3k, 4k (k = the trace's top-k;
+``--mult`` changes the list): miss rates, the share of the LRU -> Belady gap a policy closes (all
+requests, and its worst request), and the per-layer guard: its worst request and worst (request,
+layer) against LRU, with the miss counts. CPU only; the tables in docs/traces.md come from here.
 
     python benchmarks/policy_eval.py --tuning tests/data/smollm2_shakespeare.npz ... \\
         --held-aside tests/data/gemma3_lear_32k.npz ... --json policy_eval.json [--plot eval.png]
 
 A request is one trace stream (all its recorded layers together). "closes" = (lru - p) /
 (lru - belady) in misses; "worst vs lru" = max over requests of (p - lru) / lru (negative:
-better than LRU on every request).
+better than LRU on every request); the guard table gives the worst request and the worst
+(request, layer) as misses policy / misses lru (``simulator.versus_lru``).
+
+Which traces are which (docs/traces.md, "Traces"): tuning = smollm2_shakespeare,
+smollm2_othello_milton, gemma3_twelfth_16k, smollm2_stdlib_code_8k; held aside =
+smollm2_code_8k, smollm2_tempest_romeo_8k, gemma3_code_16k, gemma3_lear_32k; held aside 2 =
+smollm2_caesar_sonnets_8k, smollm2_licenses_8k, gemma3_inspect_16k, gemma3_pydoc_topics_16k,
+gemma3_winters_tale_32k. Decisions look at the tuning set only.
 """
 
 from __future__ import annotations
@@ -21,35 +29,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.traces.format import load_trace  # noqa: E402
 from sglang_hisparse.traces.policies import POLICIES  # noqa: E402
-from sglang_hisparse.traces.simulator import prepare, simulate_stream  # noqa: E402
+from sglang_hisparse.traces.simulator import prepare, simulate_stream, versus_lru  # noqa: E402
 
-MULTS = (2, 3, 4)
+MULTS = (1.5, 2.0, 3.0, 4.0)
 SHOWN = ("fifo", "random", "lru-plain", "lru", "lru-2", "lrfu", "fra-float", "fra", "slru", "belady")
 #: the kernel's policies besides lru: their gap closed, worst request and request-layers
 KERNEL = ("fra", "slru")
 
 
-def evaluate(path: str) -> dict:
+def evaluate(path: str, mults=MULTS) -> dict:
     trace = load_trace(path)
     k = int(trace.header["top_k"])
     t0 = time.perf_counter()
     streams = prepare(trace)
     res: dict = {"trace": Path(path).name, "k": k, "source": trace.header.get("source"), "B": {}}
-    for mult in MULTS:
-        B = mult * k
+    for mult in mults:
+        B = int(mult * k)
         per: dict[str, dict[int, int]] = {}
-        units: dict[str, list[int]] = {}  # misses per (stream, layer)
+        runs: dict[str, list] = {}  # StreamResult per (stream, layer)
         lookups = 0
         for pol in sorted(POLICIES):
             d: dict[int, int] = {}
-            units[pol] = []
+            runs[pol] = []
             for st in streams:
                 r = simulate_stream(st, pol, B)
                 d[st.stream] = d.get(st.stream, 0) + r.misses
-                units[pol].append(r.misses)
+                runs[pol].append(r)
                 if pol == "lru":
                     lookups += r.long_lookups
             per[pol] = d
+        units = {pol: [r.misses for r in rs] for pol, rs in runs.items()}
         lru, opt = per["lru"], per["belady"]
         row = {}
         for pol, d in per.items():
@@ -64,6 +73,7 @@ def evaluate(path: str) -> dict:
                 "request_layers_worse_than_lru": sum(a > b for a, b in zip(units[pol], units["lru"], strict=True)),
                 "request_layers": len(units[pol]),
                 "per_request": d,
+                "vs_lru": versus_lru(runs[pol], runs["lru"]),
             }
         res["B"][str(B)] = row
     res["seconds"] = time.perf_counter() - t0
@@ -84,7 +94,35 @@ def table(results: list[dict]) -> str:
                 cells.append(f"{100 * f['closes']:.0f} % / {100 * f['closes_worst_request']:.0f} %, "
                              f"{100 * f['worst_vs_lru']:+.1f} %, "
                              f"{f['request_layers_worse_than_lru']} of {f['request_layers']}")
-            lines.append(f"| {r['trace'].removesuffix('.npz')} | {int(B) // r['k']}k | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['trace'].removesuffix('.npz')} | {_mult(B, r['k'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _mult(B, k) -> str:
+    return f"{int(B) / k:g}k"
+
+
+def _vs(d: dict | None, unit: bool) -> str:
+    if d is None:
+        return "-"
+    who = f"({d['stream']}, {d['layer']})" if unit else f"{d['stream']}"
+    pct = "lru 0" if d["ratio"] is None else f"{100 * (d['ratio'] - 1):+.2f} %"
+    return f"{who}: {d['misses']} / {d['lru_misses']} ({pct})"
+
+
+def guard_table(results: list[dict], policies=KERNEL) -> str:
+    """The per-layer guard: per trace, B and kernel policy, its worst request and worst
+    (request, layer) against lru (misses policy / misses lru), and how many request-layers
+    miss more than lru / more than 1.01x lru's."""
+    lines = ["| trace | B | policy | worst request | worst (request, layer) | req.-layers > lru | > 1 % |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for B, row in r["B"].items():
+            for p in policies:
+                g = row[p]["vs_lru"]
+                lines.append(f"| {r['trace'].removesuffix('.npz')} | {_mult(B, r['k'])} | {p} | "
+                             f"{_vs(g['worst_request'], False)} | {_vs(g['worst_request_layer'], True)} | "
+                             f"{g['request_layers_worse']} of {g['request_layers']} | {g['request_layers_worse_1pct']} |")
     return "\n".join(lines)
 
 
@@ -102,7 +140,7 @@ def plot(results: list[dict], path: str) -> None:
     for ax, r in zip(axes.flat, results, strict=False):  # (the grid may have spare cells)
         bs = sorted(r["B"], key=int)
         for p in ("fifo", "lru", "fra", "slru", "belady"):
-            ax.plot([int(b) // r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
+            ax.plot([int(b) / r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
                     marker="o", label=p)
         ax.set_title(f"{r['role']}: {r['trace'].removesuffix('.npz')}", fontsize=8)
         ax.set_xlabel("B / k")
@@ -121,6 +159,8 @@ def main(argv=None) -> int:
                    help="traces no tuning decision looked at")
     p.add_argument("--held-aside-2", nargs="*", default=[],
                    help="a second held-aside set, recorded after the policies were fixed")
+    p.add_argument("--mult", type=float, nargs="+", default=list(MULTS),
+                   help="buffer sizes in units of each trace's k (default 1.5 2 3 4)")
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None)
     a = p.parse_args(argv)
@@ -128,7 +168,7 @@ def main(argv=None) -> int:
     roles = (("tuning", a.tuning), ("held-aside", a.held_aside), ("held-aside-2", a.held_aside_2))
     for role, paths in roles:
         for path in paths:
-            r = evaluate(path)
+            r = evaluate(path, a.mult)
             r["role"] = role
             results.append(r)
             print(f"{role} {r['trace']}: {r['seconds']:.1f} s", file=sys.stderr)
@@ -136,6 +176,7 @@ def main(argv=None) -> int:
     for role, paths in roles:
         if paths:
             print(f"\n{role}:\n" + table([r for r in results if r["role"] == role]))
+            print(f"\n{role}, against lru:\n" + guard_table([r for r in results if r["role"] == role]))
     if a.plot:
         plot(results, a.plot)
     return 0

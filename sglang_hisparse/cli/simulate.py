@@ -94,6 +94,29 @@ def _fmt(x: float | None, pct: bool = True) -> str:
     return f"{100 * x:6.2f}%" if pct else f"{x:10.1f}"
 
 
+def _vs(d: dict) -> str:
+    """``misses/lru_misses (+x.xx %)`` of one guard entry."""
+    r = d["ratio"]
+    pct = "lru 0" if r is None else f"{100 * (r - 1):+.2f} %"
+    return f"{d['misses']}/{d['lru_misses']} ({pct})"
+
+
+def _guard_lines(results: dict) -> list[str]:
+    """The per-layer guard table: each policy's worst request and worst (request, layer) vs lru."""
+    rows = [(pol, b, s["vs_lru"]) for pol, per_b in results.items() for b, s in per_b.items() if "vs_lru" in s]
+    if not rows:
+        return []
+    out = ["against lru (misses policy/lru): worst request, worst (request, layer), request-layers worse / > 1 %",
+           f"{'policy':<12}{'B':>7}  {'worst request':<32}{'worst (request, layer)':<40}worse  > 1 %  of"]
+    for pol, b, g in rows:
+        wr, wu = g["worst_request"], g["worst_request_layer"]
+        req = "-" if wr is None else f"{wr['stream']}: {_vs(wr)}"
+        unit = "-" if wu is None else f"({wu['stream']}, {wu['layer']}): {_vs(wu)}"
+        out.append(f"{pol:<12}{b:>7}  {req:<32}{unit:<40}{g['request_layers_worse']:>5}  "
+                   f"{g['request_layers_worse_1pct']:>5}  {g['request_layers']}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from ..traces.format import load_trace
     from ..traces.simulator import DEFAULT_ITEM_BYTES, prepare, simulate
@@ -115,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
             make_policy(pol)  # a bad name fails before any work
         # Each row is de-duplicated once for every policy and B (prepare), not per replay.
         streams = prepare(trace, top_k=args.top_k)
+        lru_runs: dict = {}  # lru replayed once per B for every policy's guard
         results = {
-            pol: simulate(streams, pol, args.buffer, seed=args.seed, item_bytes=items, initial=args.initial)
+            pol: simulate(streams, pol, args.buffer, seed=args.seed, item_bytes=items, initial=args.initial,
+                          guard=True, lru_runs=lru_runs)
             for pol in policies
         }
     except ValueError as e:
@@ -128,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
             o = s["overall"]
             bpt = " ".join(_fmt(o["bytes_per_token"][str(i)], pct=False) for i in items)
             print(f"{pol:<12}{b:>7}{_fmt(o['miss_rate']):>11}{_fmt(o['long_miss_rate']):>11}  {bpt}")
+    guard = _guard_lines(results)
+    if guard:
+        print("\n" + "\n".join(guard))
     if args.json:
         doc = {
             "trace": args.trace,

@@ -185,6 +185,61 @@ def summarize(
     return {"overall": overall, "layers": layers, "streams": streams}
 
 
+def _against(misses: int, base: int) -> dict:
+    # ratio None: the baseline missed nothing and the policy did (infinitely worse).
+    ratio = misses / base if base else (None if misses else 1.0)
+    return {"misses": misses, "lru_misses": base, "ratio": ratio}
+
+
+def _worse_key(misses: int, base: int) -> tuple[float, int]:
+    """Sort key, larger = worse against the baseline: the ratio, then the excess misses."""
+    if not base:
+        return (float("inf") if misses else 1.0, misses)
+    return (misses / base, misses - base)
+
+
+def versus_lru(results: Sequence[StreamResult], lru: Sequence[StreamResult]) -> dict:
+    """The per-layer guard: a policy's worst request and worst (request, layer) against lru.
+
+    ``results`` and ``lru`` are the replays of the same prepared streams (one entry per
+    (stream, layer), same order) under the policy and under ``lru`` at one ``B``. A request is a
+    stream with all its layers. Returns (JSON-ready)::
+
+        worst_request        {"stream", "misses", "lru_misses", "ratio"}   ratio = misses / lru_misses
+        worst_request_layer  {"stream", "layer", "misses", "lru_misses", "ratio"}
+        request_layers, request_layers_worse (misses > lru's), request_layers_worse_1pct (> 1.01x)
+
+    "Worst" is the largest ratio (ties: the most excess misses, then the lowest ids); a ratio is
+    ``None`` where lru missed nothing and the policy did. Both ``None`` with no streams.
+    """
+    if len(results) != len(lru):
+        raise ValueError(f"versus_lru: {len(results)} replays against {len(lru)} of lru; replay the same streams")
+    per_req: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    units = []
+    for r, b in zip(results, lru, strict=True):
+        if (r.stream, r.layer) != (b.stream, b.layer):
+            raise ValueError(
+                f"versus_lru: stream {r.stream} layer {r.layer} is held against stream {b.stream} layer "
+                f"{b.layer} of lru; replay the same streams in the same order"
+            )
+        per_req[r.stream][0] += r.misses
+        per_req[r.stream][1] += b.misses
+        units.append((r.stream, r.layer, r.misses, b.misses))
+    worst_req = worst_unit = None
+    if units:
+        sid = max(sorted(per_req), key=lambda s: _worse_key(*per_req[s]))
+        worst_req = {"stream": sid, **_against(*per_req[sid])}
+        s, layer, mi, ba = max(sorted(units), key=lambda u: _worse_key(u[2], u[3]))
+        worst_unit = {"stream": s, "layer": layer, **_against(mi, ba)}
+    return {
+        "worst_request": worst_req,
+        "worst_request_layer": worst_unit,
+        "request_layers": len(units),
+        "request_layers_worse": sum(mi > ba for _, _, mi, ba in units),
+        "request_layers_worse_1pct": sum(mi > 1.01 * ba for _, _, mi, ba in units),
+    }
+
+
 def simulate(
     trace: Trace | Sequence[PreparedStream],
     policy: str,
@@ -194,11 +249,16 @@ def simulate(
     seed: int = 0,
     item_bytes: Iterable[int] = DEFAULT_ITEM_BYTES,
     initial: str = "prefix",
+    guard: bool = False,
+    lru_runs: dict[tuple[int, str], list[StreamResult]] | None = None,
 ) -> dict:
     """Simulate ``policy`` for each buffer size; returns ``{"B": summary, ...}`` (JSON-ready).
 
     ``trace`` may be the output of :func:`prepare` (then ``top_k`` must be None: it was
-    applied there), so a sweep over policies de-duplicates each row once.
+    applied there), so a sweep over policies de-duplicates each row once. ``guard=True`` adds
+    ``summary["vs_lru"]`` (:func:`versus_lru`; not for ``lru`` itself), replaying lru too;
+    ``lru_runs``, a dict the caller shares across calls on the same streams, keeps lru's
+    replays per ``(B, initial)`` so a sweep of policies replays lru once per B.
     """
     make_policy(policy)  # fail fast on a bad name
     if isinstance(trace, Trace):
@@ -207,8 +267,19 @@ def simulate(
         raise ValueError("top_k applies when the trace is prepared: pass it to prepare()")
     else:
         streams = list(trace)
+    memo = {} if lru_runs is None else lru_runs
+
+    def lru_of(B: int) -> list[StreamResult]:
+        if (B, initial) not in memo:
+            memo[(B, initial)] = [simulate_stream(st, "lru", B, initial=initial) for st in streams]
+        return memo[(B, initial)]
+
     out = {}
     for B in buffers:
-        results = [simulate_stream(st, policy, int(B), seed=seed, initial=initial) for st in streams]
-        out[str(int(B))] = summarize(results, item_bytes=item_bytes)
+        B = int(B)
+        results = (lru_of(B) if policy == "lru" else
+                   [simulate_stream(st, policy, B, seed=seed, initial=initial) for st in streams])
+        out[str(B)] = summarize(results, item_bytes=item_bytes)
+        if guard and policy != "lru":
+            out[str(B)]["vs_lru"] = versus_lru(results, lru_of(B))
     return out
