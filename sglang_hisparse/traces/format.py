@@ -18,9 +18,14 @@ Two containers, same arrays (numpy ``.npz``, no pickle):
   * ``name/``     a directory: ``header.json`` plus ``part-00000.npz``, ``part-00001.npz``, ...
                   each holding a slice of the rows (what a streaming writer produces).
 
-Header keys: ``format`` (= "sglang-hisparse-trace"), ``version`` (= 1), ``top_k`` (widest
-selection recorded), ``sorted_by_score`` (bool), ``source`` (free-form dict: model, text,
-recorder settings).
+Header keys: ``format`` (= "sglang-hisparse-trace"), ``version`` (1, or 2 with ranks),
+``top_k`` (widest selection recorded), ``sorted_by_score`` (bool), ``source`` (free-form dict:
+model, text, recorder settings).
+
+Version 2 adds the indexer's next-best ranks per row (``ranks.py``: the arrays
+``rank_offsets`` and ``ranks``, header key ``next_best`` = m, the widest a row may carry). A
+writer writes version 1 unless the header declares ``next_best``; a reader takes both, and a
+version-1 trace loads exactly as before (no ranks: the rank-blind policies replay it).
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from . import ranks as _ranks
+
 FORMAT_NAME = "sglang-hisparse-trace"
+#: the version of a trace without ranks; RANKED_VERSION adds the next-best ranks
 FORMAT_VERSION = 1
+RANKED_VERSION = 2
+VERSIONS = (FORMAT_VERSION, RANKED_VERSION)
 _ARRAYS = ("stream", "layer", "seq_len", "offsets", "positions")
 
 
@@ -44,7 +54,8 @@ _ARRAYS = ("stream", "layer", "seq_len", "offsets", "positions")
 class Stream:
     """One (stream, layer) replay unit: ``T`` steps in increasing ``seq_len`` order.
 
-    ``seq_lens`` int32 [T]; ``offsets`` int64 [T + 1] (starts at 0); ``positions`` int32 [N].
+    ``seq_lens`` int32 [T]; ``offsets`` int64 [T + 1] (starts at 0); ``positions`` int32 [N];
+    with ranks (version 2) ``rank_offsets`` int64 [T + 1] and ``ranks`` int32 [M], else None.
     """
 
     stream: int
@@ -52,10 +63,22 @@ class Stream:
     seq_lens: np.ndarray
     offsets: np.ndarray
     positions: np.ndarray
+    rank_offsets: np.ndarray | None = None
+    ranks: np.ndarray | None = None
 
     def selection(self, t: int) -> np.ndarray:
         """Selected positions of step ``t`` (int32, trace order)."""
         return self.positions[self.offsets[t] : self.offsets[t + 1]]
+
+    @property
+    def has_ranks(self) -> bool:
+        return self.ranks is not None
+
+    def next_best(self, t: int) -> np.ndarray:
+        """Next-best positions of step ``t`` (int32, rank order); ``ValueError`` without ranks."""
+        if self.rank_offsets is None or self.ranks is None:
+            raise ValueError(f"stream {self.stream} layer {self.layer} has no next-best ranks (a version-1 trace)")
+        return self.ranks[self.rank_offsets[t] : self.rank_offsets[t + 1]]
 
     def __len__(self) -> int:
         return int(self.seq_lens.shape[0])
@@ -71,11 +94,18 @@ class Trace:
     seq_len: np.ndarray
     offsets: np.ndarray
     positions: np.ndarray
+    rank_offsets: np.ndarray | None = None
+    ranks: np.ndarray | None = None
     _order: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_rows(self) -> int:
         return int(self.stream.shape[0])
+
+    @property
+    def has_ranks(self) -> bool:
+        """Whether rows carry next-best ranks (version 2)."""
+        return self.ranks is not None
 
     @property
     def layers(self) -> list[int]:
@@ -91,18 +121,13 @@ class Trace:
         key_s, key_l = self.stream[order], self.layer[order]
         cut = np.flatnonzero((key_s[1:] != key_s[:-1]) | (key_l[1:] != key_l[:-1])) + 1
         bounds = np.concatenate(([0], cut, [order.size]))
-        lens = self.offsets[1:] - self.offsets[:-1]
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             rows = order[a:b]
-            n = lens[rows]
-            offs = np.zeros(rows.size + 1, dtype=np.int64)
-            np.cumsum(n, out=offs[1:])
-            if rows.size and np.all(rows[1:] == rows[:-1] + 1):
-                # Rows already contiguous (the usual case): one slice, no gather.
-                pos = self.positions[self.offsets[rows[0]] : self.offsets[rows[-1] + 1]]
-            else:
-                pos = np.concatenate([self.positions[self.offsets[r] : self.offsets[r + 1]] for r in rows])
-            yield Stream(int(key_s[a]), int(key_l[a]), self.seq_len[rows], offs, pos)
+            offs, pos = _gather(self.offsets, self.positions, rows)
+            rank_offs = rank_pos = None
+            if self.rank_offsets is not None and self.ranks is not None:
+                rank_offs, rank_pos = _gather(self.rank_offsets, self.ranks, rows)
+            yield Stream(int(key_s[a]), int(key_l[a]), self.seq_len[rows], offs, pos, rank_offs, rank_pos)
 
     def validate(self) -> None:
         """Check the invariants; raise ``ValueError`` naming the first broken rule."""
@@ -126,6 +151,8 @@ class Trace:
                     f"trace position {int(self.positions[i])} (entry {i}) is outside [0, seq_len={int(row_len[i])}); "
                     "every selected position must be an existing token of its step"
                 )
+        if self.header.get("version") == RANKED_VERSION or self.has_ranks:
+            _ranks.check_trace(self)  # before streams(), which slices the rank arrays
         for st in self.streams():
             if np.any(np.diff(st.seq_lens) <= 0):
                 raise ValueError(
@@ -134,26 +161,54 @@ class Trace:
                 )
 
     def truncated(self, k: int) -> Trace:
-        """A copy keeping the first ``k`` selected positions of every row (``--top-k``)."""
+        """A copy keeping the first ``k`` selected positions of every row (``--top-k``). With
+        ranks, the dropped tail of each selection becomes the first of its next-best (so the
+        trace must be score-sorted)."""
         if k <= 0:
             raise ValueError(f"top_k={k} must be positive; pass --top-k K with K >= 1 or omit it")
         lens = np.minimum(np.diff(self.offsets), k)
         offs = np.zeros_like(self.offsets)
         np.cumsum(lens, out=offs[1:])
         keep = np.arange(self.positions.size) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
-        pos = self.positions[keep < np.repeat(lens, np.diff(self.offsets))]
-        header = dict(self.header, top_k=min(int(self.header.get("top_k", k)), k))
-        return Trace(header, self.stream, self.layer, self.seq_len, offs, pos)
+        keep = keep < np.repeat(lens, np.diff(self.offsets))
+        old_k = int(self.header.get("top_k", k))
+        header = dict(self.header, top_k=min(old_k, k))
+        if not self.has_ranks:
+            return Trace(header, self.stream, self.layer, self.seq_len, offs, self.positions[keep])
+        if not self.header.get("sorted_by_score"):
+            raise ValueError(
+                f"--top-k {k}: this trace has next-best ranks but its selections are not in score order "
+                "(sorted_by_score false), so the dropped positions have no rank; replay it without --top-k"
+            )
+        rank_offs, rank_pos = _ranks.truncate(self, keep)
+        header["next_best"] = int(self.header.get("next_best", 0)) + max(old_k - k, 0)
+        return Trace(header, self.stream, self.layer, self.seq_len, offs, self.positions[keep], rank_offs, rank_pos)
 
 
-def make_header(*, top_k: int, sorted_by_score: bool, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
+def _gather(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR ``(offsets, values)`` of ``rows`` (in that order), offsets from 0."""
+    n = offsets[rows + 1] - offsets[rows]
+    offs = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(n, out=offs[1:])
+    if rows.size and np.all(rows[1:] == rows[:-1] + 1):
+        # Rows already contiguous (the usual case): one slice, no gather.
+        return offs, values[offsets[rows[0]] : offsets[rows[-1] + 1]]
+    return offs, np.concatenate([values[offsets[r] : offsets[r + 1]] for r in rows])
+
+
+def make_header(*, top_k: int, sorted_by_score: bool, source: dict[str, Any] | None = None,
+                next_best: int | None = None) -> dict[str, Any]:
+    """A trace header; ``next_best=m`` (the indexer's ranks k+1..k+m per row) makes it version 2."""
+    header = {
         "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
+        "version": FORMAT_VERSION if next_best is None else RANKED_VERSION,
         "top_k": int(top_k),
         "sorted_by_score": bool(sorted_by_score),
         "source": dict(source or {}),
     }
+    if next_best is not None:
+        header["next_best"] = next_best
+    return header
 
 
 def _check_header(header: Any, where: str) -> dict[str, Any]:
@@ -166,10 +221,22 @@ def _check_header(header: Any, where: str) -> dict[str, Any]:
         )
     if header.get("format") != FORMAT_NAME:
         raise ValueError(f"{where}: header 'format' is {header.get('format')!r}, expected {FORMAT_NAME!r}")
-    if header.get("version") != FORMAT_VERSION:
+    version = header.get("version")
+    if isinstance(version, bool) or version not in VERSIONS:
         raise ValueError(
-            f"{where}: trace version {header.get('version')!r} is not supported (this reader: {FORMAT_VERSION}); "
+            f"{where}: trace version {version!r} is not supported (this reader: {', '.join(map(str, VERSIONS))}); "
             "re-record the trace or use the matching sglang-hisparse version"
+        )
+    next_best = header.get("next_best")
+    if version == RANKED_VERSION and (isinstance(next_best, bool) or not isinstance(next_best, int) or next_best < 0):
+        raise ValueError(
+            f"{where}: a version-2 trace needs header 'next_best' = m, an integer >= 0 (the next-best ranks a "
+            f"row may carry), got {next_best!r}; the header is damaged: record the trace again"
+        )
+    if version == FORMAT_VERSION and next_best is not None:
+        raise ValueError(
+            f"{where}: header 'next_best' = {next_best!r} in a version-1 trace (which has no ranks); "
+            "a trace with ranks is version 2: write it with make_header(next_best=M)"
         )
     top_k = header.get("top_k")
     # NOTE: bool is an int subclass; `true` as a width is damage, not 1.
@@ -207,39 +274,66 @@ class TraceWriter:
         self.single = self.path.endswith(".npz")
         self.part_rows = part_rows
         self._rows: list[tuple[int, int, int, np.ndarray]] = []
+        self._ranked = self.header["version"] == RANKED_VERSION
+        self._next_best = int(self.header.get("next_best", 0))
+        self._rank_rows: list[np.ndarray] = []  # one per row when ranked
         self._parts = 0
         self._top_k = int(header.get("top_k", 0))
         self._closed = False
         if not self.single:
             os.makedirs(self.path, exist_ok=True)
 
-    def add(self, stream: int, layer: int, seq_len: int, positions: np.ndarray | list[int]) -> None:
-        """Record one row; ``positions`` may carry ``-1`` padding (dropped)."""
+    def add(self, stream: int, layer: int, seq_len: int, positions: np.ndarray | list[int],
+            next_best: np.ndarray | list[int] | None = None) -> None:
+        """Record one row; ``positions`` may carry ``-1`` padding (dropped). ``next_best``: the
+        row's ranks k+1..k+m in rank order (``-1`` padding dropped), only in a version-2 trace
+        (``make_header(next_best=m)``); checked here (``ranks.check_row``)."""
         pos = np.asarray(positions, dtype=np.int32).reshape(-1)
         pos = pos[pos >= 0]
+        if next_best is not None and not self._ranked:
+            raise ValueError(
+                f"TraceWriter {self.path!r}: next-best ranks given to a trace without ranks (version 1); "
+                "declare their width with make_header(..., next_best=M)"
+            )
+        if self._ranked:
+            where = f"TraceWriter {self.path!r}, stream {int(stream)} layer {int(layer)} seq_len {int(seq_len)}"
+            self._rank_rows.append(_ranks.check_row(pos, [] if next_best is None else next_best,
+                                                    m=self._next_best, seq_len=int(seq_len), where=where))
         self._top_k = max(self._top_k, int(pos.size))
         self._rows.append((int(stream), int(layer), int(seq_len), pos))
         if not self.single and len(self._rows) >= self.part_rows:
             self._flush_part()
 
-    def add_batch(self, streams, layer: int, seq_lens, top_k: np.ndarray) -> None:
-        """Record one layer of one step for a batch: ``top_k`` int [bs, k] with -1 padding."""
+    def add_batch(self, streams, layer: int, seq_lens, top_k: np.ndarray, next_best: np.ndarray | None = None) -> None:
+        """Record one layer of one step for a batch: ``top_k`` int [bs, k] with -1 padding, and in a
+        version-2 trace ``next_best`` int [bs, m] (ranks k+1..k+m, -1 padding)."""
         top_k = np.asarray(top_k)
+        nb = None if next_best is None else np.asarray(next_best)
+        if nb is not None and (nb.ndim != 2 or nb.shape[0] != top_k.shape[0]):
+            raise ValueError(
+                f"next_best has shape {nb.shape}, expected [{top_k.shape[0]}, m]: one row of ranks per batch row"
+            )
         for b in range(top_k.shape[0]):
-            self.add(int(streams[b]), layer, int(seq_lens[b]), top_k[b])
+            self.add(int(streams[b]), layer, int(seq_lens[b]), top_k[b], None if nb is None else nb[b])
 
     def _arrays(self) -> dict[str, np.ndarray]:
         rows = self._rows
         lens = np.array([r[3].size for r in rows], dtype=np.int64)
         offs = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lens, out=offs[1:])
-        return {
+        out = {
             "stream": np.array([r[0] for r in rows], dtype=np.int64),
             "layer": np.array([r[1] for r in rows], dtype=np.int32),
             "seq_len": np.array([r[2] for r in rows], dtype=np.int32),
             "offsets": offs,
             "positions": _compact(np.concatenate([r[3] for r in rows]) if rows else np.zeros(0, np.int32)),
         }
+        if self._ranked:
+            rank_offs = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum([r.size for r in self._rank_rows], out=rank_offs[1:])
+            out["rank_offsets"] = rank_offs
+            out["ranks"] = _compact(np.concatenate(self._rank_rows) if rows else np.zeros(0, np.int32))
+        return out
 
     def _flush_part(self) -> None:
         if not self._rows:
@@ -248,6 +342,7 @@ class TraceWriter:
         np.savez_compressed(name, **self._arrays())
         self._parts += 1
         self._rows = []
+        self._rank_rows = []
 
     def flush(self) -> None:
         """Directory mode: write the pending rows as a part and (re)write ``header.json``, so
@@ -302,6 +397,9 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
             if missing:
                 raise _NotATrace(f"trace file {path!r} lacks arrays {missing}; it is not a sglang-hisparse trace")
             out = {a: z[a] for a in _ARRAYS}
+            for a in _ranks.RANK_ARRAYS:
+                if a in z.files:
+                    out[a] = z[a]
             if "header" in z.files:
                 out["header"] = z["header"]
     except _NotATrace as e:
@@ -315,7 +413,7 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
             f"trace file {path!r} is a damaged .npz archive ({type(e).__name__}); it is probably "
             "truncated: copy or record it again"
         ) from None
-    for name in _ARRAYS:
+    for name in (*_ARRAYS, *(a for a in _ranks.RANK_ARRAYS if a in out)):
         arr = out[name]
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(
@@ -357,22 +455,51 @@ def load_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
         parts = [part]
     else:
         raise ValueError(f"trace path {path!r} does not exist; pass a .npz trace file or a trace directory")
+    ranked = header["version"] == RANKED_VERSION
     if not parts:
-        empty = {a: np.zeros(0, np.int64 if a in ("stream", "offsets") else np.int32) for a in _ARRAYS}
+        names = (*_ARRAYS, *_ranks.RANK_ARRAYS) if ranked else _ARRAYS
+        empty = {a: np.zeros(0, np.int64 if a in ("stream", "offsets") else np.int32) for a in names}
         empty["offsets"] = np.zeros(1, np.int64)
+        if ranked:
+            empty["rank_offsets"] = np.zeros(1, np.int64)
         parts = [empty]
-    offsets, base = [np.zeros(1, np.int64)], 0
     for p in parts:
-        offsets.append(p["offsets"][1:] + base)
-        base += int(p["offsets"][-1])
+        present = [a for a in _ranks.RANK_ARRAYS if a in p]
+        if ranked and len(present) < 2:
+            raise ValueError(
+                f"trace {path!r} is version 2 (next-best ranks) but a part lacks "
+                f"{[a for a in _ranks.RANK_ARRAYS if a not in p]}; the file is damaged: record it again"
+            )
+        if not ranked and present:
+            raise ValueError(
+                f"trace {path!r} holds {present} but its header is version 1 (no ranks); the header is "
+                "damaged or was not written by TraceWriter: record it again"
+            )
+    rank_offsets = ranks = None
+    if ranked:
+        rank_offsets = _concat_offsets([p["rank_offsets"] for p in parts])
+        ranks = np.concatenate([p["ranks"] for p in parts]).astype(np.int32, copy=False)
     trace = Trace(
         header=header,
         stream=np.concatenate([p["stream"] for p in parts]).astype(np.int64, copy=False),
         layer=np.concatenate([p["layer"] for p in parts]).astype(np.int32, copy=False),
         seq_len=np.concatenate([p["seq_len"] for p in parts]).astype(np.int32, copy=False),
-        offsets=np.concatenate(offsets),
+        offsets=_concat_offsets([p["offsets"] for p in parts]),
         positions=np.concatenate([p["positions"] for p in parts]).astype(np.int32, copy=False),
+        rank_offsets=rank_offsets,
+        ranks=ranks,
     )
     if validate:
         trace.validate()
     return trace
+
+
+def _concat_offsets(parts: list[np.ndarray]) -> np.ndarray:
+    """One offsets array from the parts' (each from 0 to its values' length)."""
+    out, base = [np.zeros(1, np.int64)], 0
+    for offs in parts:
+        if offs.size == 0:
+            raise ValueError("a trace part's offsets array is empty (it has one entry more than rows); the file is damaged")
+        out.append(offs[1:].astype(np.int64) + base)
+        base += int(offs[-1])
+    return np.concatenate(out)

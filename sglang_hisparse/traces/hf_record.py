@@ -61,10 +61,12 @@ def load_gguf(path: str, threads: int | None = None) -> tuple[PreTrainedModel, A
 
 
 class _Capture:
-    """Per-step holder the attention hook writes into: layer id → top-k positions (int64 [k])."""
+    """Per-step holder the attention hook writes into: layer id → the top-(k + next_best)
+    positions in descending mass (int64 [k + m]; the first k the selection)."""
 
-    def __init__(self, top_k: int, layers: set[int] | None):
+    def __init__(self, top_k: int, layers: set[int] | None, next_best: int = 0):
         self.top_k = top_k
+        self.next_best = next_best
         self.layers = layers
         self.active = False
         self.picks: dict[int, torch.Tensor] = {}
@@ -98,7 +100,7 @@ def _record_attention(module, query, key, value, attention_mask, scaling=None, d
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     mass = probs[0, :, 0, :].sum(dim=0)  # summed over heads: [n]
-    kk = min(cap.top_k, mass.shape[0])
+    kk = min(cap.top_k + cap.next_best, mass.shape[0])
     cap.picks[layer] = torch.topk(mass, kk, sorted=True).indices
     out = torch.matmul(probs.to(v.dtype), v)  # [b, H, 1, d]
     return out.transpose(1, 2).contiguous(), None
@@ -126,9 +128,12 @@ def record_streams(
     layers: Sequence[int] | None = None,
     chunk: int = 512,
     progress: Callable[[str], None] | None = None,
+    next_best: int = 0,
 ) -> None:
     """Teacher-force each token stream (prefill, then ``steps`` decode steps) and write one
-    row per (stream, recorded layer, decode step) into ``writer``.
+    row per (stream, recorded layer, decode step) into ``writer``; ``next_best=m`` also writes
+    the positions ranked k+1..k+m by mass as the row's next-best (``writer`` must be a
+    version-2 trace, ``make_header(next_best=m)``).
 
     A stream needs ``prefill + steps`` tokens; the decode step feeding token ``p`` has
     ``seq_len = p + 1`` (the newest token is selectable, as in DSA).
@@ -136,15 +141,15 @@ def record_streams(
     global _CAPTURE
     from transformers import DynamicCache
 
-    if prefill < 1 or steps < 1 or top_k < 1:
-        raise ValueError(f"prefill={prefill}, steps={steps}, top_k={top_k}: all must be >= 1")
+    if prefill < 1 or steps < 1 or top_k < 1 or next_best < 0:
+        raise ValueError(f"prefill={prefill}, steps={steps}, top_k={top_k} must be >= 1, next_best={next_best} >= 0")
     install_recording_attention(model)
     n_layers = model.config.num_hidden_layers
     chosen = sorted(set(layers)) if layers else list(range(n_layers))
     bad = [x for x in chosen if not 0 <= x < n_layers]
     if bad:
         raise ValueError(f"layers {bad} are outside [0, {n_layers}); pick layer ids of this model")
-    cap = _Capture(top_k, set(chosen))
+    cap = _Capture(top_k, set(chosen), next_best)
     _CAPTURE = cap
     try:
         for sid, toks in enumerate(token_streams):
@@ -165,7 +170,8 @@ def record_streams(
                 cap.picks.clear()
                 model(input_ids=ids[:, p : p + 1], past_key_values=cache, use_cache=True, logits_to_keep=1)
                 for layer in chosen:
-                    writer.add(sid, layer, p + 1, cap.picks[layer].to(torch.int32).numpy())
+                    picks = cap.picks[layer].to(torch.int32).numpy()
+                    writer.add(sid, layer, p + 1, picks[:top_k], picks[top_k:] if next_best else None)
                 if progress is not None and (i + 1) % 50 == 0:
                     progress(f"stream {sid}: step {i + 1}/{steps} (seq_len {p + 1})")
     finally:
@@ -192,8 +198,10 @@ def record_text_files(
     windows: int = 1,
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
+    next_best: int = 0,
 ) -> None:
-    """The ``record-trace`` command body: tokenize each text, record ``windows`` streams each."""
+    """The ``record-trace`` command body: tokenize each text, record ``windows`` streams each
+    (``next_best=m``: a version-2 trace with the ranks k+1..k+m too)."""
     model, tok = load_gguf(gguf, threads)
     streams: list[list[int]] = []
     for path in texts:
@@ -209,7 +217,9 @@ def record_text_files(
         "windows": windows,
         "selection": "oracle: top-k attention mass summed over heads, descending",
     }
-    with TraceWriter(out, make_header(top_k=top_k, sorted_by_score=True, source=source)) as writer:
+    header = make_header(top_k=top_k, sorted_by_score=True, source=source, next_best=next_best or None)
+    with TraceWriter(out, header) as writer:
         record_streams(
-            model, streams, writer, prefill=prefill, steps=steps, top_k=top_k, layers=layers, progress=progress
+            model, streams, writer, prefill=prefill, steps=steps, top_k=top_k, layers=layers, progress=progress,
+            next_best=next_best,
         )

@@ -5,6 +5,7 @@ on, it calls (see docs/traces.md)::
 
     recorder.begin_step(req_index_cpu, seq_lens_cpu)       # once per decode step, host lists
     recorder.record(layer_id=l, req_index=ri, seq_lens=sl, top_k=tk)   # per resolved layer
+    recorder.record(..., top_k=ordered, k=k)  # or the ordered top-(k + m): selection + next-best
     recorder.release(r)                                   # request slot r finished (optional)
     recorder.close()                                      # teardown (also registered atexit)
 
@@ -15,6 +16,10 @@ are sampled from the step's host lists (no device read-back); ``record`` gathers
 those rows on the device and copies them to pinned host memory with ``non_blocking``,
 behind a CUDA event; finished copies are drained into a ``TraceWriter`` directory on later
 calls. A step with no sampled request returns after one attribute check.
+
+With ``next_best=m`` the trace is version 2 (``ranks.py``): ``record(..., top_k=ordered, k=k)``
+takes the indexer's top-(k + m) in score order, [bs, k + m'] with m' <= m; its first k columns are
+the selection and the rest the next-best ranks in rank order, both copied in the one gather.
 
 Not recorded: steps replayed from a CUDA graph (Python does not run; capture is detected
 and skipped), so record with ``--disable-cuda-graph`` or above ``--cuda-graph-max-bs``.
@@ -35,6 +40,7 @@ import numpy as np
 import torch
 
 from .format import TraceWriter, make_header
+from .ranks import split_ranked
 
 logger = logging.getLogger(__name__)
 
@@ -57,22 +63,28 @@ class LiveTraceRecorder:
     ``directory``: parent folder; this process writes ``<directory>/trace-<pid>-<time>/``.
     ``sample``: probability in [0, 1] that a new request is recorded. ``max_rows``: most
     sampled requests recorded at once (bounds the per-layer copy to ``max_rows × k`` ints).
+    ``next_best``: m > 0 records the indexer's next-best ranks too (a version-2 trace; ``record``
+    then takes the ordered top-(k + m) with ``k``); 0 (default) records selections only.
     """
 
     def __init__(self, directory: str, *, sample: float = 0.01, max_rows: int = 8, seed: int = 0,
-                 source: dict[str, Any] | None = None):
+                 source: dict[str, Any] | None = None, next_best: int = 0):
         if not 0.0 <= sample <= 1.0:
             raise ValueError(
                 f"SGLANG_HISPARSE_RECORD_SAMPLE={sample} must be a fraction in [0, 1] of requests to record"
             )
         if max_rows < 1:
             raise ValueError(f"max_rows={max_rows} must be >= 1")
+        if isinstance(next_best, bool) or not isinstance(next_best, int) or next_best < 0:
+            raise ValueError(f"next_best={next_best!r} must be an integer >= 0 (next-best ranks recorded per row)")
+        self.next_best = next_best
         self.sample = sample
         self.max_rows = max_rows
         self._rng = random.Random(seed)
         self.path = os.path.join(directory, f"trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}")
         src = {"recorder": "live", "sample": sample, "pid": os.getpid(), **(source or {})}
-        self.writer = TraceWriter(self.path, make_header(top_k=0, sorted_by_score=False, source=src))
+        header = make_header(top_k=0, sorted_by_score=False, source=src, next_best=next_best or None)
+        self.writer = TraceWriter(self.path, header)
         self.writer.flush()  # header.json now: a crashed server still leaves a loadable directory
         self._auto = True  # until begin_step is called from outside: read the batch back per step
         # slot r -> (stream id or -1 when not sampled, last seq_len)
@@ -137,14 +149,29 @@ class LiveTraceRecorder:
 
     # -- per layer --------------------------------------------------------------------------
     def record(self, *, layer_id: int, req_index: torch.Tensor, seq_lens: torch.Tensor,
-               top_k: torch.Tensor) -> None:
-        """Queue the sampled rows of ``top_k`` int32 [bs, k] (device or host) for writing.
+               top_k: torch.Tensor, k: int | None = None) -> None:
+        """Queue the sampled rows of ``top_k`` int32 [bs, k] (device or host) for writing; with
+        ``k``, ``top_k`` is the ordered top-(k + m') [bs, k + m'] (m' <= ``next_best``): the first
+        ``k`` columns the selection, the rest the next-best ranks (-1 padding in either).
 
         Without ``begin_step`` calls, a new step is detected by ``layer_id`` not increasing
         and the batch is read back with ``tolist()`` (a host sync: slower, still correct).
         """
         if self._closed:
             return
+        if k is not None:
+            if not self.next_best:
+                raise ValueError(
+                    "record(k=...): this recorder keeps no next-best ranks; create it with "
+                    "LiveTraceRecorder(..., next_best=M) to record the ordered top-(k + m)"
+                )
+            width = int(top_k.shape[-1])
+            split_ranked(np.zeros((0, width), np.int32), k)  # the width rule, before any work
+            if width - k > self.next_best:
+                raise ValueError(
+                    f"record(k={k}): top_k has {width} columns, {width - k} next-best ranks, more than this "
+                    f"recorder's next_best={self.next_best}"
+                )
         if top_k.is_cuda and torch.cuda.is_current_stream_capturing():
             if not self._warned_capture:
                 logger.warning("HiSparse trace recorder: CUDA-graph steps are not recorded (use --disable-cuda-graph).")
@@ -166,11 +193,11 @@ class LiveTraceRecorder:
             event.record()
         else:
             host, event = picked.clone(), None
-        self._pending.append((layer_id, list(self._row_streams), list(self._row_lens), host, event))
+        self._pending.append((layer_id, list(self._row_streams), list(self._row_lens), host, event, k))
 
     def _drain(self, block: bool) -> None:
         while self._pending:
-            layer, streams, lens, host, event = self._pending[0]
+            layer, streams, lens, host, event, k = self._pending[0]
             if event is not None and not event.query():
                 if not block:
                     return
@@ -178,7 +205,11 @@ class LiveTraceRecorder:
             self._pending.popleft()
             arr = host.numpy()
             for i, (sid, n) in enumerate(zip(streams, lens, strict=True)):
-                self.writer.add(sid, layer, n, np.asarray(arr[i]))
+                if k is None:
+                    self.writer.add(sid, layer, n, np.asarray(arr[i]))
+                else:
+                    sel, nb = split_ranked(arr[i], k)
+                    self.writer.add(sid, layer, n, sel, nb)
 
     def flush(self) -> None:
         """Wait for queued copies and write them (parts and header) to disk."""

@@ -52,6 +52,27 @@ def test_oracle_topk_matches_eager_attention(tmp_path):
             assert np.all(np.diff(mass[got]) <= 1e-6)  # recorded in descending mass
 
 
+def test_next_best_ranks_are_the_following_masses(tmp_path):
+    from sglang_hisparse.traces.format import TraceWriter, load_trace, make_header
+    from sglang_hisparse.traces.hf_record import record_streams
+
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (24,)).tolist()
+    with TraceWriter(str(tmp_path / "r.npz"), make_header(top_k=4, sorted_by_score=True, next_best=3)) as w:
+        record_streams(model, [ids], w, prefill=20, steps=4, top_k=4, layers=[1], chunk=8, next_best=3)
+    trace = load_trace(str(tmp_path / "r.npz"))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    for st in trace.streams():
+        for t in range(len(st)):
+            n = int(st.seq_lens[t])
+            mass = att[1][0, :, n - 1, :n].sum(0).numpy()
+            want = np.argsort(-mass, kind="stable")[:7]
+            assert sorted(st.next_best(t).tolist()) == sorted(want[4:].tolist())
+            assert mass[st.next_best(t)].max() <= mass[st.selection(t)].min() + 1e-6
+
+
 def test_bad_arguments(tmp_path):
     from sglang_hisparse.traces.format import TraceWriter, make_header
     from sglang_hisparse.traces.hf_record import record_streams, text_windows
