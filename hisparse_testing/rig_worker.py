@@ -207,6 +207,10 @@ class StandInRunner:
         #: pad decode batches to the next power of two, as the CUDA-graph runner pads to its
         #: captured sizes (padding rows: request slot 0, seq_len 1, top-k all -1)
         self.pad_decode = False
+        #: PD over a real transfer engine (``hisparse_testing.rig_mooncake``): the indexer keys
+        #: live in SGLang's own index-K buffer (what the transfer's DSA state moves), not only in
+        #: :attr:`index_keys`, and a decode request's prompt tokens are read off the request
+        self.wire = False
 
     # capacity SGLang reads back (model_runner.py max_token_pool_size & co.)
     @property
@@ -348,9 +352,29 @@ class StandInRunner:
                 pool.set_mla_kv_buffer(_Layer(layer), locs, k, v)
         self.index_keys[locs.to(torch.int64)] = self.toy.index_key(tokens, positions)
         self.token_at[locs.to(torch.int64)] = tokens
+        if self.wire:
+            keys, at = self._pool_keys(locs.to(torch.int64))
+            keys[at] = self.toy.index_key(tokens, positions)
+
+    def _pool_keys(self, locs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(int64 [pages, page_size] view, the index of ``locs`` in it): the toy's key of a
+        location sits in the first 8 bytes of its token's 128-byte slot in layer 0 of SGLang's
+        index-K buffer (a page row holds ``page_size`` keys, then their scales:
+        ``IndexKeyCache``'s layout).
+
+        NOTE: a stand-in for ``SetKAndS`` / ``GetKAndS`` (Triton only): the bytes sit where the
+        indexer's quantized keys sit, so the PD transfer's DSA state moves them page by page."""
+        pool = self.token_to_kv_pool
+        buf = pool.index_key_cache.buffer[0]
+        ps, head = pool.page_size, pool.index_head_dim
+        keys = buf[:, : ps * head].view(buf.shape[0], ps, head)[:, :, :8].view(torch.int64)[..., 0]
+        return keys, (locs // ps, locs % ps)
 
     def _keys(self, r: int, n: int) -> torch.Tensor:
         locs = self.req_to_token_pool.req_to_token[r, :n].to(torch.int64)
+        if self.wire:
+            keys, at = self._pool_keys(locs)
+            return keys[at]
         return self.index_keys[locs]
 
     def _select(self, r: int, n: int, last_token: int, layer: int) -> torch.Tensor:
@@ -430,6 +454,8 @@ class StandInRunner:
         seq_lens = batch.seq_lens.to(torch.int64)
         locs = batch.out_cache_loc.to(torch.int64)
         tokens = torch.as_tensor(batch.input_ids).to(torch.int64).reshape(-1)
+        if self.wire:
+            self._wire_prompts(batch)
         self._write(locs, tokens, seq_lens - 1)
         gathered: list[list[torch.Tensor]] = [[] for _ in range(bs)]
         # tokens by logical location (token_at): under the overlap scheduler output_ids lag
@@ -509,6 +535,14 @@ class StandInRunner:
                     self._check(req_tokens[i], topk[i, j], got[i, j], layer, f"verify row {j} of slot {int(req[i])}")
                     gathered[i * w + j].append(got[i, j])
         return torch.tensor([toy.next_token(g) for g in gathered], dtype=torch.int64)
+
+    def _wire_prompts(self, batch: Any) -> None:
+        """Over a real transfer the prompt's KV arrived by the wire: the oracle's tokens at its
+        locations come from the request (what the router sent both instances)."""
+        for req in batch.reqs:
+            n = len(req.origin_input_ids)
+            locs = self.req_to_token_pool.req_to_token[int(req.kv.req_pool_idx), :n].to(torch.int64)
+            self.token_at[locs] = torch.tensor(list(req.origin_input_ids), dtype=torch.int64)
 
     def _tokens_at(self, req_index: torch.Tensor) -> torch.Tensor:
         """[bs, max_ctx] the token last written at each position's logical location."""

@@ -23,6 +23,8 @@ sampling                      the stand-in returns the greedy token itself (Toke
 tokenizer manager             the rig binds its two ZMQ sockets: requests go in over the
                               scheduler's real input socket, BatchTokenIDOutput deltas come back
 PD prefill instance           FakePrefill: writes the prompt's KV into the published host rows
+                              (fake backend); over Mooncake TCP a real prefill Rig in its own
+                              process (hisparse_testing.rig_mooncake)
 ```
 
 :class:`Rig` sends ``TokenizedGenerateReqInput`` / ``AbortReq`` and steps
@@ -181,6 +183,15 @@ class Rig:
         self.server_args.check_server_args()
         self.port_args = PortArgs.init_new(self.server_args)
         publish(self.server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+        args = list(config.extra_args)
+        self.pd_mode = args[args.index("--disaggregation-mode") + 1] if "--disaggregation-mode" in args else None
+        self.pd_decode, self.pd_prefill = self.pd_mode == "decode", self.pd_mode == "prefill"
+        #: a real transfer engine (``hisparse_testing.rig_mooncake``), else None (``fake``)
+        self.wire = None
+        if self.pd_mode and self.server_args.disaggregation_transfer_backend == "mooncake":
+            from hisparse_testing.rig_mooncake import Wire
+
+            self.wire = Wire.start(prefill=self.pd_prefill)
         # NOTE: the one patch of SGLang's own code: the model worker class the scheduler
         # instantiates (Scheduler.init_tp_model_worker imports it from tp_worker at call time).
         StandInWorker.toy, StandInWorker.device_rows = self.toy, config.device_rows
@@ -210,6 +221,10 @@ class Rig:
 
         self.scheduler = Scheduler(self.server_args, self.port_args)
         self.scheduler.tp_worker.model_runner.pad_decode = config.pad_decode
+        self.scheduler.tp_worker.model_runner.wire = self.wire is not None
+        if self.wire is not None:
+            self.wire.check_registered()
+            self.patches += self.wire.patches
         if config.staging_polls and self.coordinator is not None:
             streams = self.coordinator.core.streams
             streams.new_event = lambda polls=config.staging_polls: SlowEvent(polls)
@@ -220,14 +235,13 @@ class Rig:
             self.scheduler.enable_skip_finishing_decode = True
             self.scheduler._war_barrier_enabled = False  # is_cuda() is False here
         self.steps = 0
-        self.pd_decode = "--disaggregation-mode" in config.extra_args
         if config.v4:
             # NOTE: the stand-in worker reports no hybrid SWA (SGLang's SWA radix and per-layer
             # token accounting are not stood in), so the scheduler has no window; PD decode's
             # SWA state payload reads it (decode.py:1674): the toy's, as a V4 worker reports it
             self.scheduler.sliding_window_size = self.scheduler.tp_worker.model_runner.sliding_window_size
         #: PD: bootstrap room -> prompt, for the stand-in prefill side (:class:`FakePrefill`)
-        self.prefill = FakePrefill(self) if self.pd_decode else None
+        self.prefill = FakePrefill(self) if self.pd_decode and self.wire is None else None
 
     # -- plumbing -------------------------------------------------------------------------
     @property
@@ -235,9 +249,11 @@ class Rig:
         return self.scheduler.hisparse_coordinator
 
     def submit(self, rid: str, prompt: list[int], max_new_tokens: int,
-               stop_token_ids: list[int] | None = None) -> None:
+               stop_token_ids: list[int] | None = None, room: int | None = None) -> None:
         """A tokenized request, sent over the scheduler's real input socket (PD decode: with
-        the fake backend's bootstrap host, so the fake receiver serves its transfer).
+        the fake backend's bootstrap host, so the fake receiver serves its transfer; over a real
+        transfer engine, the prefill's bootstrap address and ``room``, as the router sends the
+        same request to both instances).
 
         Without ``stop_token_ids`` the request runs with ``ignore_eos`` (exactly
         ``max_new_tokens`` outputs, and SGLang reserves all of them at admission); with them it
@@ -265,6 +281,11 @@ class Rig:
 
             req.bootstrap_host, req.bootstrap_port = FAKE_BOOTSTRAP_HOST, 0
             req.bootstrap_room = self.prefill.register(rid, prompt)
+        elif self.wire is not None:
+            if room is None:
+                raise ValueError(f"Rig.submit: {rid}: a PD request over a real transfer needs its bootstrap room")
+            req.bootstrap_host, req.bootstrap_port = self.wire.bootstrap_host, self.wire.bootstrap_port
+            req.bootstrap_room = room
         sock_send(self._in, req)
         self.results[rid] = Finished(rid)
 
@@ -301,6 +322,23 @@ class Rig:
 
         s = self.scheduler
         time.sleep(0)  # let zmq deliver what was sent
+        if self.pd_prefill:  # event_loop_normal_disagg_prefill's body
+            s.ingest_requests()
+            s.waiting_queue.extend(s.disagg_prefill_bootstrap_queue.pop_bootstrapped())
+            plan = s.get_next_disagg_prefill_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            s.running_batch = plan.running_batch
+            batch = s.ngram_embedding_manager.prepare_for_forward(plan.batch_to_run, chunked_req=s.chunked_req)
+            s.cur_batch_for_debug = batch
+            if batch:
+                s.process_batch_result(batch, s.run_batch(batch))
+            else:
+                s._sched_idled = True
+                s.on_idle()
+            s.process_disagg_prefill_inflight_queue()
+            s.last_batch = batch
+            self._drain_outputs()
+            self.steps += 1
+            return bool(batch)
         if self.pd_decode:  # event_loop_normal_disagg_decode's body
             s.disagg_decode_prealloc_queue.prefetch_prefill_dp_rank_queries()
             s.ingest_requests()
