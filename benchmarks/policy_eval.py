@@ -30,11 +30,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_hisparse.traces.format import load_trace  # noqa: E402
 from sglang_hisparse.traces.policies import POLICIES  # noqa: E402
 from sglang_hisparse.traces.simulator import prepare, simulate_stream, versus_lru  # noqa: E402
+from sglang_hisparse.traces.synthetic import ScoreSpec, generate_scored  # noqa: E402
 
 MULTS = (1.5, 2.0, 3.0, 4.0)
 SHOWN = ("fifo", "random", "lru-plain", "lru", "lru-2", "lrfu", "fra-float", "fra", "slru", "belady")
-#: the kernel's policies besides lru: their gap closed, worst request and request-layers
+#: the kernel's policies besides lru, then the simulator's rank policies (traces with ranks):
+#: their gap closed, worst request and request-layers
 KERNEL = ("fra", "slru")
+RANKED = ("rank:64", "rank:128", "rank")
+#: ``--scored``: score-process traces with ranks (synthetic.generate_scored), k 256 (the recorded
+#: SmolLM2 traces' k) and m = k: "persistent" scores (rho 0.95, no spikes; slru does worse than
+#: lru there) and two with one-step spikes (jitter 1), where slru closes 19-33 % of the gap at
+#: 1.5k-2k as on the recorded traces (chosen on slru's figures, not rank's)
+SCORED = tuple(ScoreSpec(streams=2, layers=3, prompt_len=6144, steps=256, top_k=256, next_best=256,
+                         rho=rho, jitter=jitter, heavy=heavy, seed=11)
+               for rho, jitter, heavy in ((0.95, 0.0, 1.0), (0.98, 1.0, 2.0), (0.99, 1.0, 1.5)))
 
 
 def evaluate(path: str, mults=MULTS) -> dict:
@@ -48,7 +58,7 @@ def evaluate(path: str, mults=MULTS) -> dict:
         per: dict[str, dict[int, int]] = {}
         runs: dict[str, list] = {}  # StreamResult per (stream, layer)
         lookups = 0
-        for pol in sorted(POLICIES):
+        for pol in sorted(POLICIES) + (list(RANKED) if trace.has_ranks else []):
             d: dict[int, int] = {}
             runs[pol] = []
             for st in streams:
@@ -68,8 +78,10 @@ def evaluate(path: str, mults=MULTS) -> dict:
                 "misses": tot,
                 "long_miss_rate": tot / lookups if lookups else None,
                 "closes": (sum(lru.values()) - tot) / gap if gap else None,
-                "closes_worst_request": min((lru[s] - d[s]) / (lru[s] - opt[s]) for s in d if lru[s] > opt[s]),
-                "worst_vs_lru": max((d[s] - lru[s]) / lru[s] for s in d if lru[s]),
+                # None where no request has a gap (or lru misses nothing): nothing to close
+                "closes_worst_request": min(((lru[s] - d[s]) / (lru[s] - opt[s]) for s in d if lru[s] > opt[s]),
+                                            default=None),
+                "worst_vs_lru": max(((d[s] - lru[s]) / lru[s] for s in d if lru[s]), default=None),
                 "request_layers_worse_than_lru": sum(a > b for a, b in zip(units[pol], units["lru"], strict=True)),
                 "request_layers": len(units[pol]),
                 "per_request": d,
@@ -81,21 +93,28 @@ def evaluate(path: str, mults=MULTS) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    """Miss rates of every shown policy, then per kernel policy: the gap it closes (all requests
-    / worst request), its worst request against lru, and request-layers where it misses more."""
-    head = ("| trace | B | " + " | ".join(SHOWN) + " | "
-            + " | ".join(f"{p} closes (all / worst req.), worst req. vs lru, req.-layers > lru" for p in KERNEL) + " |")
-    lines = [head, "|" + "---|" * (len(SHOWN) + 2 + len(KERNEL))]
+    """Miss rates of every shown policy, then per kernel policy (and rank policy, on traces with
+    ranks): the gap it closes (all requests / worst request), its worst request against lru, and
+    request-layers where it misses more."""
+    ranked = [p for p in RANKED if all(p in row for r in results for row in r["B"].values())]
+    shown, kernel = (*SHOWN, *ranked), (*KERNEL, *ranked)
+    head = ("| trace | B | " + " | ".join(shown) + " | "
+            + " | ".join(f"{p} closes (all / worst req.), worst req. vs lru, req.-layers > lru" for p in kernel) + " |")
+    lines = [head, "|" + "---|" * (len(shown) + 2 + len(kernel))]
     for r in results:
         for B, row in r["B"].items():
-            cells = [f"{100 * row[p]['long_miss_rate']:.1f} %" for p in SHOWN]
-            for p in KERNEL:
+            cells = [_pct(row[p]["long_miss_rate"], ".1f") for p in shown]
+            for p in kernel:
                 f = row[p]
-                cells.append(f"{100 * f['closes']:.0f} % / {100 * f['closes_worst_request']:.0f} %, "
-                             f"{100 * f['worst_vs_lru']:+.1f} %, "
+                cells.append(f"{_pct(f['closes'], '.0f')} / {_pct(f['closes_worst_request'], '.0f')}, "
+                             f"{_pct(f['worst_vs_lru'], '+.1f')}, "
                              f"{f['request_layers_worse_than_lru']} of {f['request_layers']}")
             lines.append(f"| {r['trace'].removesuffix('.npz')} | {_mult(B, r['k'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _pct(x: float | None, fmt: str) -> str:
+    return "-" if x is None else f"{100 * x:{fmt}} %"
 
 
 def _mult(B, k) -> str:
@@ -111,9 +130,10 @@ def _vs(d: dict | None, unit: bool) -> str:
 
 
 def guard_table(results: list[dict], policies=KERNEL) -> str:
-    """The per-layer guard: per trace, B and kernel policy, its worst request and worst
-    (request, layer) against lru (misses policy / misses lru), and how many request-layers
-    miss more than lru / more than 1.01x lru's."""
+    """The per-layer guard: per trace, B and kernel policy (and rank policy, on traces with
+    ranks), its worst request and worst (request, layer) against lru (misses policy / misses
+    lru), and how many request-layers miss more than lru / more than 1.01x lru's."""
+    policies = (*policies, *(p for p in RANKED if all(p in row for r in results for row in r["B"].values())))
     lines = ["| trace | B | policy | worst request | worst (request, layer) | req.-layers > lru | > 1 % |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -139,7 +159,7 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_visible(False)
     for ax, r in zip(axes.flat, results, strict=False):  # (the grid may have spare cells)
         bs = sorted(r["B"], key=int)
-        for p in ("fifo", "lru", "fra", "slru", "belady"):
+        for p in (q for q in ("fifo", "lru", "fra", "slru", "rank", "belady") if q in r["B"][bs[0]]):
             ax.plot([int(b) / r["k"] for b in bs], [100 * r["B"][b][p]["long_miss_rate"] for b in bs],
                     marker="o", label=p)
         ax.set_title(f"{r['role']}: {r['trace'].removesuffix('.npz')}", fontsize=8)
@@ -159,13 +179,26 @@ def main(argv=None) -> int:
                    help="traces no tuning decision looked at")
     p.add_argument("--held-aside-2", nargs="*", default=[],
                    help="a second held-aside set, recorded after the policies were fixed")
+    p.add_argument("--synthetic", nargs="*", default=[],
+                   help="synthetic traces (with ranks: the rank policies are evaluated too)")
+    p.add_argument("--scored", default=None, metavar="DIR",
+                   help="write the score-process traces of SCORED (with ranks) into DIR and evaluate "
+                        "them as synthetic traces")
     p.add_argument("--mult", type=float, nargs="+", default=list(MULTS),
                    help="buffer sizes in units of each trace's k (default 1.5 2 3 4)")
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None)
     a = p.parse_args(argv)
     results = []
-    roles = (("tuning", a.tuning), ("held-aside", a.held_aside), ("held-aside-2", a.held_aside_2))
+    synthetic = list(a.synthetic)
+    if a.scored:
+        Path(a.scored).mkdir(parents=True, exist_ok=True)
+        for spec in SCORED:
+            path = str(Path(a.scored) / f"scored_rho{spec.rho:g}_jitter{spec.jitter:g}_heavy{spec.heavy:g}.npz")
+            generate_scored(spec, path)
+            synthetic.append(path)
+    roles = (("tuning", a.tuning), ("held-aside", a.held_aside), ("held-aside-2", a.held_aside_2),
+             ("synthetic", synthetic))
     for role, paths in roles:
         for path in paths:
             r = evaluate(path, a.mult)

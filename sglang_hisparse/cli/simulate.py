@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..traces.policies import POLICIES, make_policy
+from ..traces.policies import POLICIES, RANK_POLICIES, make_policy
 
 DESCRIPTION = """\
 Replay a selection trace (docs/traces.md) through a hot-buffer replacement policy and
@@ -15,7 +15,8 @@ each buffer size B. The hot-buffer rules are the kernel's (docs/architecture.md)
 reproduces the resolve kernel's misses exactly."""
 
 EPILOG = f"""\
-policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
+policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA; with ranks (a version-2 trace)
+  {", ".join(sorted(RANK_POLICIES))}, rank:M; or "all" (the rank policies too when the trace has ranks).
   lru        the kernel: hits ranked ahead of fresh misses
   lru-plain  hits and misses renewed in top-k order
   fifo / random (seeded) / topk-only (only the last selection stays)
@@ -25,6 +26,7 @@ policies: {", ".join(sorted(POLICIES))}, lrfu:LAMBDA, or "all".
   fra-float  fra's first proposal in floating point (comparison only)
   lrfu       ours: recency weighted by selection frequency (lrfu:0.25 = default decay)
   lru-2      ours: evict by second-to-last selection
+  rank       ours (simulator only): slru whose victims skip the step's next-best ranks (rank:M: the first M)
 example:
   python -m sglang_hisparse simulate --trace tests/data/smollm2_shakespeare.npz --policy all \\
       --buffer 256 --buffer 512 --buffer 1024 --json sim.json --plot sim.png"""
@@ -58,10 +60,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _policies(names: list[str]) -> list[str]:
+def _policies(names: list[str], ranked: bool = False) -> list[str]:
+    """The named policies, "all" expanded (with the rank policies when the trace has ranks)."""
+    every = sorted(POLICIES) + (sorted(RANK_POLICIES) if ranked else [])
     out: list[str] = []
     for n in names:
-        out += sorted(POLICIES) if n == "all" else [n]
+        out += every if n == "all" else [n]
     return list(dict.fromkeys(out))
 
 
@@ -119,7 +123,7 @@ def _guard_lines(results: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..traces.format import load_trace
-    from ..traces.simulator import DEFAULT_ITEM_BYTES, prepare, simulate
+    from ..traces.simulator import DEFAULT_ITEM_BYTES, no_ranks, prepare, simulate
     from .inputs import check_output_path
 
     items = args.item_bytes or list(DEFAULT_ITEM_BYTES)
@@ -133,9 +137,10 @@ def run(args: argparse.Namespace) -> int:
             trace = load_trace(args.trace)
         except (ValueError, OSError) as e:
             raise ValueError(f"--trace {args.trace}: {e}") from None
-        policies = _policies(args.policy)
+        policies = _policies(args.policy, trace.has_ranks)
         for pol in policies:
-            make_policy(pol)  # a bad name fails before any work
+            if make_policy(pol).needs_ranks and not trace.has_ranks:  # a bad name or trace fails before any work
+                raise ValueError(no_ranks(pol))
         # Each row is de-duplicated once for every policy and B (prepare), not per replay.
         streams = prepare(trace, top_k=args.top_k)
         lru_runs: dict = {}  # lru replayed once per B for every policy's guard

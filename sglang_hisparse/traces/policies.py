@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel_policy import FRA_HITS_MAX, fra_bucket, slru_next
+from ..kernel_policy import FRA_HITS_MAX, fra_bucket, slru_caps, slru_next
 
 
 class Policy:
     """Shared bookkeeping: ``tok`` [B] token per slot (-1 empty), ``where`` token → slot."""
 
     name = "base"
+    #: a policy that reads the indexer's next-best ranks (``use_ranks``): version-2 traces only
+    needs_ranks = False
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -378,9 +380,85 @@ class FRAFloat(Policy):
         self._stamp_kernel_order(hit_slots, victims)
 
 
+class Rank(SLRU):
+    """OUR policy (issue 49; simulator model, no kernel yet): slru that keeps what the indexer is
+    about to pick. Each step's victims are chosen among the resident tokens that are neither
+    selected nor among the step's next-best ranks (k+1..k+m), oldest first in slru's order; only
+    when those run out, the next-best themselves, oldest first. A next-best token is otherwise an
+    evictable like any other: it keeps its level and place (no promotion; it was not read). With
+    no next-best this is slru, miss for miss. ``rank:M`` uses the first M ranks of each step.
+
+    The boundaries follow slru's rule with the victims counted where they were taken (``v0``,
+    ``v1`` from levels 0 and 1): ``b1 = n0 - v0 + m``, ``b2 = b1 + n1 - v1 + h0``, then slru's
+    caps; with victims taken oldest first (``v0 = min(m, n0)``, ...) this is ``slru_next``.
+    NOTE: the kernel would mark next-best slots as it marks hits (one more lookup of m positions
+    in the slot table) and take victims in two passes of slru's victim scan; this rule moves to
+    ``kernel_policy`` as its spec once a kernel implements it.
+    """
+
+    name = "rank"
+    needs_ranks = True
+
+    def __init__(self, seed: int = 0, m: int | None = None):
+        super().__init__(seed)
+        self.m = m
+        self.ranks: list[np.ndarray] = []
+
+    def use_ranks(self, ranks: list[np.ndarray]) -> None:
+        """The next-best of every upcoming step (int64, rank order, the step's selection and its
+        newest token excluded), aligned with ``step``'s ``t``."""
+        self.ranks = ranks
+
+    def step(self, t, sel, n):
+        B, order = self.B, self.order
+        slots = self.where[sel]
+        hit = slots >= 0
+        miss_tok = sel[~hit]
+        m = int(miss_tok.size)
+        is_hit = np.zeros(B, dtype=bool)
+        is_hit[slots[hit]] = True
+        nb = self.ranks[t] if self.m is None else self.ranks[t][: self.m]
+        nb_slots = self.where[nb]
+        is_nb = np.zeros(B, dtype=bool)
+        is_nb[nb_slots[nb_slots >= 0]] = True
+        hit_at, nb_at = is_hit[order], is_nb[order] & ~is_hit[order]
+        free = np.flatnonzero(~hit_at & ~nb_at)  # LRU positions, oldest first
+        if free.size + int(np.count_nonzero(nb_at)) < m:
+            raise ValueError(
+                f"step selects {sel.size} distinct positions besides the newest, more than the "
+                f"buffer's {B} slots; use --buffer >= top-k (or --top-k <= buffer)"
+            )
+        vpos = free[:m] if free.size >= m else np.concatenate((free, np.flatnonzero(nb_at)[: m - free.size]))
+        victims = order[vpos]
+        old = self.tok[victims]
+        self.where[old[old >= 0]] = -1
+        self.tok[victims] = miss_tok
+        self.where[miss_tok] = victims
+        pos = np.arange(B)
+        level = (pos >= self.b1).astype(np.int64) + (pos >= self.b2)
+        left = ~hit_at
+        left[vpos] = False
+        n0 = int(np.count_nonzero(~hit_at & (level == 0)))
+        n1 = int(np.count_nonzero(~hit_at & (level == 1)))
+        h0 = int(np.count_nonzero(hit_at & (level == 0)))
+        v0 = int(np.count_nonzero(level[vpos] == 0))
+        v1 = int(np.count_nonzero(level[vpos] == 1))
+        self.order = np.concatenate((
+            order[left & (level == 0)], victims, order[left & (level == 1)],
+            order[hit_at & (level == 0)], order[left & (level == 2)], order[hit_at & (level > 0)]))
+        cap1, cap2 = slru_caps(B)
+        b1 = n0 - v0 + m
+        b2 = max(b1 + n1 - v1 + h0, B - cap2)
+        self.b1, self.b2 = max(b1, b2 - cap1), b2
+        return m
+
+
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (LRU, LRUPlain, FIFO, Random, TopKOnly, Belady, FRA, SLRU, FRAFloat, LRFU, LRU2)
 }
+#: policies that read next-best ranks: only traces of version 2 (kept out of POLICIES, which
+#: every trace can replay)
+RANK_POLICIES: dict[str, type[Policy]] = {Rank.name: Rank}
 
 
 def make_policy(name: str, seed: int = 0) -> Policy:
@@ -390,7 +468,13 @@ def make_policy(name: str, seed: int = 0) -> Policy:
             return LRFU(seed, lam=float(name.split(":", 1)[1]))
         except ValueError:
             raise ValueError(f"--policy {name!r}: use lrfu:LAMBDA with a number, e.g. lrfu:0.25") from None
-    cls = POLICIES.get(name)
+    if name.startswith("rank:"):
+        arg = name.split(":", 1)[1]
+        if not arg.isdigit():
+            raise ValueError(f"--policy {name!r}: use rank:M with M >= 0 next-best ranks, e.g. rank:256") from None
+        return Rank(seed, m=int(arg))
+    cls = POLICIES.get(name) or RANK_POLICIES.get(name)
     if cls is None:
-        raise ValueError(f"--policy {name!r} is unknown; choose one of {sorted(POLICIES)} (or lrfu:LAMBDA)")
+        known = sorted(POLICIES) + sorted(RANK_POLICIES)
+        raise ValueError(f"--policy {name!r} is unknown; choose one of {known} (or lrfu:LAMBDA, rank:M)")
     return cls(seed)

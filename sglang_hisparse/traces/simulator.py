@@ -60,6 +60,8 @@ class PreparedStream:
     ``lookups`` int64 [T] (distinct positions per step, newest included); ``work[t]`` int64:
     the step's distinct positions in first-occurrence (top-k) order without the newest token,
     what ``Policy.step`` takes. Neither depends on ``B``: only the first long step does.
+    ``next_best[t]`` int64 (version-2 traces, else None): the step's next-best in rank order,
+    without its selected positions and its newest token (what ``Rank.use_ranks`` takes).
     """
 
     stream: int
@@ -67,6 +69,7 @@ class PreparedStream:
     seq_lens: np.ndarray
     lookups: np.ndarray
     work: tuple[np.ndarray, ...] = field(repr=False)
+    next_best: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.seq_lens.shape[0])
@@ -78,12 +81,17 @@ def prepare_stream(st: Stream | PreparedStream) -> PreparedStream:
         return st
     sels = [_unique_in_order(st.selection(t)) for t in range(len(st))]
     newest = st.seq_lens.astype(np.int64) - 1
+    next_best = None
+    if st.has_ranks:
+        nbs = (_unique_in_order(st.next_best(t)) for t in range(len(st)))
+        next_best = tuple(b[(b != n) & ~np.isin(b, s)] for b, s, n in zip(nbs, sels, newest, strict=True))
     return PreparedStream(
         stream=st.stream,
         layer=st.layer,
         seq_lens=st.seq_lens,
         lookups=np.array([s.size for s in sels], dtype=np.int64),
         work=tuple(s[s != n] for s, n in zip(sels, newest, strict=True)),
+        next_best=next_best,
     )
 
 
@@ -121,6 +129,10 @@ def simulate_stream(
         # Short steps after a long one cannot happen within one stream (seq_len increases).
         work = list(ps.work[t0:])
         policy = make_policy(policy_name, seed=seed + ps.stream * 1009 + ps.layer)
+        if policy.needs_ranks:
+            if ps.next_best is None:
+                raise ValueError(no_ranks(policy_name))
+            policy.use_ranks(list(ps.next_best[t0:]))
         policy.reset(B, int(ps.seq_lens[-1]), work)
         if initial == "empty" and t0 == 0:
             policy.clear()
@@ -136,6 +148,14 @@ def simulate_stream(
         misses=int(per_step.sum()),
         misses_per_step=per_step,
     )
+
+
+def no_ranks(policy: str) -> str:
+    """Why ``policy`` cannot replay a trace without next-best ranks, and what to do."""
+    return (f"--policy {policy} reads the indexer's next-best ranks, and this trace has none (format "
+            "version 1: every recorded trace so far); record one with ranks (LiveTraceRecorder(next_best=M), "
+            "hf_record next_best=M) or generate one (synthetic.generate_scored), or pick a rank-blind "
+            "policy (lru, slru, fra, ...)")
 
 
 def _rate(a: int, b: int) -> float | None:

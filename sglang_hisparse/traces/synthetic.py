@@ -169,9 +169,10 @@ def write_trace(trace: Trace, path: str) -> None:
 @dataclass(frozen=True)
 class ScoreSpec:
     """A score process (module docstring). Per (stream, layer) and step of length ``n``, token
-    ``p`` scores ``heavy * a_p + x_p(t) + recency * exp(-(n - 1 - p) / local)``: ``a_p`` ~ N(0, 1)
-    fixed per token, ``x_p(t + 1) = rho * x_p(t) + sqrt(1 - rho^2) * N(0, 1)`` (stationary unit
-    variance; a new token starts from the stationary law). ``next_best`` = m ranks per row
+    ``p`` scores ``heavy * a_p + x_p(t) + recency * exp(-(n - 1 - p) / local) + jitter * e_p(t)``:
+    ``a_p`` ~ N(0, 1) fixed per token, ``x_p(t + 1) = rho * x_p(t) + sqrt(1 - rho^2) * N(0, 1)``
+    (stationary unit variance; a new token starts from the stationary law), ``e_p(t)`` ~ N(0, 1)
+    fresh each step (one-step spikes: picks that rarely return). ``next_best`` = m ranks per row
     (0: a version-1 trace without them)."""
 
     streams: int = 4
@@ -185,12 +186,15 @@ class ScoreSpec:
     heavy: float = 1.0
     recency: float = 3.0
     local: float = 32.0
+    jitter: float = 0.0
     seed: int = 0
 
     def check(self) -> None:
         for name in ("streams", "layers", "prompt_len", "steps", "top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"synthetic {name}={getattr(self, name)} must be >= 1")
+        if self.jitter < 0 or self.heavy < 0:
+            raise ValueError(f"synthetic jitter={self.jitter}, heavy={self.heavy} must be >= 0 (standard deviations)")
         if self.next_best < 0 or self.sinks < 0:
             raise ValueError(f"synthetic next_best={self.next_best}, sinks={self.sinks} must be >= 0")
         if self.sinks >= self.top_k:
@@ -220,6 +224,8 @@ def _scored_rows(spec: ScoreSpec, rng) -> list[tuple[int, np.ndarray, np.ndarray
             x[:n - 1] = spec.rho * x[:n - 1] + keep * rng.standard_normal(n - 1)  # token n-1 starts stationary
         age = (n - 1) - np.arange(spec.sinks, n)
         score = spec.heavy * a[spec.sinks:n] + x[spec.sinks:n] + spec.recency * np.exp(-age / spec.local)
+        if spec.jitter:
+            score = score + spec.jitter * rng.standard_normal(score.size)  # one-step spikes
         top = np.argpartition(-score, want - 1)[:want]
         top = top[np.argsort(-score[top], kind="stable")] + spec.sinks
         k = spec.top_k - spec.sinks
