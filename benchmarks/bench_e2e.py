@@ -79,7 +79,7 @@ SMOKE = dict(contexts=[256, 512], layers=[6], top_k=16, buffer=32, item=128, bud
              host_gib=0.003, warmup=2, steps=3, repeats=2, block_warmup=1, profile_steps=0, node_preset="none",
              check_steps=2, check_requests=2, heads=2,
              dense_mb=0.0, dense_mflop=0.0, page=16, max_batch=64, device="cpu",
-             io_hiding=["prio", "ctas16", "slices2"], low_pressure=[2], ramp_steps=1)
+             io_hiding=["slru"], low_pressure=[2], ramp_steps=1)
 
 
 #: --stack v4: DeepSeek-V4-Flash (43 layers: 21 C4, 20 C128, 2 window-only; index_topk 512,
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--churn", type=float, default=0.15, help="toy indexer query noise (--selection toy)")
     ap.add_argument("--toy-variant", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the first shape/context with --selection toy (labelled variant)")
-    ap.add_argument("--io-hiding", nargs="*", default=["prio", "ctas16", "slices2", "slices4", "slru"],
+    ap.add_argument("--io-hiding", nargs="*", default=["slru"],
                     choices=sorted(IO_HIDING), help="prefetch+<change> modes, one change each")
     ap.add_argument("--low-pressure", type=int, nargs="*", default=[1, 4, 16],
                     help="batches at which full KV and HiSparse run side by side, budget = their full KV")

@@ -483,8 +483,6 @@ class HiSparseRunner(_Runner):
             prefetch=prefetch, skip_io=skip_io, log_interval_s=0.0, row_layout=model.row_layout,
             **options,
         )
-        #: anchors resolve in row slices, attention per slice (``--io-hiding slicesN``)
-        self.sliced = self.core.resolver.anchor_slices > 1
         self.req_cpu = list(range(bs))
 
     def admit(self, fill_host: bool) -> None:
@@ -574,17 +572,9 @@ class HiSparseRunner(_Runner):
         return self.pool.index_k[layer].view(torch.float32)
 
     def _attend(self, layer, top_k, seq_lens):
-        kv = self.pool.kv[layer]
-        if not self.sliced:
-            rows = self.core.swap_in(self.req_index, seq_lens, top_k, layer)
-            self.compute.attention(kv, rows)
-            return rows
-        out = self.core.resolver.out_rows
-
-        def on_slice(a: int, b: int) -> None:
-            self.compute.attention(kv, out[a:b])
-
-        return self.core.swap_in(self.req_index, seq_lens, top_k, layer, on_slice=on_slice)
+        rows = self.core.swap_in(self.req_index, seq_lens, top_k, layer)
+        self.compute.attention(self.pool.kv[layer], rows)
+        return rows
 
     def _kv_layer(self, layer):
         return self.pool.kv[layer]

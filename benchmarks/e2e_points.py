@@ -60,15 +60,11 @@ def residency_supported() -> bool:
 
     return "residency" in inspect.signature(HiSparseCore.__init__).parameters
 BASE_MODES = ("full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense")
-#: --io-hiding changes: HiSparseCore options of a ``prefetch+<name>`` mode (one at a time)
+#: --io-hiding changes: HiSparseCore options of a ``prefetch+<name>`` mode (one at a time). The
+#: IO-hiding options this A/B decided against (a high-priority prefetch stream, 4-32 CTAs per
+#: replay, sliced anchors: 0.83-1.00x at every main point, benchmarks/E2E.md "Results") were
+#: deleted from the core; the policy A/B stays: the server's default slru against the core's lru.
 IO_HIDING = {
-    "prio": dict(prefetch_priority=-1),
-    "ctas4": dict(replay_ctas=4),
-    "ctas16": dict(replay_ctas=16),
-    "ctas32": dict(replay_ctas=32),
-    "slices2": dict(anchor_slices=2),
-    "slices4": dict(anchor_slices=4),
-    # not IO hiding but the same A/B: the server's default policy against the core's lru
     "slru": dict(policy="slru"),
 }
 

@@ -313,9 +313,9 @@ def notes(args) -> list[str]:
         "gather of 32K random rows of the point's pinned pool, link_ceiling); link_idle_share = 1 - "
         "link_util, the share of step time the link would be idle if it always ran at the ceiling while "
         "busy (a lower bound on its idle time). Per step: mean bytes per step / that step's time.",
-        "IO-hiding changes (one per prefetch+<change> mode, HiSparseCore options): prio = prefetch stream "
-        "priority -1; ctasN = N CTAs per shared-layer replay (default 8); slicesN = anchors resolve in N "
-        "batch slices on the prefetch stream, attention per slice behind its own event.",
+        "A/B changes (one per prefetch+<change> mode, HiSparseCore options): slru = the server's default "
+        "policy against the core's lru. (The IO-hiding options once here, a high-priority prefetch stream, "
+        "N CTAs per replay and sliced anchors, were measured no faster and deleted from the core.)",
         "Every mode's step forward (KV writes, indexer, resolve, attention, dense) is replayed from a CUDA "
         "graph captured once per batch (--graphs); the coordinator's per-step protocol runs eagerly outside "
         "it, as in SGLang. Step times come from CUDA events around each step; modes alive together are timed "

@@ -25,7 +25,7 @@ groups), ``streams`` (CUDA streams or CPU no-ops), ``telemetry`` (counters).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -120,10 +120,7 @@ class HiSparseCore:
     buffer once it decodes; the default here) or ``"pressure"`` (requests keep all their device
     rows until fewer than ``watermark_rows`` are free: ``coordinator/residency.py``; the
     server's config defaults to it); speculative decoding always runs ``always_hot``.
-    IO-hiding A/B switches (``benchmarks/bench_e2e.py --io-hiding``; the defaults are today's
-    behaviour): ``prefetch_priority`` of the prefetch stream (-1: high), ``replay_ctas`` per
-    shared-layer replay (None: the kernel's 8), ``anchor_slices`` row slices of a sliced anchor
-    resolve (``swap_in(..., on_slice=)``). ``cache_finished`` (SGLang's radix cache on): a
+    ``cache_finished`` (SGLang's radix cache on): a
     finished resident request's rows stay on the device as cached prefix rows of its ids
     (``DualSpaceAllocator.cache_resident``) until an allocation or the watermark takes them.
     ``row_layout``: where a row lives in a ``device_kv`` layer (``kernels.row_layout``; default
@@ -156,9 +153,6 @@ class HiSparseCore:
         policy: str = "lru",
         residency: str = "always_hot",
         watermark_rows: int = 0,
-        prefetch_priority: int = 0,
-        replay_ctas: int | None = None,
-        anchor_slices: int = 1,
         cache_finished: bool = False,
         row_layout: RowLayout = TOKEN,
     ) -> None:
@@ -198,7 +192,7 @@ class HiSparseCore:
                 raise ValueError(f"device_kv rows are {tuple(layer.shape)}; host_kv rows are {item} B: they must match.")
         env_no_prefetch, env_skip_io, env_interval = _env_switches()
         device = torch.device(device)
-        self.streams = Streams(device, prefetch_priority=prefetch_priority)
+        self.streams = Streams(device)
         self.telemetry = Telemetry(
             device, log_interval_s=env_interval if log_interval_s is None else log_interval_s
         )
@@ -230,7 +224,6 @@ class HiSparseCore:
             shared_index_layers=shared_index_layers, start_layer=start_layer,
             prefetch=not no_prefetch,
             mode=ResolveMode.NO_IO if self.skip_io else ResolveMode.COPY, block_size=block_size,
-            replay_ctas=replay_ctas, anchor_slices=anchor_slices,
         )
         #: block top-k with fewer blocks than top_k / block (swap_in_blocks): int32 [max_batch,
         #: top_k / block], -1 past the given blocks; built at the first such call
@@ -364,9 +357,8 @@ class HiSparseCore:
 
     def swap_in(
         self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k: torch.Tensor, layer_id: int,
-        on_slice: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor:
-        return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id, on_slice=on_slice)
+        return self.resolver.swap_in(req_index, seq_lens, top_k, layer_id)
 
     def swap_in_blocks(
         self, req_index: torch.Tensor, seq_lens: torch.Tensor, top_k_blocks: torch.Tensor, layer_id: int,

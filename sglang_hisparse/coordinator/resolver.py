@@ -34,21 +34,15 @@ W >= 1 (verify)  top_k int32 [bs, W, k]  verify_ops.resolve_verify over the  out
 Only that mode's buffers exist and only its shape is accepted. Shared layers replay the
 anchor's plan with the unchanged ``ops.replay`` in both modes (its ``k`` is the plan's columns).
 
-Sliced anchors (decode, opt-in: ``anchor_slices`` S > 1 and a caller that passes ``on_slice``):
-the anchor's batch is resolved in S row slices on the prefetch stream, and the caller's
-attention for slice i is queued behind slice i's event only, so it overlaps slice i+1's
-misses::
-
-    prefetch:  resolve[0] e0 resolve[1] e1 ... resolve[S-1] e(S-1)  replays of the group
-    current:   wait e0 -> on_slice(0) ; wait e1 -> on_slice(1) ; ... ; telemetry
-
-Requests are independent (own slots, own rows), so the outputs are those of one launch.
+One launch per anchor on the current stream, its group's replays on the prefetch stream at
+the default priority with the replay kernel's own CTA count: under CUDA graphs no other
+arrangement measured faster (sliced anchors, 16 CTAs per replay, a high-priority prefetch
+stream: 0.83-1.00x at 61/78 layers x 32K/128K, benchmarks/E2E.md "Results"), so none is kept.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -97,20 +91,14 @@ class Resolver:
         prefetch: bool = True,
         mode: ResolveMode = ResolveMode.COPY,
         block_size: int | None = None,
-        replay_ctas: int | None = None,
-        anchor_slices: int = 1,
     ) -> None:
         self.ctx = ctx
         self.num_real_reqs = num_real_reqs
         self.start_layer = start_layer
         self.mode = mode
-        #: CTAs of each shared layer's replay (None: the kernel's default)
-        self._replay_extra = {"ctas": replay_ctas} if replay_ctas else {}
-        if anchor_slices < 1:
-            raise ValueError(f"anchor_slices = {anchor_slices} must be >= 1 (1: one launch per anchor).")
+        self._replay_extra: dict = {}
         if ctx.row_layout.kind:  # where the rows live (token rows on both sides: the ops' default)
             self._replay_extra["row_layout"] = ctx.row_layout
-        self.anchor_slices = anchor_slices
         st, k = ctx.state, ctx.top_k
         #: W verify rows per request (0: decode); fixed for the resolver's life
         self.num_draft_tokens = W = st.num_draft_tokens
@@ -162,11 +150,6 @@ class Resolver:
         self.out_rows = torch.full((max_batch, *self.row_shape), -1, dtype=torch.int32, device=dev)
         self.plan = MissPlan.empty(max_batch, math.prod(self.row_shape), dev)
         self._batch_ids = torch.arange(max_batch, dtype=torch.int32, device=dev)
-        #: int32 [S]: real rows of each anchor slice (filled per sliced resolve)
-        self._slice_real = torch.zeros(self.anchor_slices, dtype=torch.int32, device=dev)
-        self.slice_events = [self.ctx.streams.new_event() for _ in range(self.anchor_slices)]
-        #: batch size -> (row bounds, int32 [S] slice starts, int32 [S] slice lengths)
-        self._slice_bounds: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}
         if dev.type == "cuda":
             self._reserve(dev, max_batch)  # the kernel's per-row counters, before capture
 
@@ -195,7 +178,6 @@ class Resolver:
         seq_lens: torch.Tensor,
         top_k: torch.Tensor,
         layer_id: int,
-        on_slice: Callable[[int, int], None] | None = None,
         selection_block: int = 0,
     ) -> torch.Tensor:
         """Device rows of ``top_k`` for model layer ``layer_id``, aligned with it.
@@ -205,10 +187,6 @@ class Resolver:
         ``dsa_seqlens_expanded``: row j of a request has length s + 1 + j) -> int32 [bs, W, k]
         (SGLang views it [bs*W, k]). -1 for padding entries and rows ``>= num_real_reqs``.
         A view of a reused buffer: consume it before the next anchor layer resolves.
-
-        ``on_slice(a, b)``: called once per row slice ``[a, b)`` of the batch, with the current
-        stream ordered after that slice's rows (all rows in one call unless the anchor is
-        sliced, see the module docstring); shared layers call it once for the whole batch.
 
         ``selection_block`` > 0 (decode only): ``top_k`` is int32 [bs, k / selection_block]
         block ids (MiniMax-M3), expanded by the kernel (``ops.resolve``); the rows are [bs, k]."""
@@ -231,8 +209,6 @@ class Resolver:
         if self.is_shared[li]:
             if self._forked:
                 self.events[li].wait(ctx.streams.current())
-            if on_slice is not None:
-                on_slice(0, bs)
             return out
         group = self.groups.get(li, [])
         plan = MissPlan(self.plan.src[:bs], self.plan.dst[:bs], self.plan.count[:bs])
@@ -243,23 +219,13 @@ class Resolver:
             extra = {**extra, "policy": st.policy, "policy_state": st.policy_state[li]}
         seq_lens = seq_lens.reshape(bs, self.num_draft_tokens) if self.num_draft_tokens else seq_lens
 
-        def launch(a: int, b: int, num_real: torch.Tensor) -> None:
-            self._kernel(
-                top_k=top_k[a:b], req_index=req_index[a:b], seq_lens=seq_lens[a:b],
-                num_real_reqs=num_real, slot_tokens=st.slot_tokens[li], slot_rows=st.slot_rows,
-                lru=st.lru[li], host_rows=ctx.host.host_rows, host_cache=ctx.host_kv[li],
-                device_cache=ctx.device_kv[li], out_rows=out[a:b],
-                plan=MissPlan(plan.src[a:b], plan.dst[a:b], plan.count[a:b]), **extra,
-                **({"selection_block": selection_block} if selection_block else {}),
-            )
-
-        S = min(self.anchor_slices, bs) if on_slice is not None and not self.num_draft_tokens else 1
-        if S == 1:
-            launch(0, bs, self.num_real_reqs)
-            if on_slice is not None:
-                on_slice(0, bs)
-        else:
-            self._resolve_sliced(bs, S, launch, on_slice)
+        self._kernel(
+            top_k=top_k, req_index=req_index, seq_lens=seq_lens, num_real_reqs=self.num_real_reqs,
+            slot_tokens=st.slot_tokens[li], slot_rows=st.slot_rows, lru=st.lru[li],
+            host_rows=ctx.host.host_rows, host_cache=ctx.host_kv[li], device_cache=ctx.device_kv[li],
+            out_rows=out, plan=plan, **extra,
+            **({"selection_block": selection_block} if selection_block else {}),
+        )
         real = self._batch_ids[:bs] < self.num_real_reqs
         # NOTE: a batch the host knows is all resident (``state.batch_all_resident``, set by
         # map_last_loc) copies nothing: its shared layers skip the replays, their events and
@@ -282,8 +248,7 @@ class Resolver:
             ctx.recorder.record(layer_id=layer_id, req_index=req_index, seq_lens=seq_lens, top_k=positions)
         if group and self._forked:
             streams = ctx.streams
-            if S == 1:  # (sliced: the prefetch stream already ran the resolve)
-                streams.prefetch.wait_stream(streams.current())
+            streams.prefetch.wait_stream(streams.current())
             with streams.on(streams.prefetch):
                 for s in group:
                     if self.mode is ResolveMode.COPY:
@@ -297,30 +262,3 @@ class Resolver:
 
     def _capturing(self) -> bool:
         return self.ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-    def _resolve_sliced(self, bs: int, S: int, launch: Callable[[int, int, torch.Tensor], None],
-                        on_slice: Callable[[int, int], None]) -> None:
-        """S row slices resolved on the prefetch stream, each consumed behind its own event."""
-        streams = self.ctx.streams
-        if bs not in self._slice_bounds:
-            # NOTE: allocated once per batch size (eagerly, like _alloc), not per call.
-            bounds = [bs * i // S for i in range(S + 1)]
-            dev = self.ctx.device
-            starts = torch.tensor(bounds[:-1], dtype=torch.int32, device=dev)
-            lens = torch.tensor([b - a for a, b in zip(bounds, bounds[1:], strict=False)], dtype=torch.int32, device=dev)
-            self._slice_bounds[bs] = (bounds, starts, lens)
-        bounds, starts, lens = self._slice_bounds[bs]
-        real = self._slice_real[:S]
-        # Real rows of slice i = clamp(num_real - a_i, 0, b_i - a_i), on the device with out=
-        # ops: no host read of num_real_reqs, no allocation.
-        torch.sub(self.num_real_reqs.expand(S), starts, out=real)
-        real.clamp_(min=0)
-        torch.minimum(real, lens, out=real)
-        streams.prefetch.wait_stream(streams.current())
-        for i in range(S):
-            a, b = bounds[i], bounds[i + 1]
-            with streams.on(streams.prefetch):
-                launch(a, b, real[i : i + 1])
-                self.slice_events[i].record()
-            self.slice_events[i].wait(streams.current())
-            on_slice(a, b)

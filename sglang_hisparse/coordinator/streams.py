@@ -96,16 +96,15 @@ class Streams:
     forward must wait on it. When unset, the caller's current stream is used.
     """
 
-    def __init__(self, device: torch.device, *, prefetch_priority: int = 0) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
         if self.is_cuda:
             self.staging: Any = torch.cuda.Stream(device=self.device)
             self.backup: Any = torch.cuda.Stream(device=self.device)
-            # NOTE: ``prefetch_priority`` -1 lets the block scheduler start a replay's CTAs
-            # ahead of queued compute blocks (an end-to-end A/B: bench_e2e --io-hiding prio);
-            # 0, the default, is the same priority as the compute stream.
-            self.prefetch: Any = torch.cuda.Stream(device=self.device, priority=prefetch_priority)
+            # the compute stream's priority: a high-priority prefetch stream measured no faster
+            # end to end under graphs (0.999-1.001x, benchmarks/E2E.md "Results")
+            self.prefetch: Any = torch.cuda.Stream(device=self.device)
         else:
             self.staging = NullStream()
             self.backup = NullStream()

@@ -54,15 +54,14 @@ def test_json_has_every_point_and_mode(report):
     main = [p for p in report["points"] if p["kind"] == "main"]
     for p in main:
         assert set(p["modes"]) == {"full", "sync", "prefetch", "noio", "full_nodense", "prefetch_nodense",
-                                   "prefetch+prio", "prefetch+ctas16", "prefetch+slices2", "pressure"}
+                                   "prefetch+slru", "pressure"}
         assert p["modes"]["prefetch"]["batch"] > p["modes"]["full"]["batch"]
         assert {"prefetch_over_full", "prefetch_over_noio", "batch_ratio"} <= set(p["ratios"])
         # the headline group, then every change against prefetch in one A/B group
         assert [g["modes"][0] for g in p["groups"]] == ["full", "prefetch"]
-        assert set(p["groups"][1]["modes"]) == {"prefetch", "prefetch+prio", "prefetch+ctas16",
-                                                "prefetch+slices2", "pressure"}
+        assert set(p["groups"][1]["modes"]) == {"prefetch", "prefetch+slru", "pressure"}
     # one A/B row per change and main point (pressure included), read over the same rounds
-    assert len(report["tables"]["io_hiding"]) == 4 * len(main)
+    assert len(report["tables"]["io_hiding"]) == 2 * len(main)
     assert all(len(r["before_round_ms"]) == len(r["after_round_ms"]) == 2 for r in report["tables"]["io_hiding"])
     (low,) = report["tables"]["low_pressure"]
     assert low["batch"] == 2 and "prefetch_over_full" in low and "pressure_over_full" in low

@@ -113,9 +113,8 @@ def test_resolver_bytes_match_the_resolvers_buffers(draft_tokens):
     res = core.resolver
     held = [res.out_rows, res._batch_ids, res.plan.src, res.plan.dst, res.plan.count]
     tensors = [t for t in vars(res).values() if isinstance(t, torch.Tensor)]
-    # out_rows, batch ids, num_real_reqs (the core's, not counted) and the anchor slices' real
-    # rows (int32 [anchor_slices], per coordinator, not per batch row: not counted either)
-    assert len(tensors) == 4 and res._slice_real.numel() == res.anchor_slices
+    # out_rows, batch ids and num_real_reqs (the core's, not counted)
+    assert len(tensors) == 3
     assert res.out_rows.shape[1:] == ((draft_tokens, k) if draft_tokens else (k,))
     assert sum(t.nbytes for t in held) == max_batch * resolver_bytes(
         top_k=k, num_draft_tokens=draft_tokens, cuda=False)
