@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,15 @@ def _fraction(value: float) -> str | None:
     if not 0.0 <= value <= 1.0:  # false for nan too
         return "must be a fraction in [0, 1] of requests to record, e.g. 0.01"
     return None
+
+
+def _count(value: int) -> str | None:
+    if value < 0:
+        return "must be an integer >= 0 (0 disables it), e.g. 128"
+    return None
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,17 @@ _REGISTRY: dict[str, EnvVar] = {
             "when SGLANG_HISPARSE_RECORD_TRACE is set; in [0, 1] (checked even when recording is off).",
             check=_fraction,
         ),
+        EnvVar(
+            "SGLANG_HISPARSE_RECORD_NEXT_BEST",
+            int,
+            0,
+            "Next-best ranks (k+1..k+M) recorded per row beside each selection when "
+            "SGLANG_HISPARSE_RECORD_TRACE is set: a version-2 trace, which the rank policy needs. "
+            "0: selections only (version 1). Needs the indexer to hand over its ordered top-(k + M); "
+            "until that hook exists the live recorder records version 1 and says so "
+            "(docs/traces.md). An integer >= 0.",
+            check=_count,
+        ),
     )
 }
 
@@ -165,6 +186,18 @@ def _parse(var: EnvVar, name: str, value: str) -> Any:
         except ValueError:
             example = "0.01" if var.check is _fraction else "30"
             raise ValueError(f"{name}={value!r} is not a number; e.g. {name}={example}") from None
+        if var.check is not None and (rule := var.check(number)) is not None:
+            raise ValueError(f"{name}={value!r} {rule}")
+        return number
+    if var.kind is int:
+        # NOTE: ASCII digits only: int() would also take "1_000" and non-ASCII digits, which
+        # are more likely typos than intent.
+        if not _INTEGER.fullmatch(value.strip()):
+            raise ValueError(f"{name}={value!r} is not an integer; e.g. {name}=128")
+        try:
+            number = int(value)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            raise ValueError(f"{name}={value[:20]!r}... has too many digits; e.g. {name}=128") from None
         if var.check is not None and (rule := var.check(number)) is not None:
             raise ValueError(f"{name}={value!r} {rule}")
         return number

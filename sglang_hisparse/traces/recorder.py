@@ -20,6 +20,8 @@ calls. A step with no sampled request returns after one attribute check.
 With ``next_best=m`` the trace is version 2 (``ranks.py``): ``record(..., top_k=ordered, k=k)``
 takes the indexer's top-(k + m) in score order, [bs, k + m'] with m' <= m; its first k columns are
 the selection and the rest the next-best ranks in rank order, both copied in the one gather.
+``from_env(ranked=True)`` takes m from ``SGLANG_HISPARSE_RECORD_NEXT_BEST``; without ``ranked``
+(the coordinator today: no hook hands it the indexer's top-(k + m) yet) it records version 1.
 
 Not recorded: steps replayed from a CUDA graph (Python does not run; capture is detected
 and skipped), so record with ``--disable-cuda-graph`` or above ``--cuda-graph-max-bs``.
@@ -45,22 +47,30 @@ from .ranks import split_ranked
 logger = logging.getLogger(__name__)
 
 
-def _env_settings() -> tuple[str, float]:
-    """(directory, sample fraction) from the env registry, or os.environ when it is absent."""
+def _env_settings() -> tuple[str, float, int]:
+    """(directory, sample fraction, next-best ranks) from the env registry, or os.environ when
+    it is absent."""
     try:
         from sglang_hisparse import envs
 
-        return str(envs.get("SGLANG_HISPARSE_RECORD_TRACE")), float(envs.get("SGLANG_HISPARSE_RECORD_SAMPLE"))
+        return (
+            str(envs.get("SGLANG_HISPARSE_RECORD_TRACE")),
+            float(envs.get("SGLANG_HISPARSE_RECORD_SAMPLE")),
+            int(envs.get("SGLANG_HISPARSE_RECORD_NEXT_BEST")),
+        )
     except (ImportError, KeyError):
-        return os.environ.get("SGLANG_HISPARSE_RECORD_TRACE", ""), float(
-            os.environ.get("SGLANG_HISPARSE_RECORD_SAMPLE", "0.01")
+        return (
+            os.environ.get("SGLANG_HISPARSE_RECORD_TRACE", ""),
+            float(os.environ.get("SGLANG_HISPARSE_RECORD_SAMPLE", "0.01")),
+            int(os.environ.get("SGLANG_HISPARSE_RECORD_NEXT_BEST") or 0),
         )
 
 
 class LiveTraceRecorder:
     """Records the top-k selections of sampled requests into a trace directory.
 
-    ``directory``: parent folder; this process writes ``<directory>/trace-<pid>-<time>/``.
+    ``directory``: parent folder; this process writes ``<directory>/trace-<pid>-<time>/`` (``-1``,
+    ``-2``, ... appended for further recorders within the same second).
     ``sample``: probability in [0, 1] that a new request is recorded. ``max_rows``: most
     sampled requests recorded at once (bounds the per-layer copy to ``max_rows × k`` ints).
     ``next_best``: m > 0 records the indexer's next-best ranks too (a version-2 trace; ``record``
@@ -81,7 +91,12 @@ class LiveTraceRecorder:
         self.sample = sample
         self.max_rows = max_rows
         self._rng = random.Random(seed)
-        self.path = os.path.join(directory, f"trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}")
+        base = os.path.join(directory, f"trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}")
+        # a second recorder of this process within the same second gets its own directory
+        # (sharing one, its header would overwrite the first's and mislabel the parts)
+        self.path, n = base, 1
+        while os.path.exists(self.path):
+            self.path, n = f"{base}-{n}", n + 1
         src = {"recorder": "live", "sample": sample, "pid": os.getpid(), **(source or {})}
         header = make_header(top_k=0, sorted_by_score=False, source=src, next_best=next_best or None)
         self.writer = TraceWriter(self.path, header)
@@ -102,13 +117,35 @@ class LiveTraceRecorder:
         atexit.register(self.close)
 
     @classmethod
-    def from_env(cls) -> LiveTraceRecorder | None:
-        """A recorder when ``SGLANG_HISPARSE_RECORD_TRACE`` is set, else ``None``."""
-        directory, sample = _env_settings()
+    def from_env(cls, *, ranked: bool = False) -> LiveTraceRecorder | None:
+        """A recorder when ``SGLANG_HISPARSE_RECORD_TRACE`` is set, else ``None``.
+
+        ``SGLANG_HISPARSE_RECORD_NEXT_BEST=m`` makes it record m next-best ranks (version 2) when
+        the caller says it passes the ordered top-(k + m) to ``record(..., k=k)`` (``ranked``).
+        A caller without ranks (today's coordinator: no SGLang hook hands over the indexer's
+        k + m yet) gets a version-1 recorder and a warning, and the trace's ``source`` keeps
+        the m that was asked for.
+        """
+        directory, sample, next_best = _env_settings()
         if not directory:
             return None
-        rec = cls(directory, sample=sample)
-        logger.info("HiSparse: recording selection traces of %.2f%% of requests into %s", 100 * sample, rec.path)
+        # NOTE: version 1 rather than a version-2 trace whose rows carry no ranks: on such a
+        # trace ``simulate --policy rank`` would replay as slru miss for miss and look like a
+        # measurement of the rank policy when it is none.
+        source: dict[str, Any] = {}
+        if next_best and not ranked:
+            logger.warning(
+                "HiSparse: SGLANG_HISPARSE_RECORD_NEXT_BEST=%d is ignored: the indexer's ordered top-(k + m) "
+                "does not reach the recorder yet (the SGLang hook is not in place), so this trace is version 1, "
+                "selections only (docs/traces.md)", next_best,
+            )
+            source["next_best_requested"] = next_best
+            next_best = 0
+        rec = cls(directory, sample=sample, next_best=next_best, source=source)
+        logger.info(
+            "HiSparse: recording selection traces of %.2f%% of requests into %s%s", 100 * sample, rec.path,
+            f" with {next_best} next-best ranks" if next_best else "",
+        )
         return rec
 
     # -- host-side step bookkeeping -------------------------------------------------------

@@ -48,3 +48,14 @@ def test_docs_table_is_current():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     assert envs.markdown_table() in doc, "regenerate the table in docs/configuration.md from envs.markdown_table()"
+
+
+def test_integer_values(monkeypatch):
+    name = "SGLANG_HISPARSE_RECORD_NEXT_BEST"
+    monkeypatch.setenv(name, " 128 ")
+    assert envs.get(name) == 128 and type(envs.get(name)) is int
+    for bad, rule in (("-1", "must be an integer >= 0"), ("1.5", "is not an integer"), ("1_000", "is not an integer"),
+                      ("true", "is not an integer"), ("9" * 5000, "has too many digits")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=rf"{name}=.* {rule}"):
+            envs.get(name)

@@ -216,6 +216,8 @@ def _check_env(name: str, var: envs.EnvVar) -> None:
         assert value >= 0
     if name == "SGLANG_HISPARSE_RECORD_SAMPLE":
         assert 0 <= value <= 1
+    if name == "SGLANG_HISPARSE_RECORD_NEXT_BEST":
+        assert value >= 0
 
 
 def _fuzz_env(values: dict[str, str], unknown: str) -> None:

@@ -71,6 +71,42 @@ def test_from_env(tmp_path, monkeypatch):
         LiveTraceRecorder(str(tmp_path), sample=2.0)
 
 
+def test_from_env_next_best(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_HISPARSE_RECORD_TRACE", str(tmp_path))
+    monkeypatch.setenv("SGLANG_HISPARSE_RECORD_SAMPLE", "1")
+    monkeypatch.delenv("SGLANG_HISPARSE_RECORD_NEXT_BEST", raising=False)
+    plain = LiveTraceRecorder.from_env(ranked=True)  # unset: no ranks even for a caller that has them
+    assert plain is not None and plain.next_best == 0
+    plain.close()
+    assert load_trace(plain.path).header["version"] == 1
+
+    monkeypatch.setenv("SGLANG_HISPARSE_RECORD_NEXT_BEST", "2")
+    rec = LiveTraceRecorder.from_env(ranked=True)  # a caller passing the ordered top-(k + m)
+    assert rec is not None and rec.next_best == 2
+    ri, sl = torch.tensor([0], dtype=torch.int32), torch.tensor([10])
+    # ordered top-(k + m) of a 10-token context, k = 3: selection 9, 8, 7; next-best 6, 5
+    rec.record(layer_id=0, req_index=ri, seq_lens=sl, top_k=torch.tensor([[9, 8, 7, 6, 5]], dtype=torch.int32), k=3)
+    rec.close()
+    tr = load_trace(rec.path)
+    st = next(tr.streams())
+    assert (tr.header["version"], tr.header["next_best"]) == (2, 2)
+    assert st.selection(0).tolist() == [9, 8, 7] and st.next_best(0).tolist() == [6, 5]
+
+    # the coordinator today: no ranks to pass, so version 1, a warning, and the ask kept in source
+    with caplog.at_level("WARNING", logger="sglang_hisparse.traces.recorder"):
+        blind = LiveTraceRecorder.from_env()
+    assert blind is not None and blind.next_best == 0
+    assert "SGLANG_HISPARSE_RECORD_NEXT_BEST=2 is ignored" in caplog.text
+    blind.close()
+    header = load_trace(blind.path).header
+    assert header["version"] == 1 and header["source"]["next_best_requested"] == 2
+    assert len({plain.path, rec.path, blind.path}) == 3  # same pid and second: still three directories
+
+    monkeypatch.setenv("SGLANG_HISPARSE_RECORD_NEXT_BEST", "-3")
+    with pytest.raises(ValueError, match=r"SGLANG_HISPARSE_RECORD_NEXT_BEST='-3' must be an integer >= 0"):
+        LiveTraceRecorder.from_env(ranked=True)
+
+
 def test_header_exists_before_close(tmp_path):
     rec = LiveTraceRecorder(str(tmp_path), sample=1.0)
     assert load_trace(rec.path).num_rows == 0  # loadable right away (crash safety)
