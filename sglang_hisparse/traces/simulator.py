@@ -153,9 +153,9 @@ def simulate_stream(
 def no_ranks(policy: str) -> str:
     """Why ``policy`` cannot replay a trace without next-best ranks, and what to do."""
     return (f"--policy {policy} reads the indexer's next-best ranks, and this trace has none (format "
-            "version 1: every recorded trace so far); record one with ranks (LiveTraceRecorder(next_best=M), "
-            "hf_record next_best=M) or generate one (synthetic.generate_scored), or pick a rank-blind "
-            "policy (lru, slru, fra, ...)")
+            "version 1: every recorded trace so far); record one with ranks (`record-trace --next-best M`, or "
+            "LiveTraceRecorder(next_best=M) fed the indexer's ordered top-(k + M)) or generate one "
+            "(synthetic.generate_scored), or pick a rank-blind policy (lru, slru, fra, ...)")
 
 
 def _rate(a: int, b: int) -> float | None:
