@@ -71,8 +71,13 @@ class Wire:
         self.bootstrap_host, self.bootstrap_port = bootstrap_host, bootstrap_port
         self.registered: list[tuple[int, int, int]] = []
         self.bytes = self.writes = 0
+        #: return codes of the batch writes that failed (e.g. a held write after the peer aborted)
+        self.failed: list[int | str] = []
         self._lock = threading.Lock()
         self.bootstrap_server: Any = None
+        #: while this file exists a write waits before it starts (after creating ``held``), so a
+        #: decode-side abort lands mid-transfer (the failure scenarios; set by the prefill)
+        self.hold: Path | None = None
         register, write = engine.batch_register, engine.batch_transfer_sync
 
         def batch_register(ptrs: list[int], lens: list[int]) -> int:
@@ -81,17 +86,36 @@ class Wire:
             return ret
 
         def batch_transfer_sync(session: str, bufs: list[int], peers: list[int], lens: list[int]) -> int:
-            ret = write(session, bufs, peers, lens)
-            if ret >= 0:
+            self._wait_hold()
+            try:
+                ret = write(session, bufs, peers, lens)
+            except Exception as e:
                 with self._lock:
+                    self.failed.append(f"{type(e).__name__}: {e}")
+                raise
+            with self._lock:
+                if ret >= 0:
                     self.bytes += sum(lens)
                     self.writes += 1
+                else:
+                    self.failed.append(int(ret))
             return ret
 
         # NOTE: instance attributes over SGLang's engine wrapper, calling through: SGLang's
         # batch_register only logs a failed registration at debug level (mooncake_transfer_engine.py),
         # so without this a pool the engine refused would show up as a hung transfer
         engine.batch_register, engine.batch_transfer_sync = batch_register, batch_transfer_sync
+
+    def _wait_hold(self) -> None:
+        """NOTE: timing only (the transfer thread sleeps before it writes; what it writes, where,
+        and SGLang's abort handshake are untouched): a TCP write of a few pages on one machine
+        takes well under a scheduler step, so without a hold no abort lands mid-transfer."""
+        if self.hold is None or not self.hold.exists():
+            return
+        (self.hold.parent / "held").write_text("1")
+        stop = time.monotonic() + DEADLINE_S
+        while self.hold.exists() and time.monotonic() < stop:
+            time.sleep(0.01)
 
     @classmethod
     def start(cls, *, prefill: bool) -> Wire:
@@ -135,15 +159,18 @@ class Wire:
 _PD = ("--disaggregation-transfer-backend", "mooncake", "--disaggregation-decode-retraction-backup", "none")
 
 
-def _configs(port: int) -> tuple[Any, Any]:
-    """(prefill, decode) rig configurations: the ``pd_decode`` group's decode setup, and a
-    prefill of the same toy with HiSparse off (SGLang's own DSA pool)."""
+def _configs(port: int, radix: bool = False) -> tuple[Any, Any]:
+    """(prefill, decode) rig configurations: the ``pd_decode`` group's decode setup (with
+    ``radix``, its decode radix cache on: ``pd_decode_radix``), and a prefill of the same toy
+    with HiSparse off (SGLang's own DSA pool)."""
     from hisparse_testing.sglang_rig import RigConfig
 
     boot = ("--disaggregation-bootstrap-port", str(port))
     prefill = RigConfig(hisparse=False, max_running_requests=8,
                         extra_args=("--disaggregation-mode", "prefill", *_PD, *boot))
-    decode = RigConfig(max_running_requests=8, extra_args=("--disaggregation-mode", "decode", *_PD, *boot))
+    tree = ("--disaggregation-decode-enable-radix-cache",) if radix else ()
+    decode = RigConfig(max_running_requests=8, radix=radix,
+                       extra_args=("--disaggregation-mode", "decode", *_PD, *boot, *tree))
     return prefill, decode
 
 
@@ -163,8 +190,17 @@ def _serve(rig: Any, rids: list[str], what: str, deadline: float) -> None:
     raise AssertionError(f"{what}: {len(pending)} requests unfinished at the deadline: {pending[:8]}")
 
 
+def _wait_file(path: Path, what: str, deadline: float) -> None:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {path.name} did not appear")
+        time.sleep(0.01)
+
+
 def prefill_main(workdir: Path) -> int:
-    """The prefill instance: serve the plan, check idle, report, wait for the decode's stop."""
+    """The prefill instance: serve the plan phase by phase (each once the decode writes its
+    ``go{i}``), check idle after each, write each phase's bytes to ``phase{i}.json``, and keep
+    the engine and bootstrap server up until the decode's stop."""
     from hisparse_testing.sglang_rig import Rig
 
     plan = json.loads((workdir / "plan.json").read_text())
@@ -172,16 +208,25 @@ def prefill_main(workdir: Path) -> int:
     t0 = time.perf_counter()
     try:
         rig = Rig(_configs(plan["port"])[0], workdir / "prefill")
+        rig.wire.hold = workdir / "hold"
         out["startup_s"] = round(time.perf_counter() - t0, 2)
         (workdir / "prefill.ready").write_text("1")
-        for r in plan["requests"]:
-            rig.submit(r["rid"], r["prompt"], r["new"], room=r["room"])
-        _serve(rig, [r["rid"] for r in plan["requests"]], "prefill", time.monotonic() + DEADLINE_S)
-        rig.check_idle()
-        firsts = {r["rid"]: rig.results[r["rid"]].output_ids for r in plan["requests"]}
-        out.update(ok=True, bytes=rig.wire.bytes, writes=rig.wire.writes, first_tokens=firsts, patches=rig.patches,
-                   finish={rid: rig.results[rid].finish_reason for rid in firsts},
-                   seconds=round(time.perf_counter() - t0, 2))
+        for i, phase in enumerate(plan["phases"]):
+            _wait_file(workdir / f"go{i}", f"prefill phase {phase['name']}", time.monotonic() + DEADLINE_S)
+            bytes0, writes0, failed0 = rig.wire.bytes, rig.wire.writes, len(rig.wire.failed)
+            for r in phase["requests"]:
+                rig.submit(r["rid"], r["prompt"], r["new"], room=r["room"])
+            rids = [r["rid"] for r in phase["requests"]]
+            _serve(rig, rids, f"prefill phase {phase['name']}", time.monotonic() + DEADLINE_S)
+            rig.check_idle()
+            rec = {"bytes": rig.wire.bytes - bytes0, "writes": rig.wire.writes - writes0,
+                   # the prefill finished its requests while one of its writes was still held
+                   "finished_with_write_held": (workdir / "held").exists(),
+                   "failed_writes": rig.wire.failed[failed0:],
+                   "first_tokens": {rid: rig.results[rid].output_ids for rid in rids},
+                   "finish": {rid: rig.results[rid].finish_reason for rid in rids}}
+            (workdir / f"phase{i}.json").write_text(json.dumps(rec))
+        out.update(ok=True, patches=rig.patches, seconds=round(time.perf_counter() - t0, 2))
     except Exception as e:
         out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
     (workdir / "prefill.json").write_text(json.dumps(out))
@@ -207,6 +252,14 @@ def _page_bytes(rig: Any) -> tuple[int, int]:
     return sum(args.kv_item_lens), state
 
 
+def _requests(name: str, seed: int, lens: list[int], news: list[int]) -> list[dict[str, Any]]:
+    import random
+
+    rnd = random.Random(seed)
+    return [{"rid": f"{name}{i}", "prompt": [rnd.randrange(1000) for _ in range(n)], "new": new,
+             "room": rnd.randrange(1 << 40)} for i, (n, new) in enumerate(zip(lens, news, strict=True))]
+
+
 def plan_dsa_short() -> list[dict[str, Any]]:
     """DSA, short prompts (5-60 tokens: shorter and longer than B = 32, one page each), short
     outputs (4-20 tokens): SGLang's prefill instance sends each prompt's KV page and indexer
@@ -215,15 +268,52 @@ def plan_dsa_short() -> list[dict[str, Any]]:
     import random
 
     rnd = random.Random(52)
-    return [{"rid": f"mc{i}", "prompt": [rnd.randrange(1000) for _ in range(rnd.randint(5, 60))],
-             "new": rnd.randint(4, 20), "room": rnd.randrange(1 << 40)} for i in range(6)]
+    return [{"name": "dsa_short", "requests": [
+        {"rid": f"mc{i}", "prompt": [rnd.randrange(1000) for _ in range(rnd.randint(5, 60))],
+         "new": rnd.randint(4, 20), "room": rnd.randrange(1 << 40)} for i in range(6)]}]
 
 
-#: scenario -> its requests (pure Python: the plan is written before either instance imports SGLang)
-PLANS = {"dsa_short": plan_dsa_short}
+def plan_dsa_long() -> list[dict[str, Any]]:
+    """DSA, long prompts (300-900 tokens: 5-15 pages of 64, each prompt's last page partial)
+    sent in one transfer each, together in flight: every page lands where the decode's
+    prealloc published it, so every selected row of every step equals full KV."""
+    return [{"name": "dsa_long", "requests": _requests("long", 521, [300, 517, 704, 900], [6, 12, 4, 9])}]
 
 
-def _start_prefill(workdir: Path, reqs: list[dict[str, Any]]) -> Any:
+#: the prefix scenarios' shared prompt: 9 whole pages, what a decode radix cache can match
+PREFIX_TOKENS = 576
+
+
+def plan_prefix() -> list[dict[str, Any]]:
+    """A request (576 + 40 tokens), then, once it finished, one sharing its first 576 tokens
+    (9 pages) with a 124-token suffix of its own: with the decode radix cache only the suffix's
+    2 pages cross the wire, without it all 11. The first phase keeps the tree (no idle check,
+    which evicts it); the second checks both instances idle."""
+    first = _requests("pre", 5210, [PREFIX_TOKENS + 40], [8])
+    second = _requests("suf", 5211, [PREFIX_TOKENS + 124], [8])
+    second[0]["prompt"][:PREFIX_TOKENS] = first[0]["prompt"][:PREFIX_TOKENS]
+    return [{"name": "prefix_first", "requests": first, "keep_tree": True},
+            {"name": "prefix_suffix", "requests": second}]
+
+
+def plan_abort() -> list[dict[str, Any]]:
+    """A decode-side abort mid-transfer: the prefill's first write of the victim (300 tokens)
+    is held (``Wire.hold``) until the decode, with the request in its transfer queue, has
+    aborted it and stepped on; then the write goes through SGLang's abort handshake. Both
+    instances must idle clean, and the decode serve the next request exactly."""
+    return [{"name": "abort_mid_transfer", "requests": _requests("ab", 5212, [300], [8]), "abort": ["ab0"]},
+            {"name": "after_abort", "requests": _requests("next", 5213, [200, 40], [8, 6])}]
+
+
+#: scenario -> (decode radix cache on, its phases); pure Python: the plan is written before
+#: either instance imports SGLang. Scenarios given together run in order over one pair of
+#: instances, so they must agree on the decode radix cache.
+PLANS = {"dsa_short": (False, plan_dsa_short), "dsa_long": (False, plan_dsa_long),
+         "prefix": (False, plan_prefix), "prefix_radix": (True, plan_prefix),
+         "abort_transfer": (False, plan_abort)}
+
+
+def _start_prefill(workdir: Path, scenarios: list[str]) -> Any:
     """Write the plan and fork the prefill instance's process, its output in prefill.log.
 
     NOTE: forked after SGLang and the plugin are imported, before either instance builds
@@ -232,7 +322,11 @@ def _start_prefill(workdir: Path, reqs: list[dict[str, Any]]) -> Any:
     two cores. From the fork on the two processes share nothing but the machine."""
     import multiprocessing
 
-    (workdir / "plan.json").write_text(json.dumps({"port": _free_port(), "requests": reqs}))
+    radix = {PLANS[n][0] for n in scenarios}
+    if len(radix) != 1:
+        raise ValueError(f"rig_mooncake: {scenarios} disagree on the decode radix cache; run them apart")
+    phases = [{**ph, "scenario": n} for n in scenarios for ph in PLANS[n][1]()]
+    (workdir / "plan.json").write_text(json.dumps({"port": _free_port(), "radix": radix.pop(), "phases": phases}))
     child = multiprocessing.get_context("fork").Process(target=_prefill_child, args=(workdir,), daemon=True)
     child.start()
     return child
@@ -245,16 +339,59 @@ def _prefill_child(workdir: Path) -> None:
     sys.exit(prefill_main(workdir))
 
 
-def run_decode(workdir: Path, child: Any) -> dict[str, Any]:
-    """The decode instance over the plan: serve it, check tokens and idle, and read the
-    prefill's report (bytes written, first tokens, its idle check)."""
+def _prefill_phase(workdir: Path, i: int, child: Any) -> dict[str, Any]:
+    """The prefill's report of phase ``i`` (its bytes, first tokens, finishes), once written."""
+    deadline = time.monotonic() + DEADLINE_S
+    path = workdir / f"phase{i}.json"
+    while not path.exists():
+        pre = workdir / "prefill.json"
+        if pre.exists() or not child.is_alive() or time.monotonic() > deadline:
+            rec = json.loads(pre.read_text()) if pre.exists() else {}
+            raise AssertionError(f"prefill instance, phase {i}: {rec.get('error', 'no report')}\n"
+                                 f"{rec.get('traceback', '')}")
+        time.sleep(0.01)
+    return json.loads(path.read_text())
+
+
+def _abort_mid_transfer(rig: Any, workdir: Path, rids: list[str], deadline: float) -> None:
+    """Step until the prefill holds a write of ``rids`` (``Wire.hold``) and the decode has them
+    in its transfer queue (metadata sent, KV not arrived), abort them, step on with the write
+    still held, then let it go."""
+    s = rig.scheduler
+    while not ((workdir / "held").exists()
+               and set(rids) <= {d.req.rid for d in s.disagg_decode_transfer_queue.queue}):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"abort: {rids} never in the transfer queue with a held write")
+        rig.step()
+        time.sleep(0.002)
+    for rid in rids:
+        rig.abort(rid)
+    for _ in range(100):
+        rig.step()
+        time.sleep(0.005)
+    # the request is aborted, but the prefill may still write into its host rows: SGLang's
+    # deferred release must keep them bound (is_abort_release_safe) until the write drains
+    host = rig.coordinator.host_pool
+    done = {r: (rig.results[r].finish_reason or {}).get("type") for r in rids}
+    bound = int(host.allocated_lens.sum())
+    if set(done.values()) != {"abort"} or not bound or not s.disagg_decode_transfer_queue.has_pending_deferred_releases():
+        raise AssertionError(f"abort with a held write: finishes {done}, host pool binds {bound} positions, "
+                             f"deferred releases {s.disagg_decode_transfer_queue.num_pending_deferred_releases()}; "
+                             "the host rows must stay bound until the prefill's write drains")
+    (workdir / "hold").unlink()
+    (workdir / "held").unlink()
+
+
+def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
+    """The decode instance over the plan, phase by phase: serve it, check tokens and idle, and
+    read the prefill's report of the phase (bytes written, first tokens, its idle check). One
+    record a scenario, with each phase's figures."""
     from hisparse_testing.sglang_rig import Rig
     from hisparse_testing.token_model import reference_generate
 
     plan = json.loads((workdir / "plan.json").read_text())
-    reqs = plan["requests"]
     t0 = time.perf_counter()
-    rig = Rig(_configs(plan["port"])[1], workdir / "decode")
+    rig = Rig(_configs(plan["port"], plan["radix"])[1], workdir / "decode")
     host = rig.coordinator.host_pool
     missing = [li for li in range(host.num_layers) if not rig.wire.covers(host.kv[li].data_ptr(), host.kv[li].nbytes)]
     if missing:
@@ -264,47 +401,84 @@ def run_decode(workdir: Path, child: Any) -> dict[str, Any]:
         if not child.is_alive() or time.monotonic() > deadline:
             raise AssertionError(f"prefill instance did not start:\n{(workdir / 'prefill.log').read_text()[-4000:]}")
         time.sleep(0.05)
-    t_ready = time.perf_counter()
-    for r in reqs:
-        rig.submit(r["rid"], r["prompt"], r["new"], room=r["room"])
-    _serve(rig, [r["rid"] for r in reqs], "decode", time.monotonic() + DEADLINE_S)
-    serve_s = time.perf_counter() - t_ready
-    rig.check_idle()
-    for r in reqs:
-        got, want = rig.results[r["rid"]].output_ids, reference_generate(rig.toy, r["prompt"], r["new"])
-        if got != want:
-            first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-            raise AssertionError(f"{r['rid']} (prompt {len(r['prompt'])}): tokens differ from full KV at "
-                                 f"output {first}: {got} vs {want}")
+    startup_s = time.perf_counter() - t0
+    kv_page, state_page = _page_bytes(rig)
+    ps = rig.server_args.page_size
+    records: dict[str, dict[str, Any]] = {}
+    for i, phase in enumerate(plan["phases"]):
+        reqs, aborted = phase["requests"], phase.get("abort", [])
+        t = time.perf_counter()
+        if aborted:
+            (workdir / "hold").write_text("1")
+        (workdir / f"go{i}").write_text("1")
+        for r in reqs:
+            rig.submit(r["rid"], r["prompt"], r["new"], room=r["room"])
+        if aborted:
+            _abort_mid_transfer(rig, workdir, aborted, time.monotonic() + DEADLINE_S)
+        _serve(rig, [r["rid"] for r in reqs], f"decode phase {phase['name']}", time.monotonic() + DEADLINE_S)
+        serve_s = time.perf_counter() - t
+        if not phase.get("keep_tree"):
+            rig.check_idle()
+        for r in reqs:
+            res = rig.results[r["rid"]]
+            if r["rid"] in aborted:
+                if (res.finish_reason or {}).get("type") != "abort" or res.output_ids:
+                    raise AssertionError(f"{r['rid']}: aborted mid-transfer, yet {res.finish_reason}, {res.output_ids}")
+                continue
+            got, want = res.output_ids, reference_generate(rig.toy, r["prompt"], r["new"])
+            if got != want:
+                first = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+                raise AssertionError(f"{r['rid']} (prompt {len(r['prompt'])}): tokens differ from full KV at "
+                                     f"output {first}: {got} vs {want}")
+        pre = _prefill_phase(workdir, i, child)
+        served = [r for r in reqs if r["rid"] not in aborted]
+        firsts = {r["rid"]: rig.results[r["rid"]].output_ids[:1] for r in served}
+        if {rid: pre["first_tokens"][rid] for rid in firsts} != firsts:
+            raise AssertionError(f"{phase['name']}: the decode's first tokens {firsts} are not the prefill's "
+                                 f"{pre['first_tokens']}")
+        pages = sum(-(-len(r["prompt"]) // ps) for r in reqs)
+        if not plan["radix"] and not aborted and pre["bytes"] < pages * (kv_page + state_page):
+            raise AssertionError(f"{phase['name']}: the prefill wrote {pre['bytes']} bytes, fewer than the "
+                                 f"{pages * (kv_page + state_page)} of the pages sent")
+        rec = records.setdefault(phase["scenario"], {"scenario": phase["scenario"], "phases": []})
+        rec["phases"].append({
+            "phase": phase["name"], "requests": len(reqs), "prompt_tokens": [len(r["prompt"]) for r in reqs],
+            "pages": pages, "bytes": pre["bytes"], "writes": pre["writes"], "failed_writes": pre["failed_writes"],
+            "aborted": aborted, "prefill_finished_with_write_held": pre["finished_with_write_held"],
+            "bytes_per_request": pre["bytes"] // len(reqs), "serve_s": round(serve_s, 2),
+            "prefill_finish": {rid: (f or {}).get("type") for rid, f in pre["finish"].items()},
+        })
     (workdir / "stop").write_text("1")
     child.join(timeout=30)
     pre = json.loads((workdir / "prefill.json").read_text()) if (workdir / "prefill.json").exists() else {}
     if not pre.get("ok"):
         raise AssertionError(f"prefill instance: {pre.get('error')}\n{pre.get('traceback', '')}")
-    firsts = {r["rid"]: rig.results[r["rid"]].output_ids[:1] for r in reqs}
-    if pre["first_tokens"] != firsts:
-        raise AssertionError(f"the decode's first tokens {firsts} are not the prefill's {pre['first_tokens']}")
-    pages = sum(-(-len(r["prompt"]) // rig.server_args.page_size) for r in reqs)
-    kv_page, state_page = _page_bytes(rig)
-    expected = pages * (kv_page + state_page)
-    if pre["bytes"] < expected:
-        raise AssertionError(f"the prefill wrote {pre['bytes']} bytes, fewer than the {expected} of the pages sent")
-    return {
-        "requests": len(reqs), "prompt_tokens": sum(len(r["prompt"]) for r in reqs), "pages": pages,
-        "bytes": pre["bytes"], "writes": pre["writes"], "bytes_per_request": pre["bytes"] // len(reqs),
-        "kv_bytes_per_page": kv_page, "state_bytes_per_page": state_page,
-        "metadata_bytes_per_request": (pre["bytes"] - expected) // len(reqs),
-        "serve_s": round(serve_s, 2), "decode_startup_s": round(t_ready - t0, 2),
-        "prefill_startup_s": pre["startup_s"], "decode_patches": rig.patches, "prefill_patches": pre["patches"],
-        **{k: v for k, v in rig.coordinator.telemetry().items() if k in ("hits", "misses", "staged_tokens")},
-    }
+    common = {"kv_bytes_per_page": kv_page, "state_bytes_per_page": state_page, "radix": plan["radix"],
+              "decode_startup_s": round(startup_s, 2), "prefill_startup_s": pre["startup_s"],
+              "decode_patches": rig.patches, "prefill_patches": pre["patches"],
+              **{k: v for k, v in rig.coordinator.telemetry().items() if k in ("hits", "misses", "staged_tokens")}}
+    out = []
+    for rec in records.values():
+        ph = rec["phases"]
+        total, n = sum(p["bytes"] for p in ph), sum(p["requests"] for p in ph)
+        # the metadata a request costs beyond its pages: only where every page of every
+        # prompt was sent (no decode radix match, no abort)
+        whole = [p for p in ph if not p["aborted"]]
+        meta = (sum(p["bytes"] - p["pages"] * (kv_page + state_page) for p in whole)
+                // max(1, sum(p["requests"] for p in whole)))
+        out.append({**rec, **common, "requests": n, "bytes": total, "bytes_per_request": total // n,
+                    "metadata_bytes_per_request": None if plan["radix"] or not whole else meta,
+                    "serve_s": round(sum(p["serve_s"] for p in ph), 2)})
+    return out
 
 
 def main(argv: list[str]) -> int:
-    """``--prefill WORKDIR`` (the prefill instance) or ``SCENARIO WORKDIR`` (the decode
-    instance, which starts the prefill's process and prints one ``RIG {json}`` line)."""
-    if len(argv) != 2 or (argv[0] != "--prefill" and argv[0] not in PLANS):
-        print(f"usage: python -m hisparse_testing.rig_mooncake {{{','.join(PLANS)}}}|--prefill WORKDIR",
+    """``--prefill WORKDIR`` (the prefill instance) or ``SCENARIO[,SCENARIO...] WORKDIR`` (the
+    decode instance, which starts the prefill's process, runs the scenarios in order over the
+    one pair and prints one ``RIG {json}`` line a scenario)."""
+    names = argv[0].split(",") if argv else []
+    if len(argv) != 2 or (argv[0] != "--prefill" and not all(n in PLANS for n in names)):
+        print(f"usage: python -m hisparse_testing.rig_mooncake {{{','.join(PLANS)}}}[,...]|--prefill WORKDIR",
               file=sys.stderr)
         return 2
     workdir = Path(argv[1])
@@ -321,20 +495,21 @@ def main(argv: list[str]) -> int:
     import sglang.srt.managers.scheduler  # noqa: F401  (what both instances import next)
     import sglang.srt.models.registry  # noqa: F401
 
-    child = _start_prefill(workdir, PLANS[argv[0]]())
-    rec: dict[str, Any] = {"scenario": argv[0]}
+    child = _start_prefill(workdir, names)
     try:
-        rec.update(ok=True, **run_decode(workdir, child))
+        recs = [{**r, "ok": True} for r in run_decode(workdir, child)]
     except Exception as e:
-        rec.update(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        failed = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        recs = [{"scenario": n, **failed} for n in names]
     finally:
         (workdir / "stop").write_text("1")
         child.join(timeout=30)
         if child.is_alive():
             child.kill()
-    rec["seconds"] = round(time.perf_counter() - t, 2)
-    print("RIG " + json.dumps(rec), flush=True)
-    return 0 if rec["ok"] else 1
+    for rec in recs:
+        rec["seconds"] = round(time.perf_counter() - t, 2)
+        print("RIG " + json.dumps(rec), flush=True)
+    return 0 if all(r["ok"] for r in recs) else 1
 
 
 if __name__ == "__main__":
