@@ -3,8 +3,9 @@
 Checks, each reported as ok / warn / FAIL with the reason and the fix:
 SGLang installed and supported; our entry point discoverable and allowed by SGLANG_PLUGINS;
 every hook target and every replacement of ours present; apache-tvm-ffi, what the kernels' JIT
-build needs (CUDA home, nvcc, libcudart, ninja, a C++ compiler) and a GPU; the effective
-environment switches; and, given ``--hisparse-config``, the effective config or its exact
+build needs (CUDA home, nvcc, libcudart, ninja, a C++ compiler) and a GPU; the Mooncake transfer
+engine PD decode over ``--disaggregation-transfer-backend mooncake`` needs (importable, its
+transports, RDMA devices); the effective environment switches; and, given ``--hisparse-config``, the effective config or its exact
 error. Exits 1 when any check FAILs (a missing GPU or an incomplete kernel toolchain is a
 warning unless ``--require-gpu``).
 
@@ -239,6 +240,40 @@ def check_config(text: str | None, model_config: str | None) -> Check:
     return Check("hisparse-config", OK, f"effective: {cfg.to_json()}")
 
 
+#: the wheels SGLang's Mooncake PD backend runs on (GPU build, CPU-only build)
+MOONCAKE_WHEELS = ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda")
+#: ``mooncake.engine``'s build flags -> the transport each adds; tcp and rdma are in every
+#: build (the engine links libibverbs.so.1 even for TCP)
+MOONCAKE_FLAGS = {"SUPPORT_CUDA": "cuda", "SUPPORT_INTRA_NVLINK": "nvlink", "SUPPORT_MNNVL": "mnnvl",
+                  "SUPPORT_EFA": "efa", "SUPPORT_HIP": "hip", "SUPPORT_MUSA": "musa"}
+
+
+def check_mooncake(rdma_dir: str = "/sys/class/infiniband") -> Check:
+    """Whether ``mooncake.engine`` imports (~0.1 s, no SGLang), which transports it offers,
+    and which RDMA devices exist (none: SGLang's backend needs ``MOONCAKE_PROTOCOL=tcp``). A
+    warning, not a failure, when absent: only a PD instance over Mooncake needs it."""
+    import importlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        engine = importlib.import_module("mooncake.engine")
+    except ImportError as e:  # the wheel, or a library it links, is absent
+        return Check("mooncake", WARN, f"mooncake.engine not importable ({e}): PD over "
+                     "--disaggregation-transfer-backend mooncake needs pip install mooncake-transfer-engine "
+                     "(GPU) or mooncake-transfer-engine-non-cuda, and libibverbs1 (linked even for TCP); "
+                     "colocated serving does not")
+    wheels = []
+    for wheel in MOONCAKE_WHEELS:
+        try:
+            wheels.append(f"{wheel} {version(wheel)}")
+        except PackageNotFoundError:
+            pass
+    transports = ["tcp", "rdma", *(t for flag, t in MOONCAKE_FLAGS.items() if getattr(engine, flag, False))]
+    devices = sorted(os.listdir(rdma_dir)) if os.path.isdir(rdma_dir) else []
+    return Check("mooncake", OK, f"{', '.join(wheels) or 'mooncake.engine'}: transports {', '.join(transports)}; "
+                 f"RDMA devices: {', '.join(devices) or 'none (PD over it: MOONCAKE_PROTOCOL=tcp)'}")
+
+
 def check_envs() -> Check:
     parts = []
     for name in envs.registry():
@@ -270,7 +305,8 @@ def run(args: argparse.Namespace) -> int:
     torch_cuda, cuda = _torch_cuda()
     if caught is not None:
         checks.append(summarise_warnings(caught, import_s, cuda=cuda))
-    checks += [check_tvm_ffi(), check_kernel_build(args.require_gpu, torch_cuda), gpu, check_envs()]
+    checks += [check_tvm_ffi(), check_kernel_build(args.require_gpu, torch_cuda), gpu, check_mooncake(),
+               check_envs()]
     if args.hisparse_config is not None or args.model_config:
         checks.append(check_config(args.hisparse_config, args.model_config))
     failed = [c for c in checks if c.status == FAIL]
