@@ -305,12 +305,39 @@ def plan_abort() -> list[dict[str, Any]]:
             {"name": "after_abort", "requests": _requests("next", 5213, [200, 40], [8, 6])}]
 
 
+def plan_kill() -> list[dict[str, Any]]:
+    """The prefill instance killed (SIGKILL) while its first write of a 300-token request is
+    held: the decode finds the peer dead through SGLang's heartbeat (``/health`` on the
+    bootstrap server), fails the request, releases its rows once the deferred-release deadline
+    passes (no drain ack can come) and idles clean. The last phase: no prefill is left to serve
+    more (the rig cannot fork a new one from a decode that has built its scheduler)."""
+    return [{"name": "kill_mid_transfer", "requests": _requests("kill", 5214, [300], [8]), "kill": ["kill0"]}]
+
+
+def plan_timeout() -> list[dict[str, Any]]:
+    """SGLang's decode-side wait for KV (``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``, 2 s here)
+    runs out while the prefill's write of a 300-token request is held: the decode fails the
+    request and keeps its rows until the prefill, its write let go, acks the drain; then the
+    decode serves the next requests exactly."""
+    return [{"name": "timeout_mid_transfer", "requests": _requests("to", 5215, [300], [8]), "timeout": ["to0"]},
+            {"name": "after_timeout", "requests": _requests("next", 5216, [200, 40], [8, 6])}]
+
+
 #: scenario -> (decode radix cache on, its phases); pure Python: the plan is written before
 #: either instance imports SGLang. Scenarios given together run in order over one pair of
 #: instances, so they must agree on the decode radix cache.
 PLANS = {"dsa_short": (False, plan_dsa_short), "dsa_long": (False, plan_dsa_long),
          "prefix": (False, plan_prefix), "prefix_radix": (True, plan_prefix),
-         "abort_transfer": (False, plan_abort)}
+         "abort_transfer": (False, plan_abort), "kill_prefill": (False, plan_kill),
+         "timeout_transfer": (False, plan_timeout)}
+
+#: SGLang settings a scenario needs in both instances, set before SGLang is imported (scenarios
+#: given together must agree). The heartbeat's floor is 2 s and one miss (conn.py); the deferred
+#: release waits 2 s for a drain ack a dead prefill never sends (30 s by default).
+ENV = {"kill_prefill": {"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",
+                        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
+                        "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "2"},
+       "timeout_transfer": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "2"}}
 
 
 def _start_prefill(workdir: Path, scenarios: list[str]) -> Any:
@@ -353,33 +380,62 @@ def _prefill_phase(workdir: Path, i: int, child: Any) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _abort_mid_transfer(rig: Any, workdir: Path, rids: list[str], deadline: float) -> None:
-    """Step until the prefill holds a write of ``rids`` (``Wire.hold``) and the decode has them
-    in its transfer queue (metadata sent, KV not arrived), abort them, step on with the write
-    still held, then let it go."""
+def _fail_mid_transfer(rig: Any, workdir: Path, phase: dict[str, Any], child: Any, deadline: float) -> dict[str, Any]:
+    """Step until the prefill holds a write of the phase's victims (``Wire.hold``) and the
+    decode has them in its transfer queue (metadata sent, KV not arrived), then fail them one
+    way: ``abort`` (the decode aborts them, steps 100 times), ``timeout`` (SGLang's waiting
+    timeout fails them) or ``kill`` (SIGKILL to the prefill; SGLang's heartbeat fails them).
+    With the write still held (or its writer dead) the decode must keep their rows bound
+    (SGLang's deferred release) and finish them as aborted. Returns what happened."""
+    mode = next(m for m in ("abort", "timeout", "kill") if phase.get(m))
+    rids = phase[mode]
     s = rig.scheduler
-    while not ((workdir / "held").exists()
-               and set(rids) <= {d.req.rid for d in s.disagg_decode_transfer_queue.queue}):
+    queue = s.disagg_decode_transfer_queue
+    while not ((workdir / "held").exists() and set(rids) <= {d.req.rid for d in queue.queue}):
         if time.monotonic() > deadline:
-            raise AssertionError(f"abort: {rids} never in the transfer queue with a held write")
+            raise AssertionError(f"{mode}: {rids} never in the transfer queue with a held write")
         rig.step()
         time.sleep(0.002)
-    for rid in rids:
-        rig.abort(rid)
-    for _ in range(100):
-        rig.step()
-        time.sleep(0.005)
-    # the request is aborted, but the prefill may still write into its host rows: SGLang's
-    # deferred release must keep them bound (is_abort_release_safe) until the write drains
+    t = time.monotonic()
+    if mode == "abort":
+        for rid in rids:
+            rig.abort(rid)
+        for _ in range(100):
+            rig.step()
+            time.sleep(0.005)
+    else:
+        if mode == "kill":
+            child.kill()  # SIGKILL: no atexit, no goodbye on any socket
+            child.join(timeout=10)
+        while not all(rig.results[r].finish_reason is not None for r in rids):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{mode}: the decode never finished {rids}")
+            rig.step()
+            time.sleep(0.005)
+    failed_s = time.monotonic() - t
+    # the request is finished, but the prefill may still write into its rows: SGLang's
+    # deferred release must keep them bound until the write drains (or, for a device
+    # destination, its deadline passes)
     host = rig.coordinator.host_pool
     done = {r: (rig.results[r].finish_reason or {}).get("type") for r in rids}
-    bound = int(host.allocated_lens.sum())
-    if set(done.values()) != {"abort"} or not bound or not s.disagg_decode_transfer_queue.has_pending_deferred_releases():
-        raise AssertionError(f"abort with a held write: finishes {done}, host pool binds {bound} positions, "
-                             f"deferred releases {s.disagg_decode_transfer_queue.num_pending_deferred_releases()}; "
-                             "the host rows must stay bound until the prefill's write drains")
+    bound, deferred = int(host.allocated_lens.sum()), queue.num_pending_deferred_releases()
+    if set(done.values()) != {"abort"} or not bound or not deferred:
+        raise AssertionError(f"{mode} with a held write: finishes {done}, host pool binds {bound} positions, "
+                             f"deferred releases {deferred}; the host rows must stay bound until the "
+                             "prefill's write drains")
+    out = {"mode": mode, "failed_after_s": round(failed_s, 2), "bound_while_held": bound,
+           "messages": {r: (rig.results[r].finish_reason or {}).get("message") for r in rids}}
+    if mode == "kill":  # no drain ack can come: the rows go at the deferred-release deadline
+        t = time.monotonic()
+        while queue.has_pending_deferred_releases():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"kill: {rids}' rows never released")
+            rig.step()
+            time.sleep(0.005)
+        out["released_after_s"] = round(time.monotonic() - t, 2)
     (workdir / "hold").unlink()
-    (workdir / "held").unlink()
+    (workdir / "held").unlink(missing_ok=True)
+    return out
 
 
 def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
@@ -406,15 +462,15 @@ def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
     ps = rig.server_args.page_size
     records: dict[str, dict[str, Any]] = {}
     for i, phase in enumerate(plan["phases"]):
-        reqs, aborted = phase["requests"], phase.get("abort", [])
+        reqs = phase["requests"]
+        aborted = phase.get("abort", []) + phase.get("timeout", []) + phase.get("kill", [])
         t = time.perf_counter()
         if aborted:
             (workdir / "hold").write_text("1")
         (workdir / f"go{i}").write_text("1")
         for r in reqs:
             rig.submit(r["rid"], r["prompt"], r["new"], room=r["room"])
-        if aborted:
-            _abort_mid_transfer(rig, workdir, aborted, time.monotonic() + DEADLINE_S)
+        failure = _fail_mid_transfer(rig, workdir, phase, child, time.monotonic() + DEADLINE_S) if aborted else None
         _serve(rig, [r["rid"] for r in reqs], f"decode phase {phase['name']}", time.monotonic() + DEADLINE_S)
         serve_s = time.perf_counter() - t
         if not phase.get("keep_tree"):
@@ -430,6 +486,13 @@ def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
                 first = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
                 raise AssertionError(f"{r['rid']} (prompt {len(r['prompt'])}): tokens differ from full KV at "
                                      f"output {first}: {got} vs {want}")
+        rec = records.setdefault(phase["scenario"], {"scenario": phase["scenario"], "phases": []})
+        if phase.get("kill"):  # the last phase: the prefill is dead, it reports nothing
+            rec["phases"].append({"phase": phase["name"], "requests": len(reqs), "aborted": aborted,
+                                  "prompt_tokens": [len(r["prompt"]) for r in reqs], "pages": 0, "bytes": 0,
+                                  "failure": failure, "serve_s": round(serve_s, 2),
+                                  "prefill_exitcode": child.exitcode})
+            break
         pre = _prefill_phase(workdir, i, child)
         served = [r for r in reqs if r["rid"] not in aborted]
         firsts = {r["rid"]: rig.results[r["rid"]].output_ids[:1] for r in served}
@@ -440,9 +503,9 @@ def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
         if not plan["radix"] and not aborted and pre["bytes"] < pages * (kv_page + state_page):
             raise AssertionError(f"{phase['name']}: the prefill wrote {pre['bytes']} bytes, fewer than the "
                                  f"{pages * (kv_page + state_page)} of the pages sent")
-        rec = records.setdefault(phase["scenario"], {"scenario": phase["scenario"], "phases": []})
         rec["phases"].append({
             "phase": phase["name"], "requests": len(reqs), "prompt_tokens": [len(r["prompt"]) for r in reqs],
+            "failure": failure,
             "pages": pages, "bytes": pre["bytes"], "writes": pre["writes"], "failed_writes": pre["failed_writes"],
             "aborted": aborted, "prefill_finished_with_write_held": pre["finished_with_write_held"],
             "bytes_per_request": pre["bytes"] // len(reqs), "serve_s": round(serve_s, 2),
@@ -450,7 +513,10 @@ def run_decode(workdir: Path, child: Any) -> list[dict[str, Any]]:
         })
     (workdir / "stop").write_text("1")
     child.join(timeout=30)
+    killed = any(ph.get("kill") for ph in plan["phases"])
     pre = json.loads((workdir / "prefill.json").read_text()) if (workdir / "prefill.json").exists() else {}
+    if killed:  # what the prefill reported at startup is gone with it
+        pre = {"ok": True, "startup_s": None, "patches": None}
     if not pre.get("ok"):
         raise AssertionError(f"prefill instance: {pre.get('error')}\n{pre.get('traceback', '')}")
     common = {"kv_bytes_per_page": kv_page, "state_bytes_per_page": state_page, "radix": plan["radix"],
@@ -483,6 +549,11 @@ def main(argv: list[str]) -> int:
         return 2
     workdir = Path(argv[1])
     workdir.mkdir(parents=True, exist_ok=True)
+    envs = [ENV.get(n, {}) for n in names if n in PLANS]
+    if any(e != envs[0] for e in envs):
+        print(f"rig_mooncake: {names} need different SGLang settings; run them apart", file=sys.stderr)
+        return 2
+    os.environ.update(envs[0] if envs else {})
     t = time.perf_counter()
     from hisparse_testing.sglang_rig import pretend_sm90
 

@@ -101,3 +101,33 @@ def test_mooncake_abort_mid_transfer(tmp_path: Path) -> None:
     aborted, after = rec["phases"]
     assert aborted["prefill_finish"] == {"ab0": "abort"}, aborted
     assert after["bytes"] == after["pages"] * _page(rec) + 2 * rec["metadata_bytes_per_request"], after
+
+
+@pytest.mark.slow
+@_needs_engine
+def test_mooncake_prefill_killed_mid_transfer(tmp_path: Path) -> None:
+    """The prefill instance SIGKILLed while its write is held: SGLang's heartbeat (2 s, one
+    miss) finds it dead and fails the request ("Lost connection with prefill instance"), the
+    decode keeps its rows bound until the deferred-release deadline (2 s: no drain ack can
+    come), finishes it aborted with no tokens and idles clean. No prefill is left to serve more."""
+    rec = _run("kill_prefill", tmp_path)["kill_prefill"]
+    (ph,) = rec["phases"]
+    fail = ph["failure"]
+    assert ph["prefill_exitcode"] == -9, ph
+    assert "Lost connection with prefill instance" in fail["messages"]["kill0"], fail
+    assert fail["bound_while_held"] == 300 and fail["released_after_s"] >= 1.5, fail
+
+
+@pytest.mark.slow
+@_needs_engine
+def test_mooncake_transfer_timeout(tmp_path: Path) -> None:
+    """SGLang's decode-side KV wait (``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 2 s) runs out
+    while the prefill's write is held: the decode fails the request, keeps its rows bound while
+    the write is held, both instances finish it aborted and idle clean, and the decode serves
+    the next requests exactly, their pages and nothing else on the wire."""
+    rec = _run("timeout_transfer", tmp_path)["timeout_transfer"]
+    timed_out, after = rec["phases"]
+    fail = timed_out["failure"]
+    assert "timed out after" in fail["messages"]["to0"] and fail["bound_while_held"] == 300, fail
+    assert timed_out["prefill_finish"] == {"to0": "abort"}, timed_out
+    assert after["bytes"] == after["pages"] * _page(rec) + 2 * rec["metadata_bytes_per_request"], after
